@@ -1,0 +1,22 @@
+"""scikit-learn's 8x8 handwritten digits: the embedded offline default.
+
+Runs anywhere, no download: 1,797 real images shipped with scikit-learn.
+Every experiment uses this config when `--config` is not given.
+
+  python -m experiments.ami                              # main job, a few minutes on 2 CPU cores
+  python -m experiments.ami --config=configs/digits.py:smoke   # seconds (CI)
+  python -m experiments.dishonest_mia --config=configs/digits.py
+  python -m experiments.ldp_audit --config=configs/digits.py
+  python -m experiments.duplicates --config=configs/digits.py
+
+Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
+`dishonest`, `ldp_audit` (each documented in configs/_<experiment>.py, with the
+result to expect on this dataset).
+"""
+
+from configs import _base
+
+
+def get_config(arg=None):
+  return _base.build('digits', arg, data=_base.data_section('digits'),
+                     experiments=('ami', 'dishonest', 'ldp_audit'))

@@ -1,0 +1,127 @@
+"""`load(data_config)`: one entry point for every data source, and its validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from fl_privacy import validate
+from fl_privacy.data import local_sources, tfds_source
+from fl_privacy.data.dataset import Dataset
+from fl_privacy.data.images import resize_images
+
+TFDS_DATASETS = tuple(tfds_source.SPLITS)
+DATASETS = ('digits', 'npz', 'synthetic') + TFDS_DATASETS
+
+_DEFAULTS = {
+    'data_dir': None, 'path': None, 'attribute': 'Smiling', 'image_size': None,
+    'max_examples': None, 'num_examples': 512, 'num_classes': 10, 'shape': (8, 8, 1),
+    'seed': 0,
+}
+
+
+def _get(cfg, field: str):
+  try:
+    value = cfg[field]
+  except (KeyError, AttributeError, TypeError):
+    return _DEFAULTS.get(field)
+  return value
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _optional_positive_int(cfg, field: str) -> None:
+  v = _get(cfg, field)
+  validate.require(v is None or (_is_int(v) and v > 0), f'data.{field}',
+                   'None or a positive integer', v)
+
+
+def validate_data_config(data_config) -> None:
+  """Checks a data config without loading anything.
+
+  Fields: name (one of `DATASETS`), data_dir, path (npz: an existing file),
+  attribute (celeb_a: one of its 40 attributes), image_size, max_examples, and for
+  synthetic num_examples, num_classes, shape ((H, W, C) or (d,)), seed.
+
+  Raises:
+    ConfigError: naming `data.<field>`.
+  """
+  name = _get(data_config, 'name')
+  validate.require(name in DATASETS, 'data.name', f'one of {DATASETS}', name)
+  data_dir = _get(data_config, 'data_dir')
+  validate.require(data_dir is None or isinstance(data_dir, (str, os.PathLike)),
+                   'data.data_dir', 'None or a directory path', data_dir)
+  _optional_positive_int(data_config, 'image_size')
+  _optional_positive_int(data_config, 'max_examples')
+  if name == 'npz':
+    path = _get(data_config, 'path')
+    validate.require(isinstance(path, (str, os.PathLike)) and os.path.isfile(path),
+                     'data.path', 'an existing .npz file', path)
+  if name == 'celeb_a':
+    attribute = _get(data_config, 'attribute')
+    validate.require(attribute in tfds_source.CELEBA_ATTRIBUTES, 'data.attribute',
+                     f'a CelebA attribute, one of {tfds_source.CELEBA_ATTRIBUTES}',
+                     attribute)
+  if name == 'synthetic':
+    for field in ('num_examples', 'num_classes'):
+      v = _get(data_config, field)
+      validate.require(_is_int(v) and v >= (2 if field == 'num_classes' else 1),
+                       f'data.{field}', 'an integer >= '
+                       f'{2 if field == "num_classes" else 1}', v)
+    shape = _get(data_config, 'shape')
+    ok = isinstance(shape, (tuple, list)) and len(shape) in (1, 3)
+    ok = ok and all(_is_int(s) and s > 0 for s in shape)
+    validate.require(ok, 'data.shape', '(H, W, C) or (d,) of positive integers', shape)
+    validate.require(_is_int(_get(data_config, 'seed')), 'data.seed', 'an integer',
+                     _get(data_config, 'seed'))
+    validate.require(_get(data_config, 'image_size') is None or len(shape) == 3,
+                     'data.image_size', 'None for feature vectors',
+                     _get(data_config, 'image_size'))
+
+
+def _postprocess(ds: Dataset, image_size: int | None, max_examples: int | None) -> Dataset:
+  if max_examples is not None and len(ds) > max_examples:
+    ds = ds.subset(slice(0, max_examples))
+  if image_size is not None and ds.is_image and ds.x.shape[1:3] != (image_size, image_size):
+    ds = dataclasses.replace(ds, x=resize_images(ds.x, image_size))
+  return ds
+
+
+def load(data_config) -> dict[str, Dataset]:
+  """Loads every split of the configured dataset.
+
+  Args:
+    data_config: A ConfigDict (or mapping) with the fields described in
+      `validate_data_config`.
+
+  Returns:
+    Splits keyed 'train' and 'test' ('validation' too for celeb_a; imagenette has
+    'train' and 'validation' only). max_examples keeps the first examples of each
+    split; image_size centre-crops to a square and resizes.
+
+  Raises:
+    ConfigError: Invalid config.
+    DataUnavailableError: A TFDS dataset is not prepared in data_dir (raised at once;
+      nothing is downloaded).
+  """
+  validate_data_config(data_config)
+  name = _get(data_config, 'name')
+  image_size = _get(data_config, 'image_size')
+  max_examples = _get(data_config, 'max_examples')
+  if name in TFDS_DATASETS:
+    # TFDS applies the cap and the resize while reading, so memory stays bounded.
+    return tfds_source.load_tfds(name, data_dir=_get(data_config, 'data_dir'),
+                                 attribute=_get(data_config, 'attribute'),
+                                 image_size=image_size, max_examples=max_examples)
+  if name == 'digits':
+    splits = local_sources.load_digits()
+  elif name == 'npz':
+    splits = local_sources.load_npz(_get(data_config, 'path'))
+  else:
+    splits = local_sources.load_synthetic(
+        num_examples=_get(data_config, 'num_examples'),
+        num_classes=_get(data_config, 'num_classes'),
+        shape=tuple(_get(data_config, 'shape')), seed=_get(data_config, 'seed'))
+  return {k: _postprocess(v, image_size, max_examples) for k, v in splits.items()}

@@ -1,0 +1,39 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a part."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+  """Writes `data` to `path` through a temp file in the same folder + os.replace.
+
+  The temp file lives beside the target so the rename stays on one file system
+  (atomic on POSIX); it is fsynced first, so a crash leaves the old file intact.
+  """
+  path = os.fspath(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path),
+                             suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    # mkstemp creates 0600 files; results are meant to be shared like any other.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.unlink(tmp)
+    except FileNotFoundError:
+      pass
+    raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+  """Writes `text` (UTF-8) to `path` atomically; see `atomic_write_bytes`."""
+  atomic_write_bytes(path, text.encode('utf-8'))

@@ -1,0 +1,89 @@
+"""Config validation that fails before any heavy work.
+
+Every experiment validates its whole config before it loads data or writes a file.
+A violation raises `ConfigError`, whose message names the field, what is allowed
+and what was given; the experiment scaffolding turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+
+class ConfigError(ValueError):
+  """A config field holds a value outside what the code accepts."""
+
+  def __init__(self, field: str, allowed: str, got: Any):
+    self.field = field
+    self.allowed = allowed
+    self.got = got
+    super().__init__(f'config.{field}: must be {allowed} (got {got!r})')
+
+
+def _get(config, field: str):
+  node = config
+  for part in field.split('.'):
+    try:
+      node = node[part]
+    except (KeyError, TypeError) as e:
+      raise ConfigError(field, 'present in the config', 'missing') from e
+  return node
+
+
+def require(ok: bool, field: str, allowed: str, got: Any) -> None:
+  """Raises `ConfigError(field, allowed, got)` unless `ok`."""
+  if not ok:
+    raise ConfigError(field, allowed, got)
+
+
+def one_of(config, field: str, choices: Iterable[str]) -> str:
+  """The value at dotted `field`, which must be one of `choices`."""
+  choices = tuple(choices)
+  value = _get(config, field)
+  require(value in choices, field, f'one of {choices}', value)
+  return value
+
+
+def subset_of(config, field: str, choices: Iterable[str]) -> tuple:
+  """A non-empty sequence at `field` whose items are all in `choices`."""
+  choices = tuple(choices)
+  value = _get(config, field)
+  seq = (value,) if isinstance(value, str) else tuple(value)
+  require(len(seq) > 0, field, f'a non-empty subset of {choices}', value)
+  for item in seq:
+    require(item in choices, field, f'a subset of {choices}', value)
+  return seq
+
+
+def positive(config, field: str, *, integer: bool = False):
+  """A value (or every value of a sequence) at `field` that is finite and > 0."""
+  value = _get(config, field)
+  seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+  kind = 'a positive integer' if integer else 'a finite number > 0'
+  if isinstance(value, (list, tuple)):
+    kind = ('non-empty, every item ' + kind)
+    require(len(seq) > 0, field, kind, value)
+  for v in seq:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = ok and math.isfinite(v) and v > 0
+    if integer:
+      ok = ok and float(v).is_integer()
+    require(ok, field, kind, value)
+  return value
+
+
+def in_range(config, field: str, low: float, high: float, *,
+             low_inclusive: bool = True, high_inclusive: bool = True):
+  """A number (or every number of a sequence) at `field` within [low, high]."""
+  value = _get(config, field)
+  seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+  lb = '[' if low_inclusive else '('
+  rb = ']' if high_inclusive else ')'
+  allowed = f'in {lb}{low}, {high}{rb}'
+  for v in seq:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = ok and (v >= low if low_inclusive else v > low)
+    ok = ok and (v <= high if high_inclusive else v < high)
+    require(ok, field, allowed, value)
+  return value

@@ -1,0 +1,53 @@
+"""Every dataset config builds, carries the sections it promises, and documents its run."""
+
+import importlib
+import pathlib
+
+import pytest
+
+from configs import _base
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
+SECTIONS = {
+    'digits': ('ami', 'dishonest', 'ldp_audit'),
+    'npz': ('ami', 'dishonest', 'ldp_audit'),
+    'mnist': ('dishonest', 'ldp_audit'),
+    'fashion_mnist': ('ldp_audit',),
+    'svhn_cropped': ('ldp_audit',),
+    'cifar10': ('ami', 'dishonest', 'ldp_audit'),
+    'cifar100': ('dishonest',),
+    'celeba': ('ami', 'dishonest'),
+    'imagenette': ('ami',),
+}
+
+
+def test_every_config_file_is_listed():
+  files = {p.stem for p in CONFIG_DIR.glob('*.py') if not p.stem.startswith('_')}
+  files.discard('__init__')
+  files.discard('toy')  # the evaluation layer's toy game, not a dataset
+  assert files == set(SECTIONS)
+
+
+@pytest.mark.parametrize('name', sorted(SECTIONS))
+@pytest.mark.parametrize('arg', [None, 'smoke'])
+def test_config_builds_with_its_sections(name, arg):
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config(arg)
+  assert config.dataset == name
+  assert config.smoke == (arg == 'smoke')
+  assert config.game.chunk_size > 0
+  for section in _base.EXPERIMENTS:
+    assert (section in config) == (section in SECTIONS[name]), section
+  assert 'python -m experiments.' in module.__doc__
+
+
+def test_smoke_shrinks_the_game():
+  from configs import digits
+  assert digits.get_config('smoke').game.chunk_size < digits.get_config().game.chunk_size
+
+
+def test_arg_parsing():
+  assert _base.parse_arg('smoke,path=/a/b.npz') == {'smoke': True, 'path': '/a/b.npz'}
+  assert _base.parse_arg(None) == {}
+  from configs import npz
+  assert npz.get_config('path=/x.npz').data.path == '/x.npz'

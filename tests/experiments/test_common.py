@@ -1,0 +1,146 @@
+"""Tests of the experiment scaffolding: flags, exit codes, resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from experiments import common
+from fl_privacy import report
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+_FAKE = textwrap.dedent('''
+    import os
+    from experiments import common
+    from fl_privacy import validate
+
+    MODE = os.environ['FAKE_MODE']
+
+    def prepare(config):
+      if MODE == 'config_error':
+        raise validate.ConfigError('toy.p', 'in [0, 1]', 7)
+      if MODE == 'missing':
+        raise FileNotFoundError('no such data file: /nowhere.npz')
+      return {'seed': config.seed}
+
+    def sweep(config, state, store, key):
+      for i in range(4):
+        if MODE == 'interrupt' and i == 2:
+          raise KeyboardInterrupt
+        common.run_point(store, {'i': i},
+                         lambda: ({'seed': state['seed'], 'i2': i * i}, 1))
+
+    if __name__ == '__main__':
+      common.main('fake', prepare, sweep)
+''')
+
+
+def _run_fake(tmp_path, mode, *flags, cwd=None):
+  module_dir = tmp_path / 'mods'
+  module_dir.mkdir(exist_ok=True)
+  (module_dir / 'fake_exp.py').write_text(_FAKE)
+  env = dict(os.environ, FAKE_MODE=mode, JAX_PLATFORMS='cpu',
+             PYTHONPATH=f'{REPO}{os.pathsep}{module_dir}')
+  return subprocess.run(
+      [sys.executable, '-m', 'fake_exp', '--config=configs/toy.py:smoke',
+       *flags], env=env, cwd=cwd or REPO, capture_output=True, text=True,
+      timeout=120)
+
+
+def _points(workdir):
+  with open(os.path.join(workdir, 'results.json')) as f:
+    return json.load(f)['points']
+
+
+@pytest.mark.parametrize('mode,needle', [('config_error', 'config.toy.p'),
+                                         ('missing', 'no such data file')])
+def test_prepare_errors_exit_2_and_write_nothing(tmp_path, mode, needle):
+  workdir = tmp_path / 'run'
+  proc = _run_fake(tmp_path, mode, f'--workdir={workdir}')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  error_lines = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
+  assert len(error_lines) == 1 and needle in error_lines[0]
+  assert 'Traceback' not in proc.stderr
+  assert not workdir.exists()
+
+
+def test_interrupt_lists_saved_points_then_resume(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = _run_fake(tmp_path, 'interrupt', f'--workdir={workdir}')
+  assert proc.returncode == 130, proc.stderr[-2000:]
+  assert '2 point(s) saved' in proc.stderr
+  assert f'--workdir={workdir}' in proc.stderr
+  assert [p['params'] for p in _points(workdir)] == [{'i': 0}, {'i': 1}]
+
+  proc = _run_fake(tmp_path, 'ok', f'--workdir={workdir}')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'skipping i=0' in proc.stderr and 'skipping i=1' in proc.stderr
+  assert [p['params']['i'] for p in _points(workdir)] == [0, 1, 2, 3]
+
+
+def test_seed_flag_overrides_and_is_stored(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = _run_fake(tmp_path, 'ok', f'--workdir={workdir}', '--seed=5')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(workdir / 'results.json') as f:
+    data = json.load(f)
+  assert data['config']['seed'] == 5
+  assert data['points'][0]['metrics']['seed'] == 5
+
+  # Same workdir, other seed: a different config, refused with exit 2.
+  proc = _run_fake(tmp_path, 'ok', f'--workdir={workdir}', '--seed=6')
+  assert proc.returncode == 2
+  assert 'error:' in proc.stderr and 'seed' in proc.stderr
+
+
+def test_relative_config_and_default_workdir_from_another_folder(tmp_path):
+  cwd = tmp_path / 'elsewhere'
+  cwd.mkdir()
+  proc = _run_fake(tmp_path, 'ok', cwd=cwd)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  runs = os.listdir(cwd / 'runs')
+  assert len(runs) == 1 and runs[0].startswith('fake-')
+  assert len(_points(cwd / 'runs' / runs[0])) == 4
+
+
+def test_resolve_config_arg(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  toy = os.path.join(REPO, 'configs', 'toy.py')
+  assert common.resolve_config_arg(['prog']) == [
+      'prog', f'--config={common.DEFAULT_CONFIG}']
+  assert common.resolve_config_arg(['prog', '--config=configs/toy.py:smoke']) == [
+      'prog', f'--config={toy}:smoke']
+  assert common.resolve_config_arg(['prog', '--config', 'configs/toy.py']) == [
+      'prog', '--config', toy]
+  (tmp_path / 'configs').mkdir()
+  (tmp_path / 'configs' / 'toy.py').write_text('')
+  # A file that exists from the current folder wins.
+  assert common.resolve_config_arg(['prog', '--config=configs/toy.py']) == [
+      'prog', '--config=configs/toy.py']
+
+
+def test_default_config_is_the_repos_digits():
+  assert os.path.isabs(common.DEFAULT_CONFIG)
+  assert common.DEFAULT_CONFIG == os.path.join(REPO, 'configs', 'digits.py')
+  assert os.path.exists(common.DEFAULT_CONFIG)
+
+
+def test_run_point_computes_once(tmp_path):
+  store = report.ResultsStore(tmp_path, 'x', {'seed': 0})
+  calls = []
+
+  def compute():
+    calls.append(1)
+    return {'m': 1.5}, 3
+
+  assert common.run_point(store, {'a': 1}, compute) == {'m': 1.5}
+  assert common.run_point(store, {'a': 1}, compute) == {'m': 1.5}
+  assert len(calls) == 1
+  assert store.get({'a': 1})['n_trials'] == 3

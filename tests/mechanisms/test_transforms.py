@@ -1,0 +1,92 @@
+"""Mechanisms by config name: (init, update) pairs carry and advance their key."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fl_privacy import validate
+from fl_privacy.mechanisms import bitrand
+from fl_privacy.mechanisms import gaussian
+from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import transforms
+
+KWARGS = {
+    'none': dict(epsilon=1.0),
+    'bitrand': dict(epsilon=3.0),
+    'ome': dict(epsilon=3.0),
+    'gaussian': dict(sigma=0.5),
+}
+
+
+def _x():
+  return jnp.asarray(np.random.default_rng(0).uniform(-4, 4, (6, 32)), jnp.float32)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+@pytest.mark.parametrize('name', transforms.MECHANISMS)
+def test_update_splits_the_key_and_matches_randomize(jit, name):
+  mech = transforms.make(name, **KWARGS[name])
+  assert mech.name == name
+  key = jax.random.key(0)
+  state = mech.init(key)
+  update = jax.jit(mech.update) if jit else mech.update
+  x = _x()
+  y1, state1 = update(x, state)
+  y2, state2 = update(x, state1)
+  assert y1.shape == x.shape and y1.dtype == x.dtype
+  next_key, used = jax.random.split(key)
+  np.testing.assert_array_equal(jax.random.key_data(state1.rng_key),
+                                jax.random.key_data(next_key))
+  np.testing.assert_allclose(y1, mech.randomize(used, x), rtol=1e-6)
+  assert not np.array_equal(jax.random.key_data(state1.rng_key),
+                            jax.random.key_data(state2.rng_key))
+  if name == 'none':
+    np.testing.assert_array_equal(y1, x)
+    np.testing.assert_array_equal(y2, x)
+  else:
+    assert not np.array_equal(y1, y2)
+
+
+def test_randomizers_match_the_mechanism_modules():
+  key, x = jax.random.key(3), _x()
+  leaf_key = jax.random.fold_in(key, 0)
+  np.testing.assert_array_equal(
+      transforms.make('bitrand', epsilon=2.0, rng_bits=16).randomize(key, x),
+      bitrand.randomize(leaf_key, x, 2.0, rng_bits=16))
+  np.testing.assert_array_equal(
+      transforms.make('ome', epsilon=2.0, alpha=50.0).randomize(key, x),
+      ome.randomize(leaf_key, x, 2.0, 50.0))
+  sigma = gaussian.sigma_for(8.0, 1e-2)
+  by_budget = transforms.make('gaussian', epsilon=8.0, delta=1e-2)
+  np.testing.assert_array_equal(by_budget.randomize(key, x),
+                                gaussian.add_noise(key, x, sigma))
+
+
+def test_pytrees_use_one_key_per_leaf():
+  mech = transforms.make('bitrand', epsilon=2.0)
+  tree = {'a': _x(), 'b': _x()}
+  out = mech.randomize(jax.random.key(1), tree)
+  assert set(out) == {'a', 'b'}
+  assert not np.array_equal(out['a'], out['b'])
+
+
+def test_unknown_mechanism_names_the_field():
+  with pytest.raises(validate.ConfigError) as e:
+    transforms.make('laplace', epsilon=1.0)
+  assert e.value.field == 'mechanism'
+  assert 'bitrand' in str(e.value)
+
+
+@pytest.mark.parametrize('name,kw,field', [
+    ('bitrand', dict(epsilon=-1.0), 'epsilon'),
+    ('ome', dict(epsilon=1.0, rng_bits=8), 'rng_bits'),
+    ('gaussian', dict(epsilon=1.0), 'sigma'),
+    ('gaussian', dict(sigma=-1.0), 'sigma'),
+])
+def test_bad_parameters_fail_when_built(name, kw, field):
+  with pytest.raises(validate.ConfigError) as e:
+    transforms.make(name, **kw)
+  assert e.value.field == field
