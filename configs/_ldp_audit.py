@@ -1,0 +1,120 @@
+"""The `ldp_audit` config section: empirical lower bounds of LDP (the LDP-audit paper).
+
+Used by `python -m experiments.ldp_audit` (Matsumoto et al., "Measuring Lower Bounds of Local
+Differential Privacy via Adversary Instantiations in Federated Learning"; SEED-NOTES section 4).
+The dataset configs call `section(dataset, smoke)`; every field is documented in `section`'s
+docstring. Expected results are in docs/build_ldp_audit.md.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+# Names the experiment accepts (kept here so the config documents them; the library's
+# `fl_privacy.attacks.audit` holds the same tuples and the experiment checks they agree).
+MECHANISMS = ('ldp_sgd', 'bitrand', 'ome', 'gaussian')
+CRAFTERS = ('benign', 'input_perturbation', 'parameter_retrogression', 'gradient_flip',
+            'collusion', 'dummy_gradient')
+DISTINGUISHERS = ('black_box', 'white_box')
+TARGET_SELECTIONS = ('max_grad_norm', 'random')
+
+# Datasets the experiment runs on, and the global model's pre-training per dataset: a few
+# hundred SGD steps put theta_t where the paper's audit starts (a model in training, not at
+# initialisation); the tiny digits set needs fewer.
+_PRETRAIN_STEPS = {'digits': 150, 'npz': 150}
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `ldp_audit` section for `dataset`.
+
+  Fields (audit of `mechanism`; the sweep is crafters x distinguishers x epsilons for
+  'ldp_sgd', and epsilons alone for the input mechanisms):
+    mechanism: 'ldp_sgd' (the paper: LDP-SGD, Algorithms 1-2), or an input mechanism audited
+      beyond the paper: 'bitrand', 'ome' (bitwise randomizers of the AMI paper, on the fixed-point
+      encoding) or 'gaussian' (the Gaussian mechanism, (eps, delta)-DP).
+    crafters: subset of ('benign', 'input_perturbation', 'parameter_retrogression',
+      'gradient_flip', 'collusion', 'dummy_gradient') (Table 1). ldp_sgd only.
+    distinguishers: subset of ('black_box', 'white_box'): black-box sees only theta_{t+1} (Eq. 4,
+      6 or 7 per crafter as in Table 1), white-box the report (cosine, Eq. 5). ldp_sgd only.
+    epsilons: claimed epsilons to audit, each > 0 (paper: 0.5, 1, 2, 4).
+    num_trials: trials per point (paper: 10,000 per measurement). 10^6 runs in bounded memory
+      (`game.chunk_size` trials at a time).
+    clip_norm: L, LDP-SGD's clipping norm, > 0 (paper: 1).
+    pretrain_steps, pretrain_lr, batch_size: plain SGD that brings the AuditCNN (Table 2 CNN,
+      'SAME' padding so 8x8 digits fit) from initialisation to the audited global model theta_t.
+    split: the split the crafter's examples (and the training data) come from.
+    candidates: how many random examples of `split` the crafter screens for x1 and x2.
+    target_selection: 'max_grad_norm' (x1 = the candidate with the largest gradient norm at
+      theta_t, x2 = the largest among the other labels: the crafter picks what LDP-SGD's norm
+      projection flips least; the paper does not say how its images were picked) or 'random'
+      (the first candidates, x2 of another label).
+    fgsm_alpha: FGSM step of `input_perturbation` (paper: 1, on [0, 1] images, unclipped).
+    retrogression_alpha: step of theta' = theta_t + alpha grad f(x1; theta_t) (the paper gives
+      no value; 1).
+    collusion_label, collusion_steps, collusion_lr: the colluding server's model is theta_t
+      trained with SGD on images of the single class `collusion_label`; x1 is then chosen among
+      the candidates of other classes.
+    white_box_path: 'literal' (every trial runs Algorithm 1 on the full d-dim gradient) or
+      'projected' (the exact shortcut `mechanisms.ldp_sgd.randomize_in_subspace`: the cosine test
+      needs only the report's coordinates in span(g1, g2), drawn in O(1) per trial with the same
+      law; tests compare both paths). Black-box trials always run the literal path.
+    server_lr: the server's step size; None = the paper's eta_t = ||C|| sqrt(n) / (L sqrt(d)) *
+      (e^eps - 1)/(e^eps + 1) with n = 1 client (Algorithm 2).
+    radius: radius of the parameter set C (the server projects onto this L2 ball); None = the
+      norm of the model the server updates (so theta_t lies on C's boundary).
+    violation_confidence: one-sided level of the bound behind the `privacy_violation` flag;
+      None = family-wise 95% over the sweep's points (1 - 0.05 / number of points).
+    num_features, int_bits, frac_bits, sign_bit: input mechanisms' vector: r features in the
+      fixed-point format (AMI paper: 512 features, 1 + 5 + 4 bits). The audited pair is the
+      all-zero vector and the all-maximum vector (every magnitude bit differs), both inside
+      the non-negative embedding range. The distinguisher is the exact likelihood-ratio test
+      (bits are independent given the input) on the probabilities the draw realises.
+    input_pair: the audited pair of BitRand/OME: 'extreme_pair' (all features differ, 0 vs
+      maximum: the whole-vector guarantee) or 'one_feature_pair' (only feature 0 differs: the
+      per-feature guarantee, which 10,000 trials can measure without saturating).
+    rng_bits: BitRand's random-word resolution (32 exact, 16 the fast draw).
+    ome_alpha: OME's alpha (AMI paper: 100).
+    delta, sensitivity: the Gaussian mechanism's delta and L2 sensitivity (sigma from
+      `mechanisms.gaussian.sigma_for`); its pair ('sensitivity_pair') is 0 and sensitivity * e_1.
+  """
+  s = ml_collections.ConfigDict()
+  s.mechanism = 'ldp_sgd'
+  s.crafters = CRAFTERS
+  s.distinguishers = DISTINGUISHERS
+  s.epsilons = (0.5, 1.0, 2.0, 4.0)
+  s.num_trials = 10_000
+  s.clip_norm = 1.0
+  s.pretrain_steps = _PRETRAIN_STEPS.get(dataset, 500)
+  s.pretrain_lr = 0.05
+  s.batch_size = 64
+  s.split = 'train'
+  s.candidates = 256
+  s.target_selection = 'max_grad_norm'
+  s.white_box_path = 'literal'
+  s.fgsm_alpha = 1.0
+  s.retrogression_alpha = 1.0
+  s.collusion_label = 0
+  s.collusion_steps = 100
+  s.collusion_lr = 0.05
+  s.server_lr = config_dict.placeholder(float)
+  s.radius = config_dict.placeholder(float)
+  s.violation_confidence = config_dict.placeholder(float)
+  s.num_features = 512
+  s.int_bits = 5
+  s.frac_bits = 4
+  s.sign_bit = True
+  s.rng_bits = 32
+  s.input_pair = 'extreme_pair'
+  s.ome_alpha = 100.0
+  s.delta = 1e-5
+  s.sensitivity = 1.0
+  if smoke:
+    s.crafters = ('benign', 'gradient_flip', 'dummy_gradient')
+    s.epsilons = (1.0, 4.0)
+    s.num_trials = 1000
+    s.pretrain_steps = 20
+    s.candidates = 32
+    s.collusion_steps = 20
+    s.num_features = 64
+  return s
