@@ -106,6 +106,7 @@ def resnet18_shapes() -> dict[str, tuple[int, ...]]:
 
 @functools.lru_cache(maxsize=1)
 def _resnet18_shapes() -> dict[str, tuple[int, ...]]:
+  # Shapes only: under eval_shape no random number is ever drawn from this key.
   shapes = jax.eval_shape(lambda: ResNet18Features().init(
       jax.random.key(0), jnp.zeros((1, 32, 32, 3), jnp.float32)))
   return {'/'.join(str(p.key) for p in path): tuple(leaf.shape)

@@ -1,0 +1,267 @@
+"""The dishonest-server detector: Lemma 2.1, Eq. (9), and the game's exactness properties."""
+
+from __future__ import annotations
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fl_privacy import data as data_lib
+from fl_privacy import models
+from fl_privacy.attacks import dishonest
+from fl_privacy.eval import runner
+from fl_privacy.fl import losses
+from fl_privacy.fl import optimizers
+
+EPS = 1e-3
+
+
+def _crafted(padding='SAME', shape=(8, 8, 1), num_classes=10, m=4, label=3, seed=0):
+  """A model crafted for the first of six random images; one compilation."""
+  model = models.FlowerCNN(num_classes, padding=padding)
+
+  @jax.jit
+  def build(key):
+    x = jax.random.uniform(key, (6,) + shape)
+    variables = model.init(jax.random.fold_in(key, 1), x[:1])
+    h = model.apply(variables, x, method='embed')
+    crafted, chosen = dishonest.craft(variables, h[0], label, m, EPS)
+    return variables, crafted, chosen, h, x
+
+  return (model,) + build(jax.random.key(seed))
+
+
+@pytest.fixture(scope='module')
+def crafted():
+  """FlowerCNN on 8x8x1 with M = 4 detected features, target label 3."""
+  return _crafted(m=4, label=3)
+
+
+def _near_target(h_t, chosen, key, count=64):
+  """Feature vectors around the target: some within eps of it (L1), the rest farther away."""
+  scales = jnp.geomspace(1e-6, 1e-1, count)
+  noise = jax.random.normal(key, (count, chosen.shape[0]))
+  noise = noise / jnp.sum(jnp.abs(noise), axis=1, keepdims=True) * scales[:, None]
+  return jnp.tile(h_t, (count, 1)).at[:, chosen].add(noise)
+
+
+def test_select_components_are_the_largest_magnitudes():
+  rng = np.random.default_rng(0)
+  for m in (1, 3, 16):
+    features = rng.normal(size=64).astype(np.float32)
+    idx, values = dishonest.select_components(jnp.asarray(features), m)
+    assert set(np.asarray(idx)) == set(np.argsort(-np.abs(features))[:m])
+    np.testing.assert_array_equal(values, features[np.asarray(idx)])
+
+
+def _check_eq3(model, crafted_vars, chosen, h, label):
+  hs = jnp.concatenate([h[:1], _near_target(h[0], chosen, jax.random.key(5))])
+  logits = jax.jit(lambda v, f: model.apply(v, f, method='head'))(crafted_vars, hs)
+  want = dishonest.detector_output(hs[:, chosen], h[0, chosen], EPS)
+  np.testing.assert_allclose(logits[:, label], want, rtol=0, atol=1e-7)
+  assert np.any(want > 0) and np.any(want == 0)
+  np.testing.assert_array_equal(np.delete(np.asarray(logits), label, axis=1), -1.0)
+  # The target itself gives b = eps.
+  np.testing.assert_allclose(want[0], EPS, rtol=1e-5)
+
+
+def test_target_logit_is_eq3_and_other_logits_constant(crafted):
+  model, _, crafted_vars, chosen, h, _ = crafted
+  _check_eq3(model, crafted_vars, chosen, h, 3)
+
+
+def test_eq3_on_28x28_valid_trunk():
+  model, _, crafted_vars, chosen, h, _ = _crafted('VALID', (28, 28, 1), m=8, label=6)
+  assert h.shape[1] == 256
+  _check_eq3(model, crafted_vars, chosen, h, 6)
+
+
+def test_crafted_block_has_2m_plus_1_live_neurons(crafted):
+  _, variables, crafted_vars, _, _, _ = crafted
+  p = crafted_vars['params']
+  assert np.count_nonzero(p['fc1']['kernel']) == 8
+  assert np.count_nonzero(p['fc2']['kernel']) == 8
+  assert np.count_nonzero(p['fc3']['kernel']) == 1
+  np.testing.assert_array_equal(np.asarray(p['fc1']['bias'][8:]), -1.0)
+  np.testing.assert_array_equal(np.asarray(p['fc2']['bias'][1:]), -1.0)
+  assert float(dishonest.detector_bias(crafted_vars)) == pytest.approx(EPS)
+  # The trunk keeps the weights it had.
+  for name in ('conv1', 'conv2'):
+    chex.assert_trees_all_equal(p[name], variables['params'][name])
+
+
+def test_gradients_vanish_exactly_outside_eps(crafted):
+  """Lemma 2.1: every hidden-layer (and trunk) parameter has zero gradient when sum > eps."""
+  model, _, crafted_vars, chosen, h, x = crafted
+  far = np.asarray(dishonest.detector_distance(h[1:, chosen], h[0, chosen])) > EPS
+  assert far.all()
+
+  def b(params, xs):
+    return jnp.sum(model.apply({'params': params}, xs)[:, 3])
+
+  def loss(params, xs, ys):
+    return losses.cross_entropy(model.apply({'params': params}, xs), ys)
+
+  @jax.jit
+  def both(params, xs, ys):
+    return jax.grad(b)(params, xs), jax.grad(loss)(params, xs, ys)
+
+  for grads in both(crafted_vars['params'], x[1:], jnp.array([3, 3, 0, 1, 2])):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(grads):
+      name = jax.tree_util.keystr(path)
+      if 'fc3' in name and 'bias' in name:
+        continue  # output biases sit outside the hidden layers of Fig. 1: they always learn
+      np.testing.assert_array_equal(leaf, 0.0, err_msg=name)
+
+
+def test_eps_gradient_is_the_indicator_of_eq4(crafted):
+  model, _, crafted_vars, chosen, h, _ = crafted
+  hs = _near_target(h[0], chosen, jax.random.key(9))
+
+  def b_of_eps(eps, one):
+    p = crafted_vars['params']
+    p = {**p, 'fc2': {**p['fc2'], 'bias': p['fc2']['bias'].at[0].set(eps)}}
+    return model.apply({'params': p}, one[None], method='head')[0, 3]
+
+  grads = jax.jit(jax.vmap(jax.grad(b_of_eps), in_axes=(None, 0)))(jnp.float32(EPS), hs)
+  inside = np.asarray(dishonest.detector_distance(hs[:, chosen], h[0, chosen])) <= EPS
+  assert 0 < inside.sum() < len(inside)
+  np.testing.assert_array_equal(np.asarray(grads), inside.astype(np.float32))
+
+
+def test_craft_rejects_m_beyond_features_or_fc1():
+  model = models.FlowerCNN(10, padding='SAME')
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+  with pytest.raises(ValueError, match='M=61'):
+    dishonest.craft(variables, jnp.ones(64), 0, 61, EPS)
+
+
+def test_delta_statistic_eq9():
+  eps = jnp.float32(EPS)
+  assert float(dishonest.delta_statistic(eps, eps + 1e-4, eps, 32)) == 0.0
+  assert float(dishonest.delta_statistic(eps, eps, eps, 32)) == 0.0
+  assert float(dishonest.delta_statistic(eps - 1e-4, eps + 1e-4, eps, 32)) == pytest.approx(
+      32, rel=1e-4)
+  assert float(dishonest.delta_statistic(eps + 2e-5, eps - 1e-4, eps, 8)) == pytest.approx(
+      1.6, rel=1e-4)
+  assert not dishonest.decide(jnp.float32(0.0), 0.1)
+  assert dishonest.decide(jnp.float32(0.1), 0.1)
+
+
+def test_server_step_is_one_optimizer_step_on_the_target(crafted):
+  model, _, crafted_vars, _, _, x = crafted
+  loss_fn = dishonest.loss_fn_for(model)
+  params = crafted_vars['params']
+
+  @jax.jit
+  def both(params, x):
+    stepped = dishonest.server_step(loss_fn, params, x[0], jnp.int32(3), optax.sgd(0.5))
+    return stepped, jax.grad(loss_fn)(params, x[:1], jnp.array([3]))
+
+  stepped, grads = both(params, x)
+  chex.assert_trees_all_close(stepped, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
+  # The target fires the detector, so its own step moves eps.
+  assert float(dishonest.detector_bias({'params': stepped})) != pytest.approx(EPS, abs=1e-9)
+
+
+def test_draw_client_halves_and_membership():
+  for i in range(8):
+    idx, target, member = dishonest.draw_client(jax.random.key(i), jnp.int32(i), 100, 32)
+    idx = np.asarray(idx)
+    assert len(set(idx)) == 32 and idx.max() < 100
+    assert bool(member) == (i % 2 == 0) == (int(target) in idx)
+
+
+@pytest.fixture(scope='module')
+def digits():
+  train = data_lib.load(dict(name='digits'))['train']
+  return jnp.asarray(data_lib.to_float(train.x)), jnp.asarray(train.y)
+
+
+def _game(opt, m=4, j=2, e=1):
+  kw = {'momentum': 0.9} if opt == 'sgd' else {}
+  return dishonest.Game(model=models.FlowerCNN(10, padding='SAME'), num_components=m,
+                        num_batches=j, epochs=e, batch_size=32,
+                        optimizer=optimizers.make(opt, 1e-3, **kw))
+
+
+@functools.lru_cache(maxsize=None)
+def _outcomes(opt):
+  """24 runs (E = 2, J = 2, M = 4) of `opt` on digits, computed once per test session."""
+  train = data_lib.load(dict(name='digits'))['train']
+  x, y = jnp.asarray(data_lib.to_float(train.x)), jnp.asarray(train.y)
+  game = _game(opt, e=2)
+  out = runner.run_trials(dishonest.make_trial(game), jax.random.key(11), 24, chunk_size=24,
+                          args=(x, y), progress=False)
+  return game, out
+
+
+@pytest.fixture(params=['sgd', 'adam'])
+def outcomes(request):
+  return _outcomes(request.param)
+
+
+def test_outside_runs_give_delta_exactly_zero_and_inside_runs_fire(outcomes):
+  _, out = outcomes
+  member = out['member']
+  np.testing.assert_array_equal(member, np.arange(24) % 2 == 0)
+  np.testing.assert_array_equal(out['delta'][~member], 0.0)  # exact, not approximate
+  assert np.all(out['num_activating'][~member] == 0)
+  assert np.all(out['delta'][member] >= 0.1)
+
+
+def test_vmapped_runs_match_single_runs(digits):
+  """Same run key and index -> same run, whether vmapped in a chunk or alone (SGD)."""
+  game, out = _outcomes('sgd')
+  x, y = digits
+  one = jax.jit(dishonest.make_trial(game))
+  for i in (0, 1, 5):
+    single = one(jax.random.fold_in(jax.random.key(11), i), jnp.int32(i), x, y)
+    for k in ('member', 'target', 'nearest', 'num_activating'):
+      assert int(single[k]) == int(out[k][i]), k
+    np.testing.assert_allclose(float(single['delta']), out['delta'][i], rtol=1e-4)
+
+
+def test_exact_duplicate_of_target_is_a_false_positive(digits):
+  """An outside target whose copy is in the client's data fires, and is attributed to it."""
+  x, y = digits
+  x = x.at[1].set(x[0])
+  y = y.at[1].set(y[0])
+  game = _game('sgd', m=8, j=1)
+  client = jnp.arange(1, 33, dtype=jnp.int32)
+  out = jax.jit(lambda xs, ys: dishonest.play(game, jax.random.key(0), jax.random.key(1), xs, ys,
+                                              client, jnp.int32(0), jnp.bool_(False)))(x, y)
+  assert int(out['nearest']) == 1
+  assert float(out['nearest_distance']) == 0.0
+  assert int(out['num_activating']) == 1
+  assert float(out['delta']) >= 0.1
+
+
+def _matmul_precisions(jaxpr, found):
+  """Precision of every dot_general / convolution in `jaxpr`, nested jaxprs included."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ('dot_general', 'conv_general_dilated'):
+      found.append(eqn.params.get('precision'))
+    for value in eqn.params.values():
+      for v in (value if isinstance(value, (tuple, list)) else (value,)):
+        inner = getattr(v, 'jaxpr', v)
+        if hasattr(inner, 'eqns'):
+          _matmul_precisions(inner, found)
+  return found
+
+
+def test_every_matmul_of_a_run_is_full_precision():
+  """Decisions cannot depend on TF32/bf16 defaults of any backend (GPUs use TF32)."""
+  game = _game('adam', j=1)
+  x = jnp.zeros((40, 8, 8, 1))
+  y = jnp.zeros((40,), jnp.int32)
+  jaxpr = jax.make_jaxpr(dishonest.make_trial(game))(jax.random.key(0), jnp.int32(0), x, y)
+  found = _matmul_precisions(jaxpr.jaxpr, [])
+  assert len(found) > 10
+  highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+  assert all(p == highest for p in found), set(map(str, found))

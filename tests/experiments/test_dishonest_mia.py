@@ -1,0 +1,121 @@
+"""End to end: `python -m experiments.dishonest_mia` on the digits smoke config."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = 'configs/digits.py:smoke'
+
+
+def _run(workdir, *overrides):
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.dishonest_mia', f'--config={CONFIG}',
+       f'--workdir={workdir}', *overrides],
+      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('dishonest') / 'run'
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json', encoding='utf-8') as f:
+    return workdir, json.load(f)
+
+
+def test_results_schema(smoke):
+  workdir, results = smoke
+  assert results['experiment'] == 'dishonest_mia'
+  runs = results['config']['dishonest']['runs']
+  points = results['points']
+  assert {(p['params']['M'], p['params']['optimizer']) for p in points} == {
+      (1, 'sgd'), (4, 'sgd'), (1, 'adam'), (4, 'adam')}
+  for p in points:
+    assert set(p['params']) == {'M', 'optimizer', 'num_batches', 'epochs'}
+    assert p['n_trials'] == runs
+    m = p['metrics']
+    assert m['n_in'] == m['n_out'] == runs // 2
+    for name in ('fpr', 'fnr', 'acc'):
+      assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high']
+    assert 0.0 <= m['auc'] <= 1.0
+    assert m['fp'] == m['fp_exact_duplicate'] + m['fp_near_duplicate'] + m['fp_no_duplicate']
+  for name in ('results.csv', 'table2.md', 'false_decisions.json', 'delta.png'):
+    assert (workdir / name).exists(), name
+
+
+def test_numbers_are_sane(smoke):
+  workdir, results = smoke
+  for p in results['points']:
+    m = p['metrics']
+    # Lemma 2.1: an outside run moves the detector only if a client example activates it.
+    assert m['out_delta_nonzero'] == m['out_activated']
+    if p['params']['M'] == 4:
+      assert m['fp'] == 0 and m['fn'] == 0 and m['acc'] == 1.0 and m['auc'] == 1.0
+      assert float(m['delta_out_max']) == 0.0
+  decisions = json.loads((workdir / 'false_decisions.json').read_text())
+  for d in decisions.values():
+    for fp in d['false_positives']:
+      assert fp['cause'] and fp['num_activating'] >= 1
+  table = (workdir / 'table2.md').read_text()
+  assert '| Opt. | M |' in table and 'False positives and their causes' in table
+
+
+def test_resume_keeps_points(smoke, tmp_path):
+  workdir, results = smoke
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  again = json.loads((workdir / 'results.json').read_text())
+  assert [p['metrics'] for p in again['points']] == [p['metrics'] for p in results['points']]
+
+
+@pytest.mark.parametrize('override,field', [
+    ('--config.dishonest.M=(100,)', 'dishonest.M'),
+    ('--config.dishonest.num_batches=(64,)', 'dishonest.num_batches'),
+    ("--config.dishonest.optimizers=('rmsprop',)", 'dishonest.optimizers'),
+])
+def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
+  workdir = tmp_path / 'never'
+  proc = _run(workdir, override)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f'config.{field}' in proc.stderr
+  assert not os.path.exists(workdir)
+
+
+def test_attribution_finds_the_duplicate_in_the_client_data():
+  """A false positive whose target has a copy in the client's data is attributed to it."""
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from configs import digits
+  from experiments import dishonest_mia
+  from fl_privacy import data as data_lib
+
+  config = digits.get_config()
+  pool = data_lib.load(config.data)['train']
+  p = dict(M=2, optimizer='sgd', num_batches=4, epochs=1)
+  key = jax.random.key(3)
+  run = 7  # odd: the target is outside
+  client = dishonest_mia.client_indices(key, p, run, len(pool), 32)
+  assert len(set(client.tolist())) == 128
+  target = int(np.setdiff1d(np.arange(len(pool)), client)[0])
+  x = pool.x.copy()
+  x[target] = x[client[5]]
+  copied = dataclasses.replace(pool, x=x)
+  outcome = dict(target=target, nearest=int(client[5]), nearest_distance=0.0,
+                 num_activating=1, delta=1.0)
+  record = dishonest_mia.attribute(config, copied, key, p, run, outcome)
+  assert record['exact_duplicates_in_client'] == [int(client[5])]
+  assert record['cause'].startswith('exact duplicate')
+  # Without the copy (digits has no duplicate of this target): the features matched by chance.
+  record = dishonest_mia.attribute(config, pool, key, p, run, outcome)
+  assert not record['exact_duplicates_in_client'] and not record['near_duplicates_in_client']
+  assert record['cause'].startswith('none')
