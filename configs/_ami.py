@@ -14,7 +14,7 @@ Dataset roles (where the adversary's crafting negatives and the game pool come f
 | npz / others | first train images | a disjoint part of train (as digits) | the rest of train |
 
 Expected result on digits (2 CPU cores, about 2 minutes, 10,000 trials per point, seed 0;
-docs/build_ami.md has the full table): Adv 0.988 without LDP; under BitRand Adv rises from
+BUILD.md, "Active membership inference", has the full table): Adv 0.988 without LDP; under BitRand Adv rises from
 chance (0.50 at epsilon = 1) to 0.81 at 5 and 0.97 at 10, with test accuracy 0.10 -> 0.81 ->
 0.93; under OME Adv stays at 0.91-0.96 and accuracy at ~0.70 for every epsilon (its 0 -> 1
 probability hardly depends on epsilon). Smoke (`:smoke`): 3 points of 400 trials, under a

@@ -18,7 +18,7 @@ budget, 8 on CPU); results do not depend on the chunk size.
 Writes, beside results.json: `table2.md` (the paper's Table 2 layout and the J / E sweeps),
 `false_decisions.json` (every false decision, each false positive attributed to the duplicate of
 the target in the client's data that caused it, or to none) and `delta.png`.
-Fields: configs/_dishonest.py. Expected results: docs/build_dishonest.md.
+Fields: configs/_dishonest.py. Expected results: BUILD.md ("Dishonest-server membership inference").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ stored as `privacy_violation = 1`.
   python -m experiments.ldp_audit --config=configs/mnist.py:data_dir=DIR
   python -m experiments.ldp_audit --config.ldp_audit.mechanism=bitrand
 
-Fields: configs/_ldp_audit.py. Results: docs/build_ldp_audit.md.
+Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP").
 """
 
 from __future__ import annotations
