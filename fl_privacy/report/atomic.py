@@ -1,9 +1,17 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a part."""
+"""Atomic file writes: a reader sees the old file or the new one, never a part.
+
+On a multi-host run (`jax.process_count() > 1`) every process computes the same
+results (the game runner gathers all trials on every host), so only process 0
+writes; the others skip the write, which keeps hosts that share a file system from
+racing on the same file.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+
+import jax
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -11,7 +19,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
   The temp file lives beside the target so the rename stays on one file system
   (atomic on POSIX); it is fsynced first, so a crash leaves the old file intact.
+  Only process 0 of a multi-host run writes.
   """
+  if jax.process_index() != 0:
+    return
   path = os.fspath(path)
   folder = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path),
