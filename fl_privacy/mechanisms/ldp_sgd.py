@@ -40,6 +40,22 @@ def clip(g: jax.Array, clip_norm) -> jax.Array:
   return g * jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30))
 
 
+def _direction_and_pole(key: jax.Array, g: jax.Array, clip_norm):
+  """The clipped gradient's direction and its random pole z (Algorithm 1, step 2).
+
+  Returns `(unit, pole)`: `unit` = clip(g)/||clip(g)|| and `pole` = +1 with
+  probability 1/2 + ||clip(g)||/(2L), else -1.
+  """
+  x = clip(g, clip_norm)
+  norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
+  # Any fixed direction serves for a zero gradient: its pole is then a fair coin.
+  e1 = jnp.zeros((g.shape[-1],), jnp.float32).at[0].set(1.0)
+  unit = jnp.where(norm > 0, x / jnp.maximum(norm, 1e-30), e1)
+  p_true_pole = 0.5 + norm[..., 0] / (2.0 * clip_norm)
+  pole = jnp.where(jax.random.bernoulli(key, p_true_pole, g.shape[:-1]), 1.0, -1.0)
+  return unit, pole
+
+
 def randomize(key: jax.Array, g: jax.Array, epsilon, clip_norm) -> jax.Array:
   """Randomizes gradients into eps-LDP unit vectors (Algorithm 1, LDP-audit paper).
 
@@ -62,15 +78,9 @@ def randomize(key: jax.Array, g: jax.Array, epsilon, clip_norm) -> jax.Array:
     Unit vectors `[..., d]`, float32.
   """
   g = jnp.asarray(g, jnp.float32)
-  batch, dim = g.shape[:-1], g.shape[-1]
+  batch = g.shape[:-1]
   k_pole, k_dir, k_keep = jax.random.split(key, 3)
-  x = clip(g, clip_norm)
-  norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-  # Any fixed direction serves for a zero gradient: its pole is then a fair coin.
-  e1 = jnp.zeros((dim,), jnp.float32).at[0].set(1.0)
-  unit = jnp.where(norm > 0, x / jnp.maximum(norm, 1e-30), e1)
-  p_true_pole = 0.5 + norm[..., 0] / (2.0 * clip_norm)
-  pole = jnp.where(jax.random.bernoulli(k_pole, p_true_pole, batch), 1.0, -1.0)
+  unit, pole = _direction_and_pole(k_pole, g, clip_norm)
   v = jax.random.normal(k_dir, g.shape, jnp.float32)
   v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
   side = jnp.where(jnp.sum(unit * v, axis=-1) >= 0, 1.0, -1.0) * pole
@@ -105,12 +115,7 @@ def randomize_in_subspace(key: jax.Array, coef: jax.Array, epsilon, clip_norm,
   coef = jnp.asarray(coef, jnp.float32)
   batch, k = coef.shape[:-1], coef.shape[-1]
   k_pole, k_dir, k_rest, k_keep = jax.random.split(key, 4)
-  x = clip(coef, clip_norm)
-  norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-  e1 = jnp.zeros((k,), jnp.float32).at[0].set(1.0)
-  unit = jnp.where(norm > 0, x / jnp.maximum(norm, 1e-30), e1)
-  p_true_pole = 0.5 + norm[..., 0] / (2.0 * clip_norm)
-  pole = jnp.where(jax.random.bernoulli(k_pole, p_true_pole, batch), 1.0, -1.0)
+  unit, pole = _direction_and_pole(k_pole, coef, clip_norm)
   n = jax.random.normal(k_dir, coef.shape, jnp.float32)
   rest_dof = jnp.maximum(jnp.asarray(dim, jnp.float32) - k, 0.0)
   # chi^2_m = 2 Gamma(m / 2); a zero-dimensional rest contributes nothing.
