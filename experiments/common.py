@@ -28,8 +28,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from absl import app
 from absl import flags
@@ -40,6 +39,8 @@ from ml_collections import config_flags
 from fl_privacy import validate
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
+from fl_privacy.report import describe_params
+from fl_privacy.report import run_point  # re-exported for experiments
 from fl_privacy.report import ResumeError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,36 +132,6 @@ def _apply_seed(config) -> int:
   return seed
 
 
-def _describe(params: Mapping[str, Any]) -> str:
-  return ', '.join(f'{k}={v}' for k, v in params.items()) or '(no params)'
-
-
-def run_point(store: ResultsStore, params: Mapping[str, Any],
-              compute: Callable[[], tuple[Mapping[str, Any], int]]
-              ) -> dict[str, Any]:
-  """Runs one sweep point unless the store already has it; returns its metrics.
-
-  Args:
-    store: the run's results store.
-    params: flat dict of the swept parameters of this point.
-    compute: `() -> (metrics, n_trials)`, called only for a new point.
-
-  Returns:
-    The point's metrics (as stored).
-  """
-  saved = store.get(params)
-  if saved is not None:
-    logging.info('skipping %s: already saved in %s', _describe(params),
-                 store.workdir)
-    return saved['metrics']
-  t0 = time.perf_counter()
-  metrics, n_trials = compute()
-  point = store.add(params, metrics, n_trials, time.perf_counter() - t0)
-  logging.info('saved %s (%d trials, %.1f s)', _describe(params), n_trials,
-               point['elapsed_s'])
-  return point['metrics']
-
-
 def _error(message: str) -> int:
   print(f'error: {message}', file=sys.stderr)
   return EXIT_CONFIG
@@ -172,7 +143,7 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
     return EXIT_INTERRUPTED
   points = store.points
   lines = [f'interrupted: {len(points)} point(s) saved in {store.workdir}']
-  lines += [f'  {_describe(p["params"])}' for p in points]
+  lines += [f'  {describe_params(p["params"])}' for p in points]
   lines.append(f'resume with: --workdir={workdir}')
   print('\n'.join(lines), file=sys.stderr)
   return EXIT_INTERRUPTED

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from fl_privacy.report.atomic import atomic_write_bytes
 from fl_privacy.report.atomic import atomic_write_text
+from fl_privacy.report.store import describe_params
 from fl_privacy.report.store import json_safe
 from fl_privacy.report.store import RESULTS_CSV
 from fl_privacy.report.store import RESULTS_JSON
 from fl_privacy.report.store import ResultsStore
 from fl_privacy.report.store import ResumeError
+from fl_privacy.report.store import run_point

@@ -33,7 +33,10 @@ import io
 import json
 import math
 import os
-from typing import Any, Mapping
+import time
+from typing import Any, Callable, Mapping
+
+from absl import logging
 
 import numpy as np
 
@@ -267,3 +270,34 @@ class ResultsStore:
         self.json_path,
         json.dumps(self.to_dict(), indent=2, allow_nan=False) + '\n')
     atomic.atomic_write_text(self.csv_path, self._csv_text())
+
+
+def describe_params(params: Mapping[str, Any]) -> str:
+  """`k=v, k=v` for logs and messages."""
+  return ', '.join(f'{k}={v}' for k, v in params.items()) or '(no params)'
+
+
+def run_point(store: ResultsStore, params: Mapping[str, Any],
+              compute: Callable[[], tuple[Mapping[str, Any], int]]
+              ) -> dict[str, Any]:
+  """Runs one sweep point unless the store already has it; returns its metrics.
+
+  Args:
+    store: the run's results store.
+    params: flat dict of the swept parameters of this point.
+    compute: `() -> (metrics, n_trials)`, called only for a new point.
+
+  Returns:
+    The point's metrics (as stored).
+  """
+  saved = store.get(params)
+  if saved is not None:
+    logging.info('skipping %s: already saved in %s', describe_params(params),
+                 store.workdir)
+    return saved['metrics']
+  t0 = time.perf_counter()
+  metrics, n_trials = compute()
+  point = store.add(params, metrics, n_trials, time.perf_counter() - t0)
+  logging.info('saved %s (%d trials, %.1f s)', describe_params(params), n_trials,
+               point['elapsed_s'])
+  return point['metrics']

@@ -12,6 +12,7 @@ import pytest
 
 from configs import digits
 from fl_privacy import validate
+from fl_privacy.pipelines import ami as ami_pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -94,9 +95,8 @@ def test_unavailable_dataset_fails_fast(tmp_path):
     ('mechanisms', ('bitrand', 'rappor')), ('decision_path', 'slow'),
 ])
 def test_validation_names_the_field(field, value):
-  from experiments import ami as ami_experiment  # pylint: disable=g-import-not-at-top
   config = digits.get_config('smoke')
   config.ami[field] = value
   with pytest.raises(validate.ConfigError) as e:
-    ami_experiment.validate_config(config)
+    ami_pipeline.validate_config(config)
   assert e.value.field == f'ami.{field}'

@@ -96,8 +96,8 @@ def test_attribution_finds_the_duplicate_in_the_client_data():
   import numpy as np
 
   from configs import digits
-  from experiments import dishonest_mia
   from fl_privacy import data as data_lib
+  from fl_privacy.pipelines import dishonest_mia
 
   config = digits.get_config()
   pool = data_lib.load(config.data)['train']

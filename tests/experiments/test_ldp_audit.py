@@ -136,7 +136,7 @@ def test_input_mechanisms_claimed_vs_attained(tmp_path):
 ])
 def test_validation_names_the_field(field, value):
   from configs import digits
-  from experiments import ldp_audit
+  from fl_privacy.pipelines import ldp_audit
   from fl_privacy.validate import ConfigError
   config = digits.get_config('smoke')
   config.ldp_audit[field] = value
@@ -154,7 +154,7 @@ def test_validation_names_the_field(field, value):
 ])
 def test_input_mechanism_validation(mechanism, field, value):
   from configs import digits
-  from experiments import ldp_audit
+  from fl_privacy.pipelines import ldp_audit
   from fl_privacy.validate import ConfigError
   config = digits.get_config('smoke')
   config.ldp_audit.mechanism = mechanism

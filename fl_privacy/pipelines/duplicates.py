@@ -1,0 +1,130 @@
+"""The duplicate-image listing pipeline, as library code.
+
+`python -m experiments.duplicates` hands `prepare` and `sweep` to `experiments.common.main`;
+the script's docstring says how to run it and what it writes. The search itself is
+`fl_privacy.data.duplicates`; this module picks the scopes (within each split, then each split
+in the first), counts the groups of each scope and writes `duplicates.json` and
+`duplicates.txt`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from fl_privacy import data as data_lib
+from fl_privacy import validate
+from fl_privacy.data import duplicates
+from fl_privacy.report import atomic
+from fl_privacy.report import run_point
+
+SPLITS = ('train', 'test', 'validation')
+LISTING = 'duplicates.json'
+TEXT = 'duplicates.txt'
+
+
+def prepare(config) -> dict:
+  """Validates the fields this pipeline reads, then loads the splits to search."""
+  data_lib.validate_data_config(config.data)
+  names = validate.subset_of(config, 'dishonest.duplicate_splits', SPLITS)
+  validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
+  splits = data_lib.load(config.data)
+  for name in names:
+    validate.require(name in splits, 'dishonest.duplicate_splits',
+                     f'splits of {config.data.name}: a subset of {tuple(splits)}', names)
+  return dict(splits={n: splits[n] for n in names}, names=tuple(names))
+
+
+def scopes(names: tuple[str, ...]) -> list[tuple[str, str | None]]:
+  """(searched split, reference split or None): within each split, then each in the first."""
+  return [(n, None) for n in names] + [(n, names[0]) for n in names[1:]]
+
+
+def scope_name(split: str, ref: str | None) -> str:
+  return split if ref is None else f'{split}_in_{ref}'
+
+
+def find(splits, split: str, ref: str | None, kind: str, threshold: float) -> list[dict]:
+  """Groups of one scope: {'indices', 'labels'} within a split, or {'query', 'matches'}."""
+  ds = splits[split]
+  limit = 0.0 if kind == 'exact' else threshold
+  if ref is None:
+    groups = (duplicates.exact_groups(ds.x) if kind == 'exact'
+              else duplicates.near_groups(ds.x, limit))
+    return [dict(indices=g.tolist(), labels=ds.y[g].tolist()) for g in groups]
+  other = splits[ref]
+  return [dict(query=int(i), query_label=int(ds.y[i]), matches=js.tolist(),
+               match_labels=other.y[js].tolist())
+          for i, js in duplicates.cross_matches(ds.x, other.x, limit)]
+
+
+def summarize(groups: list[dict]) -> dict[str, int]:
+  """Counts: groups, examples involved, groups whose labels disagree."""
+  def labels(g):
+    return set(g['labels']) if 'labels' in g else {g['query_label'], *g['match_labels']}
+
+  def size(g):
+    return len(g['indices']) if 'indices' in g else 1 + len(g['matches'])
+
+  return dict(groups=len(groups), examples=sum(size(g) for g in groups),
+              label_mismatch=sum(len(labels(g)) > 1 for g in groups))
+
+
+def text_listing(config, listing: dict) -> str:
+  """The listing as readable text."""
+  lines = [f'Duplicates in {config.data.name} (near: L2 of [0, 1] pixels <= '
+           f'{config.dishonest.near_threshold})', '']
+  for name, kinds in listing.items():
+    for kind, groups in kinds.items():
+      counts = summarize(groups)
+      lines.append(f'{name} / {kind}: {counts["groups"]} groups, {counts["examples"]} examples, '
+                   f'{counts["label_mismatch"]} with differing labels')
+      for g in groups:
+        if 'indices' in g:
+          members = ', '.join(f'{i}:{y}' for i, y in zip(g['indices'], g['labels']))
+        else:
+          members = (f'{g["query"]}:{g["query_label"]} <- ' +
+                     ', '.join(f'{i}:{y}' for i, y in zip(g['matches'], g['match_labels'])))
+        lines.append(f'  {members}')
+      lines.append('')
+  return '\n'.join(lines) + '\n'
+
+
+def sweep(config, state, store, key) -> None:
+  """Lists every (scope, kind) not yet stored, then writes duplicates.txt.
+
+  Args:
+    config: the validated config.
+    state: what `prepare` returned.
+    store: the run's `fl_privacy.report.ResultsStore`.
+    key: unused.
+  """
+  del key  # deterministic
+  path = os.path.join(store.workdir, LISTING)
+  try:
+    with open(path, encoding='utf-8') as f:
+      listing = json.load(f)
+  except FileNotFoundError:
+    listing = {}
+  threshold = float(config.dishonest.near_threshold)
+  kinds = ('exact', 'near') if threshold > 0 else ('exact',)
+  for split, ref in scopes(state['names']):
+    name = scope_name(split, ref)
+    for kind in kinds:
+      params = dict(scope=name, kind=kind)
+      saved = store.get(params) is not None
+      if saved and kind in listing.get(name, {}):
+        continue
+
+      def compute(split=split, ref=ref, kind=kind, name=name):
+        groups = find(state['splits'], split, ref, kind, threshold)
+        listing.setdefault(name, {})[kind] = groups
+        atomic.atomic_write_text(path, json.dumps(listing, indent=1))
+        return summarize(groups), len(state['splits'][split])
+
+      if saved:  # the point is stored but its listing was lost: rebuild the listing only
+        compute()
+      else:
+        run_point(store, params, compute)
+  atomic.atomic_write_text(os.path.join(store.workdir, TEXT), text_listing(config, listing))
