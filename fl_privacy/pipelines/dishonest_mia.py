@@ -109,6 +109,7 @@ def make_model(config, num_classes: int):
 def feature_shape(model, image_shape) -> tuple[int, int]:
   """(trunk feature dimension, width of fc1) of `model` on images of `image_shape`."""
   x = jax.ShapeDtypeStruct((1,) + tuple(image_shape), jnp.float32)
+  # Shapes only: under eval_shape no random number is ever drawn from this key.
   variables = jax.eval_shape(model.init, jax.random.key(0), x)
   return variables['params']['fc1']['kernel'].shape
 
