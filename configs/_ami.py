@@ -25,10 +25,6 @@ from __future__ import annotations
 
 import ml_collections
 
-MECHANISMS = ('none', 'bitrand', 'ome')
-DECISION_PATHS = ('fast', 'gradient')
-EXTRACTORS = ('identity', 'cnn', 'resnet18')
-
 # The paper's batch sizes |D| (Section 5) and its single target per dataset.
 _PAPER = {
     'celeba': dict(batch_size=20, target_split='train', adversary_split='validation',

@@ -11,13 +11,9 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-# Names the experiment accepts (kept here so the config documents them; the library's
-# `fl_privacy.attacks.audit` holds the same tuples and the experiment checks they agree).
-MECHANISMS = ('ldp_sgd', 'bitrand', 'ome', 'gaussian')
-CRAFTERS = ('benign', 'input_perturbation', 'parameter_retrogression', 'gradient_flip',
-            'collusion', 'dummy_gradient')
-DISTINGUISHERS = ('black_box', 'white_box')
-TARGET_SELECTIONS = ('max_grad_norm', 'random')
+# The allowed names live with the code that implements them; the defaults sweep all of them.
+from fl_privacy.attacks.audit import CRAFTERS
+from fl_privacy.attacks.audit import DISTINGUISHERS
 
 # Datasets the experiment runs on, and the global model's pre-training per dataset: a few
 # hundred SGD steps put theta_t where the paper's audit starts (a model in training, not at

@@ -41,7 +41,6 @@ from fl_privacy.report import run_point
 
 
 DECISION_PATHS = ('fast', 'gradient')
-EXTRACTORS = ('identity', 'cnn', 'resnet18')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
 
@@ -84,7 +83,7 @@ def validate_config(config) -> None:
   validate.in_range(config, 'ami.adversary_fraction', 0.0, 1.0, low_inclusive=False,
                     high_inclusive=False)
   validate.one_of(config, 'ami.decision_path', DECISION_PATHS)
-  validate.one_of(config, 'ami.extractor', EXTRACTORS)
+  validate.one_of(config, 'ami.extractor', data_lib.features.EXTRACTORS)
   validate.one_of(config, 'ami.dp_rule', DP_RULES)
   for field in ('ldp_sign_bit', 'randomize_negatives', 'stop_when_separated',
                 'balanced_class_weights', 'calibrate'):
