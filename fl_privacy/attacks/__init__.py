@@ -1,16 +1,15 @@
 """Attacks: what a dishonest or curious server learns from what clients send.
 
 - `ami`: active membership inference with a trained crafted neuron, under input LDP
-  (the AMI paper), with `certified` (Theorem 1, Eqs. 9-10) and `dp_averaging`
-  (Appendix E, DP-SGD noise averaged over rounds and neurons).
+  (the AMI paper): `ami.crafting`, `ami.decisions`, `ami.game`, with `ami.certified`
+  (Theorem 1, Eqs. 9-10) and `ami.dp_averaging` (Appendix E, DP-SGD noise averaged over
+  rounds and neurons).
 - `dishonest`: the 2M+1 ReLU detector of the dishonest-server paper (perfect MI).
 - `audit`: crafters and distinguishers that lower-bound LDP epsilon (the LDP-audit paper).
 """
 
 from fl_privacy.attacks import ami
 from fl_privacy.attacks import audit
-from fl_privacy.attacks import certified
 from fl_privacy.attacks import dishonest
-from fl_privacy.attacks import dp_averaging
 
-__all__ = ['ami', 'audit', 'certified', 'dishonest', 'dp_averaging']
+__all__ = ['ami', 'audit', 'dishonest']

@@ -5,6 +5,7 @@ leading batch axes; `transforms.make(name, ...)` wraps one as an (init, update) 
 """
 
 from fl_privacy.mechanisms import bitrand
+from fl_privacy.mechanisms import codes
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ome

@@ -26,8 +26,8 @@ from fl_privacy import data as data_lib
 from fl_privacy import models
 from fl_privacy import validate
 from fl_privacy.attacks import ami
-from fl_privacy.attacks import certified
-from fl_privacy.attacks import dp_averaging
+from fl_privacy.attacks.ami import certified
+from fl_privacy.attacks.ami import dp_averaging
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats

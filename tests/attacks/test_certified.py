@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fl_privacy.attacks import ami
-from fl_privacy.attacks import certified
+from fl_privacy.attacks.ami import certified
 
 
 def _neuron(seed=0, d=6, r=10):

@@ -8,7 +8,7 @@ import jax
 import pytest
 from scipy import stats as sps
 
-from fl_privacy.attacks import dp_averaging
+from fl_privacy.attacks.ami import dp_averaging
 
 
 def test_noise_std_is_the_papers_sigma():

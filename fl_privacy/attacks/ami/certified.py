@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fl_privacy.attacks import ami
+from fl_privacy.attacks.ami import crafting as ami
 from fl_privacy.eval import stats
 
 

@@ -1,0 +1,220 @@
+"""The AMI security game (Figs. 1 and 3 of the AMI paper), one trial at a time for the runner."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fl_privacy.attacks.ami.crafting import CraftedNeuron
+from fl_privacy.attacks.ami.crafting import chosen_value
+from fl_privacy.attacks.ami.decisions import FC1
+from fl_privacy.attacks.ami.decisions import FC2
+from fl_privacy.attacks.ami.decisions import decide_from_activation
+from fl_privacy.attacks.ami.decisions import decide_from_gradient
+from fl_privacy.mechanisms.codes import Encoding
+from fl_privacy.mechanisms.codes import codes_to_values
+from fl_privacy.mechanisms.codes import sample_codes
+
+Array = jax.Array
+
+# ----------------------------------------------------------------------------------------------
+# The security game (Figs. 1 and 3 of the AMI paper), one trial at a time for the runner.
+
+
+class GameSide(NamedTuple):
+  """Rows a trial draws from: the targets (one per crafted neuron) or the pool.
+
+  Fields a path does not need may be None (the fast path carries only `codes`).
+
+  Attributes:
+    x: [N, d] float32 features as the client holds them (inside the encoding's range).
+    y: [N] int32 labels of the legitimate task.
+    codes: [N, d, G] uint32 fixed-point group codes of `x` (LDP paths only).
+  """
+  x: Any = None
+  y: Any = None
+  codes: Any = None
+
+
+def trial_roles(index: Array, num_targets: int) -> tuple[Array, Array]:
+  """(b, target) of a global trial index: b = index % 2, target = (index // 2) % T.
+
+  Members and non-members alternate, so any prefix of trials is balanced and every target
+  gets as many member as non-member trials when the count is a multiple of 2 T.
+  """
+  b = (index % 2).astype(jnp.int32)
+  return b, ((index // 2) % num_targets).astype(jnp.int32)
+
+
+def _take(tree, t, num_targets: int):
+  # A single target is a static slice; several are a per-trial gather.
+  if num_targets == 1:
+    return jax.tree.map(lambda a: a[0], tree)
+  return jax.tree.map(lambda a: a[t], tree)
+
+
+def trial_batch(key: Array, index: Array, targets: GameSide, pool: GameSide, *,
+                batch_size: int) -> tuple[Array, Array, GameSide]:
+  """The client's batch D of one trial, before any randomization.
+
+  Member trial (b = 1): the target plus |D| - 1 pool rows drawn uniformly with replacement;
+  non-member trial (b = 0): |D| pool rows (as in the public code's game).
+
+  Args:
+    key: the trial's key (the runner's fold_in(run_key, index)); the draw uses fold_in(key, 0).
+    index: global trial index.
+    targets: target rows, leading axis T.
+    pool: pool rows, leading axis N.
+    batch_size: |D|.
+
+  Returns:
+    (b, target index, rows) with rows a `GameSide` of leading axis |D|.
+  """
+  num_targets = jax.tree.leaves(targets)[0].shape[0]
+  num_pool = jax.tree.leaves(pool)[0].shape[0]
+  b, t = trial_roles(index, num_targets)
+  idx = jax.random.randint(jax.random.fold_in(key, 0), (batch_size,), 0, num_pool)
+  target = _take(targets, t, num_targets)
+
+  def pick(target_rows, pool_rows):
+    rows = pool_rows[idx]
+    return rows.at[0].set(jnp.where(b == 1, target_rows, rows[0]))
+
+  return b, t, jax.tree.map(pick, target, pool)
+
+
+def randomize_key(key: Array) -> Array:
+  """The key of a trial's LDP randomization (fold_in(key, 1); the batch draw uses 0)."""
+  return jax.random.fold_in(key, 1)
+
+
+def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSide,
+               pool: GameSide, thresholds: tuple, *, batch_size: int, xor: tuple = (),
+               encoding: Encoding | None = None,
+               mechanism: Callable | None = None) -> dict:
+  """One LDP game trial on the fast path: randomize codes, decode, member iff max v > 0.
+
+  The client's whole batch is randomized afresh in every trial (Fig. 3).
+
+  Args:
+    key: the trial's key.
+    index: global trial index.
+    neurons: crafted blocks stacked over targets [T, ...].
+    targets: `GameSide(codes=[T, d, G])`.
+    pool: `GameSide(codes=[N, d, G])`.
+    thresholds: `CodeChannel.thresholds` as arrays.
+    batch_size: |D|.
+    xor: `CodeChannel.xor`.
+    encoding: the fixed-point encoding (with the sign switch).
+    mechanism: if given, `(key, x) -> x'` on `GameSide.x` replaces the code sampler (for
+      channels `bit_probabilities` cannot tabulate); `thresholds` is then ignored.
+
+  Returns:
+    {'b', 'target', 'decision', 'score'}.
+  """
+  b, t, rows = trial_batch(key, index, targets, pool, batch_size=batch_size)
+  if mechanism is not None:
+    x = mechanism(randomize_key(key), rows.x)
+  else:
+    codes = sample_codes(randomize_key(key), rows.codes, thresholds, xor)
+    sizes = tuple(int(np.log2(tab.shape[-1] + 1)) for tab in thresholds)
+    x = codes_to_values(codes, sizes, encoding)
+  neuron = _take(neurons, t, jax.tree.leaves(targets)[0].shape[0])
+  decision, score = decide_from_activation(neuron, x)
+  return {'b': b, 'target': t, 'decision': decision, 'score': score}
+
+
+def precomputed_values(neurons: CraftedNeuron, target_x: Array, pool_x: Array
+                       ) -> tuple[Array, Array]:
+  """v of every target under its own neuron [T] and of every pool row under each [T, N].
+
+  Without LDP nothing in a trial but the index draw depends on the trial, so v is computed
+  once per target and pool row, and a trial only gathers.
+  """
+  v_target = jax.vmap(chosen_value)(neurons, target_x)
+  v_pool = jax.vmap(chosen_value, in_axes=(0, None))(neurons, pool_x)
+  return v_target, v_pool
+
+
+def fast_trial_no_ldp(key: Array, index: Array, v_target: Array, v_pool: Array, *,
+                      batch_size: int) -> dict:
+  """One game trial without LDP from precomputed values (same batch draws as the others)."""
+  targets = GameSide(x=v_target)
+  pool = GameSide(x=v_pool.T)  # [N, T]: a pool row carries its value under every neuron
+  b, t, rows = trial_batch(key, index, targets, pool, batch_size=batch_size)
+  v = rows.x[:, t]  # row 0 already holds v_target[t] in member trials
+  score = jnp.max(v)
+  return {'b': b, 'target': t, 'decision': score > 0, 'score': score}
+
+
+def neuron_from_params(params: Any, chosen_index: int, *, fc1: tuple = FC1,
+                       fc2: tuple = FC2) -> CraftedNeuron:
+  """Reads the crafted block back out of MLP params (what the client actually runs)."""
+  def at(path):
+    node = params
+    for name in path:
+      node = node[name]
+    return node
+  l1, l2 = at(fc1), at(fc2)
+  return CraftedNeuron(w=l1['kernel'], b=l1['bias'], h=l2['kernel'][:, chosen_index],
+                       c=l2['bias'][chosen_index])
+
+
+def literal_trial(key: Array, index: Array, params: Any, targets: GameSide, pool: GameSide,
+                  thresholds: tuple | None, *, batch_size: int, loss_fn: Callable,
+                  chosen_index: int, xor: tuple = (), encoding: Encoding | None = None,
+                  mechanism: Callable | None = None) -> dict:
+  """One game trial exactly as Figs. 3-4 describe it: the client computes the gradient.
+
+  The client randomizes its batch (by the code sampler when `thresholds` is given, by the
+  `mechanism(key, x)` when given, else not at all), computes jax.grad of the crafted MLP's
+  loss, and the server decides from the chosen neuron's gradient. The fast decision on the
+  same randomized batch is returned beside it, for the agreement test.
+
+  Args:
+    key: the trial's key.
+    index: global trial index.
+    params: crafted MLP variables stacked over targets [T, ...].
+    targets: `GameSide(x, y, codes)` of the targets.
+    pool: `GameSide(x, y, codes)` of the pool.
+    thresholds: `CodeChannel.thresholds` or None.
+    batch_size: |D|.
+    loss_fn: `loss_fn(params, x, y) -> scalar`.
+    chosen_index: the chosen fc2 unit.
+    xor: `CodeChannel.xor`.
+    encoding: fixed-point encoding (code sampler only).
+    mechanism: `(key, x) -> x'` applied to the float batch (exact upstream mechanism).
+
+  Returns:
+    {'b', 'target', 'decision', 'decision_fast', 'score'}.
+  """
+  b, t, rows = trial_batch(key, index, targets, pool, batch_size=batch_size)
+  if thresholds is not None:
+    sizes = tuple(int(np.log2(tab.shape[-1] + 1)) for tab in thresholds)
+    codes = sample_codes(randomize_key(key), rows.codes, thresholds, xor)
+    x = codes_to_values(codes, sizes, encoding)
+  elif mechanism is not None:
+    x = mechanism(randomize_key(key), rows.x)
+  else:
+    x = rows.x
+  p = _take(params, t, jax.tree.leaves(targets)[0].shape[0])
+  decision = decide_from_gradient(loss_fn, p, x, rows.y, chosen_index)
+  fast, score = decide_from_activation(neuron_from_params(p, chosen_index), x)
+  return {'b': b, 'target': t, 'decision': decision, 'decision_fast': fast, 'score': score}
+
+
+def game_rates(outcomes: dict) -> dict[str, float | int]:
+  """TPR, TNR and Adv = (TPR + TNR) / 2 (Eq. 3 of the AMI paper) as plain counts and rates.
+
+  Intervals are added by the caller with `eval.stats` / `eval.metrics`.
+  """
+  b = np.asarray(outcomes['b']).astype(bool)
+  d = np.asarray(outcomes['decision']).astype(bool)
+  tp, n_pos = int(np.sum(d & b)), int(np.sum(b))
+  tn, n_neg = int(np.sum(~d & ~b)), int(np.sum(~b))
+  tpr, tnr = tp / max(n_pos, 1), tn / max(n_neg, 1)
+  return {'tp': tp, 'n_pos': n_pos, 'tn': tn, 'n_neg': n_neg, 'tpr': tpr, 'tnr': tnr,
+          'adv': 0.5 * (tpr + tnr)}
