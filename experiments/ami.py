@@ -21,4 +21,4 @@ from experiments import common
 from fl_privacy.pipelines import ami as pipeline
 
 if __name__ == '__main__':
-  common.main('ami', pipeline.prepare, pipeline.sweep)
+  common.main('ami', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -40,6 +40,8 @@ from fl_privacy import validate
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
+from fl_privacy.report import progress
+from fl_privacy.report import summary as summary_lib
 from fl_privacy.report import run_point  # re-exported for experiments
 from fl_privacy.report import ResumeError
 
@@ -59,6 +61,9 @@ _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run folder for results.json/results.csv/figures; '
     're-using one resumes its sweep. Default: ./runs/<name>-<timestamp>.')
 _SEED = flags.DEFINE_integer('seed', None, 'Overrides config.seed.')
+_QUIET = flags.DEFINE_bool(
+    'quiet', False, 'No progress line and no summary table (log lines only). The progress '
+    'line is drawn only when stderr is a terminal anyway.')
 
 __all__ = ['main', 'run_point', 'rate', 'REPO_ROOT', 'DEFAULT_CONFIG']
 
@@ -85,10 +90,11 @@ def _repo_path(value: str) -> str:
   return value
 
 
-def resolve_config_arg(argv: list[str]) -> list[str]:
+def resolve_config_arg(argv: list[str], default: str | None = None) -> list[str]:
   """Makes `--config` explicit and resolvable from any current folder.
 
-  Adds `--config=<repo>/configs/digits.py` when no `--config` is given, and
+  Adds `--config=<default>` (`<repo>/configs/digits.py` unless `default` names
+  another file) when no `--config` is given, and
   rewrites a relative `--config=PATH[:arg]` (or `--config PATH`) that does not
   exist from here to the repository's file, so `--config=configs/toy.py` works
   from any folder.
@@ -112,7 +118,7 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
     out.append(a)
     i += 1
   if not given:
-    out.insert(1, f'--config={DEFAULT_CONFIG}')
+    out.insert(1, f'--config={default or DEFAULT_CONFIG}')
   return out
 
 
@@ -150,7 +156,8 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
 
 
 def _run(name: str, prepare: Callable[[Any], Any],
-         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> int:
+         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
+         summary=None) -> int:
   config = _CONFIG.value
   store = None
   workdir = None
@@ -167,20 +174,44 @@ def _run(name: str, prepare: Callable[[Any], Any],
       return _error(str(e))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
-    try:
-      sweep(config, state, store, jax.random.key(seed))
-    except validate.ConfigError as e:
-      return _error(str(e))
+    tracker = progress.Progress(name, summary=summary,
+                                enabled=not _QUIET.value and _is_terminal(sys.stderr))
+    with progress.activate(tracker):
+      try:
+        sweep(config, state, store, jax.random.key(seed))
+      except validate.ConfigError as e:
+        return _error(str(e))
     store.finish()
     logging.info('%s: done, %d point(s) in %s', name, len(store.points),
                  store.json_path)
+    if not _QUIET.value:
+      print(final_report(summary, store, tracker), flush=True)
     return 0
   except KeyboardInterrupt:
     return _interrupted(store, workdir)
 
 
+def _is_terminal(stream) -> bool:
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):
+    return False
+
+
+def final_report(summary, store: ResultsStore, tracker: progress.Progress) -> str:
+  """The end-of-run text: the headline table, then where the results and figures are."""
+  parts = [f'{store.experiment}: {len(store.points)} point(s) in '
+           f'{summary_lib.format_duration(tracker.clock() - tracker.t_start)}']
+  table = summary_lib.render(summary, store.points, resumed=tracker.resumed)
+  if table:
+    parts.append(table)
+  parts.append(summary_lib.outputs(store.workdir))
+  return '\n\n'.join(parts)
+
+
 def main(name: str, prepare: Callable[[Any], Any],
-         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> None:
+         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
+         summary=None, default_config: str | None = None) -> None:
   """Parses flags and runs an experiment: validate, prepare, store, sweep, finish.
 
   Args:
@@ -189,6 +220,11 @@ def main(name: str, prepare: Callable[[Any], Any],
       loads data. Nothing may be written before it returns.
     sweep: `(config, state, store, key) -> None`; runs the sweep points, skipping
       those `store.get` already has (see `run_point`).
+    summary: the experiment's headline columns (`fl_privacy.report.summary.Table`s),
+      logged per saved point and printed as a table at the end.
+    default_config: the config used without `--config` (default `configs/digits.py`),
+      relative to the repository.
   """
-  sys.argv = resolve_config_arg(sys.argv)
-  app.run(lambda argv: _run(name, prepare, sweep))
+  default = os.path.join(REPO_ROOT, default_config) if default_config else None
+  sys.argv = resolve_config_arg(sys.argv, default)
+  app.run(lambda argv: _run(name, prepare, sweep, summary))

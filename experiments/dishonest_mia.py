@@ -29,4 +29,4 @@ from experiments import common
 from fl_privacy.pipelines import dishonest_mia as pipeline
 
 if __name__ == '__main__':
-  common.main('dishonest_mia', pipeline.prepare, pipeline.sweep)
+  common.main('dishonest_mia', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -3,7 +3,8 @@
 Each trial draws one Bernoulli(p) bit with the trial's key; a point reports the
 rate of ones with its 95% Clopper-Pearson interval.
 
-  python -m experiments.toy_game --config=configs/toy.py --workdir=runs/toy
+  python -m experiments.toy_game                    # configs/toy.py, its default
+  python -m experiments.toy_game --config=configs/toy.py:smoke --workdir=runs/toy
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ import numpy as np
 from experiments import common
 from fl_privacy import validate
 from fl_privacy.eval import runner
+from fl_privacy.report import progress
+from fl_privacy.report import summary
+
+SUMMARY = summary.Table('Toy game', (summary.param('p'), summary.rate('rate'),
+                                     summary.seconds()))
 
 
 def bernoulli_trial(key, index, p):
@@ -44,6 +50,7 @@ def run_game(key, p: float, num_trials: int, chunk_size: int):
 def sweep(config, state, store, key) -> None:
   num_trials = int(config.toy.num_trials)
   chunk_size = int(config.game.chunk_size)
+  progress.plan(len(state['ps']))
   for i, p in enumerate(state['ps']):
     point_key = jax.random.fold_in(key, i)
     common.run_point(store, {'p': p},
@@ -52,4 +59,4 @@ def sweep(config, state, store, key) -> None:
 
 
 if __name__ == '__main__':
-  common.main('toy_game', prepare, sweep)
+  common.main('toy_game', prepare, sweep, summary=SUMMARY, default_config='configs/toy.py')

@@ -50,6 +50,20 @@ import numpy as np
 
 _TRIAL_AXIS = 'trials'
 
+# Callables `(trials done, trials in this call, seconds since the call began)` run after
+# every chunk: the terminal progress of `fl_privacy.report.progress` shows trials/s from it.
+_CHUNK_LISTENERS: list[Callable[[int, int, float], None]] = []
+
+
+def add_chunk_listener(fn: Callable[[int, int, float], None]) -> Callable[[], None]:
+  """Calls `fn(done, total, elapsed_s)` after every chunk; returns a function that removes it."""
+  _CHUNK_LISTENERS.append(fn)
+
+  def remove():
+    if fn in _CHUNK_LISTENERS:
+      _CHUNK_LISTENERS.remove(fn)
+  return remove
+
 
 def _round_up(value: int, multiple: int) -> int:
   return -(-value // multiple) * multiple
@@ -133,6 +147,8 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
     following = launch(lo + chunk_size) if lo + chunk_size < total else None
     outputs.append(jax.tree.map(np.asarray, jax.device_get(pending)))
     pending = following
+    for listener in tuple(_CHUNK_LISTENERS):
+      listener(min(lo + chunk_size, total), total, time.perf_counter() - t_start)
     if progress:
       now = time.perf_counter()
       done = min(lo + chunk_size, total)

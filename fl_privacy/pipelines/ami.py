@@ -36,6 +36,8 @@ from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
 from fl_privacy.report import atomic
+from fl_privacy.report import progress
+from fl_privacy.report import summary
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import run_point
 
@@ -43,6 +45,22 @@ from fl_privacy.report import run_point
 DECISION_PATHS = ('fast', 'gradient')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
+
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = (
+    summary.Table('Membership inference game (Adv, TPR, TNR: 95% intervals)', (
+        summary.param('mechanism'), summary.param('epsilon'), summary.rate('adv', 'Adv'),
+        summary.metric('tpr', 'TPR'), summary.metric('tnr', 'TNR'),
+        summary.metric('accuracy', 'accuracy'),
+        summary.metric('certified_fraction', 'certified', digits=2), summary.seconds()),
+                  where={'part': 'game'}),
+    summary.Table('DP-SGD noise averaging: rounds needed (Appendix E)', (
+        summary.param('epsilon'), summary.param('dp_delta', 'delta'),
+        summary.param('num_chosen', 'K'),
+        summary.metric('rounds_closed_form', 'closed form', digits=0),
+        summary.metric('rounds_monte_carlo', 'Monte Carlo', digits=0)),
+                  where={'part': 'dp_averaging'}),
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,6 +463,9 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
   a = config.ami
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   epsilons = tuple(float(e) for e in a.epsilons)
+  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
+  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
+  progress.plan(sum(1 if m == 'none' else len(epsilons) for m in mechanisms) + len(dp_points))
   for mechanism in mechanisms:
     for epsilon in ((None,) if mechanism == 'none' else epsilons):
       params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon}
@@ -452,8 +473,6 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
   k_dp = jax.random.fold_in(key, 99)
-  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
-  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}

@@ -42,6 +42,7 @@ import numpy as np
 
 from fl_privacy.report import atomic
 from fl_privacy.report import manifest as manifest_lib
+from fl_privacy.report import progress as progress_lib
 
 RESULTS_JSON = 'results.json'
 RESULTS_CSV = 'results.csv'
@@ -290,14 +291,24 @@ def run_point(store: ResultsStore, params: Mapping[str, Any],
   Returns:
     The point's metrics (as stored).
   """
+  tracker = progress_lib.active()
   saved = store.get(params)
   if saved is not None:
     logging.info('skipping %s: already saved in %s', describe_params(params),
                  store.workdir)
+    if tracker is not None:
+      tracker.point_finished(saved, computed=False)
     return saved['metrics']
+  if tracker is not None:
+    tracker.point_started(params)
   t0 = time.perf_counter()
   metrics, n_trials = compute()
   point = store.add(params, metrics, n_trials, time.perf_counter() - t0)
-  logging.info('saved %s (%d trials, %.1f s)', describe_params(params), n_trials,
-               point['elapsed_s'])
+  # The experiment's headline metrics (its summary columns), so a log alone says what
+  # each point measured.
+  headline = tracker.headline(point) if tracker is not None else ''
+  logging.info('saved %s (%d trials, %.1f s)%s', describe_params(params), n_trials,
+               point['elapsed_s'], f': {headline}' if headline else '')
+  if tracker is not None:
+    tracker.point_finished(point, computed=True)
   return point['metrics']
