@@ -11,7 +11,6 @@ setting (`run_dp_point`), then writes the figures (`fl_privacy.pipelines.ami_fig
 from __future__ import annotations
 
 import functools
-import io
 import math
 import os
 import time
@@ -34,8 +33,8 @@ from fl_privacy.eval import stats
 from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
+from fl_privacy.pipelines import ami_draws
 from fl_privacy.pipelines import ami_figures
-from fl_privacy.report import atomic
 from fl_privacy.report import progress
 from fl_privacy.report import summary
 from fl_privacy.report import ResultsStore
@@ -48,7 +47,7 @@ CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
 
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = (
-    summary.Table('Membership inference game (Adv, TPR, TNR: 95% intervals)', (
+    summary.Table('Membership inference game (Adv with its 95% interval)', (
         summary.param('mechanism'), summary.param('epsilon'), summary.rate('adv', 'Adv'),
         summary.metric('tpr', 'TPR'), summary.metric('tnr', 'TNR'),
         summary.metric('accuracy', 'accuracy'),
@@ -411,7 +410,7 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   if ldp:
     cert, draws = certify_point(k_cert, config, state, neurons, randomize, enc)
     m.update(cert)
-    _save_draws(workdir, mechanism, epsilon, draws)
+    ami_draws.save(workdir, mechanism, epsilon, draws)
   cert_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   m.update(_utility(k_util, config, state, None if not ldp else randomize))
@@ -421,12 +420,25 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   return m, int(a.num_trials)
 
 
-def _save_draws(workdir, mechanism, epsilon, draws):
-  os.makedirs(os.path.join(workdir, 'draws'), exist_ok=True)
-  buf = io.BytesIO()
-  np.savez(buf, target=draws['target'], other=draws['other'])
-  atomic.atomic_write_bytes(os.path.join(workdir, 'draws', f'{mechanism}_eps{epsilon:g}.npz'),
-                            buf.getvalue())
+def ensure_draws(key, config, state, mechanism: str, epsilon: float, workdir: str) -> bool:
+  """Recomputes the draws of a stored point whose `draws/` file is missing or unreadable.
+
+  The point's crafting and certification keys are those `run_game_point` used, so the
+  recomputed values are the ones the stored metrics came from. Returns True when the file
+  had to be recomputed.
+  """
+  if ami_draws.load(workdir, mechanism, epsilon)[0] is not None:
+    return False
+  reason = ami_draws.load(workdir, mechanism, epsilon)[1]
+  logging.warning('%s: recomputing the draws of %s eps=%g from the point\'s keys', reason,
+                  mechanism, epsilon)
+  d = state['pool_x'].shape[1]
+  randomize = ami.mechanism_fn(mechanism, epsilon, d, state['encoding'])
+  neurons, _, _ = craft_targets(jax.random.fold_in(key, 0), config, state, randomize, True)
+  _, draws = certify_point(jax.random.fold_in(key, 2), config, state, neurons, randomize,
+                           state['encoding'])
+  ami_draws.save(workdir, mechanism, epsilon, draws)
+  return True
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
@@ -472,6 +484,8 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
+      if mechanism != 'none':  # a resumed point's figure data must be its own
+        ensure_draws(k, config, state, mechanism, epsilon, store.workdir)
   k_dp = jax.random.fold_in(key, 99)
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
