@@ -162,3 +162,26 @@ def test_input_mechanism_validation(mechanism, field, value):
   with pytest.raises(ConfigError) as err:
     ldp_audit.validate_config(config)
   assert err.value.field == f'ldp_audit.{field}'
+
+
+def test_figures_read_on_their_own(smoke_run, monkeypatch):
+  from fl_privacy.pipelines import ldp_audit_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(smoke_run, 'results.json'), encoding='utf-8') as f:
+    stored = json.load(f)['points']
+  with figure_checks.capture(monkeypatch) as found:
+    ldp_audit_figures.draw_figures(stored, str(smoke_run))
+  assert set(found) == {'fig2_ldp_sgd'}
+  assert found['fig2_ldp_sgd'] == []
+
+
+def test_log_shows_eps_emp_per_point(smoke_run):
+  proc = _run(smoke_run)  # resume: every point is read back; the log of the first run is gone
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'eps_emp [95% lower]' in proc.stdout  # the summary table
+  fresh = _run(smoke_run.parent / 'fresh', '--config.ldp_audit.crafters=("benign",)',
+               '--config.ldp_audit.distinguishers=("white_box",)', '--quiet')
+  assert fresh.returncode == 0, fresh.stderr[-2000:]
+  saved = [l for l in fresh.stderr.splitlines() if 'saved mechanism=ldp_sgd' in l]
+  assert len(saved) == 2 and all('eps_emp [95% lower]' in l for l in saved)
+  assert fresh.stdout == ''  # --quiet: no table
