@@ -4,9 +4,10 @@ Schema of `<workdir>/results.json` (the same for every experiment)::
 
   {"experiment": str,
    "config": {...},              # config.to_dict(), JSON-safe
-   "manifest": {"versions": {jax, jaxlib, flax, optax, numpy}, "python": str,
-                "git_revision": str | null, "devices": {...},
-                "start_time": str, "end_time": str | null},
+   "manifest": {"command": str, "cwd": str, "git_revision": str | null,
+                "git_dirty": bool | null, "versions": {...}, "python": str,
+                "devices": {...}, "start_time": str, "end_time": str | null,
+                "earlier_runs": [...]},   # fl_privacy/report/manifest.py
    "points": [{"params": {flat swept parameters},
                "metrics": {flat name -> number},
                "n_trials": int, "elapsed_s": float}, ...]}
@@ -141,6 +142,7 @@ class ResultsStore:
     self.config = _round_trip(config)
     self._points: list[dict[str, Any]] = []
     start_time = None
+    previous_manifest = None
     previous = self._load()
     if previous is not None:
       if previous.get('experiment') != self.experiment:
@@ -156,7 +158,8 @@ class ResultsStore:
             '--workdir')
       self._points = list(previous.get('points', []))
       start_time = previous.get('manifest', {}).get('start_time')
-    self.manifest = manifest_lib.collect(start_time)
+      previous_manifest = previous.get('manifest')
+    self.manifest = manifest_lib.collect(start_time, previous_manifest)
     os.makedirs(self.workdir, exist_ok=True)
     self._write()
 
