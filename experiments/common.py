@@ -55,7 +55,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', default=None,
     help_string='Config file (configs/<dataset>.py[:arg]); default '
     f'{DEFAULT_CONFIG}. Relative paths that do not exist from the current '
-    'folder are looked up in the repository.',
+    'folder are looked up in the repository. `python -m configs` lists the configs and '
+    'the experiment sections each carries.',
     lock_config=False)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run folder for results.json/results.csv/figures; '
