@@ -9,12 +9,18 @@ An experiment module defines two functions and hands them to `main`::
       common.run_point(store, {'p': p}, lambda: compute(p))
 
   if __name__ == '__main__':
-    common.main('toy_game', prepare, sweep)
+    common.main('toy_game', prepare, sweep, summary=SUMMARY)
 
 Flags: `--config` (an ml_collections config file, default `configs/digits.py`
-of this repository; fields are overridable as `--config.game.chunk_size=4096`),
-`--workdir` (default `./runs/<name>-<UTC timestamp>`), `--seed` (overrides
-`config.seed`; the stored config holds the seed actually used).
+of this repository or the experiment's `default_config`; fields are overridable
+as `--config.game.chunk_size=4096`), `--workdir` (default
+`./runs/<name>-<UTC timestamp>`), `--seed` (overrides `config.seed`; the stored
+config holds the seed actually used), `--quiet` (no progress line, no summary).
+
+Output: while the sweep runs, a status line on stderr (point k of N, trials/s,
+elapsed, ETA; only when stderr is a terminal: `fl_privacy.report.progress`);
+at the end, on stdout, the table of the experiment's headline metrics per point
+and where the results and figures are (`fl_privacy.report.summary`).
 
 Exit status: 0 on success; 2 with one line `error: ...` on stderr when the config
 is invalid (`ConfigError`), the data is unavailable (`DataUnavailableError`,
