@@ -187,7 +187,7 @@ def _dp_figure(points, workdir, plt, delta0: float) -> None:
   for ax in axes:
     # Plain numbers on the log axis: rounds are counts, 6 reads better than 6 x 10^0.
     ax.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
-    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter('%g'))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())  # crowded labels between decades
     ax.set_xlabel('DP-SGD epsilon (nats)')
     ax.set_ylabel('rounds to FPR, FNR <= delta (count, log)')
     figures.legend_outside(ax)

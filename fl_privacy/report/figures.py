@@ -71,7 +71,11 @@ def figure_legend(fig, **kw):
         handles.append(h)
         labels.append(l)
   kw.setdefault('fontsize', 7)
-  return fig.legend(handles, labels, loc='upper left', bbox_to_anchor=(1.0, 0.97),
+  # Anchored beside the top of the rightmost axes: below any suptitle, right of all data.
+  boxes = [ax.get_position() for ax in fig.axes if ax.axison]
+  x = max(b.x1 for b in boxes) + 0.01 if boxes else 1.0
+  y = max(b.y1 for b in boxes) if boxes else 0.97
+  return fig.legend(handles, labels, loc='upper left', bbox_to_anchor=(x, y),
                     borderaxespad=0.0, **kw)
 
 
@@ -95,8 +99,9 @@ def mark_unbounded(ax, x: float, lower: float | None, *, color=None, label=None,
   blend = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
   ax.plot([x], [0.985], marker='^', ms=7, color=color, transform=blend, clip_on=False,
           ls='none', label=label)
-  ax.annotate(text, (x, 0.985), xycoords=blend, xytext=(4, -10), textcoords='offset points',
-              fontsize=7, color=color)
+  # Written downwards beside the marker, so neighbouring markers' texts do not collide.
+  ax.annotate(text, (x, 0.985), xycoords=blend, xytext=(3, -6), textcoords='offset points',
+              fontsize=7, color=color, rotation=90, ha='left', va='top')
   if lower is not None and np.isfinite(lower):
     top = ax.get_ylim()[1]
     ax.plot([x, x], [lower, top], ls=':', lw=1, color=color, label='_nolegend_')
@@ -163,6 +168,17 @@ def readability_problems(fig) -> list[str]:
   suptitle = fig._suptitle  # pylint: disable=protected-access
   if suptitle is not None and suptitle.get_text():
     titles.append((suptitle.get_text(), suptitle.get_window_extent(renderer), None))
+  for lg in legends:
+    lb = lg.get_window_extent(renderer)
+    for text, box, _ in titles:
+      if lb.overlaps(box):
+        problems.append(f'a legend overlaps the title {text!r}')
+  for ax in shown:
+    notes = [(t.get_text(), t.get_window_extent(renderer)) for t in ax.texts if t.get_text()]
+    for j, (text, box) in enumerate(notes):
+      for text2, box2 in notes[j + 1:]:
+        if box.overlaps(box2):
+          problems.append(f'annotations {text!r} and {text2!r} overlap')
   for j, (text, box, owner) in enumerate(titles):
     for text2, box2, _ in titles[j + 1:]:
       if box.overlaps(box2):
