@@ -40,3 +40,56 @@ def test_epsilon_lower_bound_uses_the_right_count_for_each_rate():
   want = max(math.log((1 - fp_high) / fn_high), math.log((1 - fn_high) / fp_high))
   assert a == pytest.approx(want, rel=1e-9)
   assert abs(a - b) > 1e-3
+
+
+# Edges and messages: the cases that only show when a boundary or a default moves.
+
+
+@pytest.mark.parametrize('confidence', [0.0, 1.0, 1.5, -0.1])
+def test_confidence_outside_the_open_unit_interval_is_refused(confidence):
+  with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
+    stats.clopper_pearson(3, 10, confidence)
+
+
+def test_counts_are_checked_with_their_values_in_the_message():
+  with pytest.raises(ValueError, match=r'need 0 <= k <= n \(got k=1, n=0\)'):
+    stats.clopper_pearson(1, 0)
+  with pytest.raises(ValueError, match=r'got k=-1, n=5'):
+    stats.clopper_pearson(-1, 5)
+  assert stats.clopper_pearson(0, 0) == (0.0, 1.0)
+
+
+def test_one_sided_defaults_and_empty_samples():
+  assert stats.clopper_pearson_one_sided(3, 50) == pytest.approx(
+      scipy_stats.beta.ppf(0.95, 4, 47), rel=1e-9)
+  assert stats.clopper_pearson_one_sided(0, 0, side='upper') == 1.0
+  assert stats.clopper_pearson_one_sided(0, 0, side='lower') == 0.0
+  with pytest.raises(ValueError, match="side must be 'upper' or 'lower' \\(got 'up'\\)"):
+    stats.clopper_pearson_one_sided(1, 5, side='up')
+
+
+def test_rate_passes_its_confidence_on():
+  out = stats.rate('x', 7, 40, confidence=0.8)
+  assert (out['x_ci_low'], out['x_ci_high']) == stats.clopper_pearson(7, 40, 0.8)
+  assert out['x_ci_high'] - out['x_ci_low'] < (lambda lo_hi: lo_hi[1] - lo_hi[0])(
+      stats.clopper_pearson(7, 40, 0.95))
+
+
+def test_empirical_epsilon_names_the_bad_rate():
+  with pytest.raises(ValueError, match=r'fp must be in \[0, 1\] \(got 1.5\)'):
+    stats.empirical_epsilon(1.5, 0.1)
+  with pytest.raises(ValueError, match=r'fn must be in \[0, 1\] \(got -0.1\)'):
+    stats.empirical_epsilon(0.1, -0.1)
+
+
+def test_hoeffding_edges():
+  assert stats.hoeffding_lower(0.3, 0.0, 1, 0.5) == 0.3  # a constant: no radius, n = 1 ok
+  assert stats.hoeffding_upper(0.3, 0.5, 1, 0.5) == pytest.approx(
+      0.3 + 0.5 * math.sqrt(math.log(2.0) / 2.0))
+  for delta in (0.0, 1.0, 1.5):
+    with pytest.raises(ValueError, match=r'delta must be in \(0, 1\)'):
+      stats.hoeffding_lower(0.0, 1.0, 10, delta)
+  with pytest.raises(ValueError, match=r'n must be >= 1 \(got 0\)'):
+    stats.hoeffding_lower(0.0, 1.0, 0, 0.1)
+  with pytest.raises(ValueError, match=r'value_range must be >= 0 \(got -0.1\)'):
+    stats.hoeffding_lower(0.0, -0.1, 10, 0.1)
