@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from fl_privacy import report
 from fl_privacy.attacks import ami
-from fl_privacy.pipelines import ami_draws
 from fl_privacy.report import figures
 
 
@@ -50,6 +52,13 @@ def make_figures(points, workdir, config) -> None:
         if none:
           ax.axhline(float(none[0]['metrics'][name]), color=colors[name], ls=':', lw=1,
                      label=f'{titles[name]}, no LDP')
+      # Our calibrated variant beside the paper's rule (same trials), when the run has it.
+      if pts and all('adv_calibrated' in p['metrics'] for p in pts):
+        _band(ax, xs, pts, 'adv_calibrated', 'Adv, calibrated bias (ours; 95% CI band)',
+              'tab:purple')
+      if none and 'adv_calibrated' in none[0]['metrics']:
+        ax.axhline(float(none[0]['metrics']['adv_calibrated']), color='tab:purple', ls=':',
+                   lw=1, label='Adv calibrated, no LDP')
       ax.axhline(0.5, color='grey', lw=0.5, label='chance (0.5)')
       ax.set_ylim(0, 1.02)
       ax.set_xlabel(figures.EPSILON_AXIS if pts else 'no LDP: epsilon does not apply (-)')
@@ -64,6 +73,29 @@ def make_figures(points, workdir, config) -> None:
   _histograms(points, workdir, plt)
   _certified_figure(points, workdir, plt, ldp)
   _dp_figure(points, workdir, plt, float(config.ami.dp_deltas[0]))
+
+
+def draws_store(workdir: str) -> report.ArtifactStore:
+  """`<workdir>/draws/`: v(M(t)) ('target') and v(M(x)) ('other') of target 0 per LDP point."""
+  return report.ArtifactStore(workdir, 'draws')
+
+
+def draw_params(mechanism: str, epsilon: float) -> dict:
+  """The params the draws of a game point are stored under."""
+  return {'mechanism': mechanism, 'epsilon': float(epsilon)}
+
+
+def load_draws(workdir: str, mechanism: str, epsilon: float) -> tuple[dict | None, str]:
+  """The draws of one game point, or None and why (missing, or unreadable / another point's)."""
+  store = draws_store(workdir)
+  params = draw_params(mechanism, epsilon)
+  draws = store.load(params)  # warns about an unreadable or foreign file
+  if draws is not None and all(k in draws for k in ('target', 'other')):
+    return draws, ''
+  path = os.path.relpath(store.path(params), workdir)
+  if not os.path.exists(store.path(params)):
+    return None, f'{path} is missing'
+  return None, f'{path} is unreadable or holds another point\'s draws'
 
 
 def _histograms(points, workdir, plt) -> None:
@@ -95,7 +127,7 @@ def _histograms(points, workdir, plt) -> None:
     for j, eps in enumerate(picks[mech]):
       ax = axes[i][j]
       ax.set_title(f'{mech}, eps = {eps:g}', fontsize=8)
-      draws, reason = ami_draws.load(workdir, mech, eps)
+      draws, reason = load_draws(workdir, mech, eps)
       if draws is None:
         ax.text(0.5, 0.5, f'no draws:\n{reason}', ha='center', va='center', fontsize=7,
                 wrap=True, transform=ax.transAxes, color='tab:red')

@@ -117,21 +117,23 @@ def test_figures_read_on_their_own(smoke_run, monkeypatch):
 def test_resume_recomputes_missing_or_corrupt_draws(smoke_run, tmp_path, monkeypatch):
   import shutil  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import ami_draws  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import ami_figures  # pylint: disable=g-import-not-at-top
   workdir, results = smoke_run
   copy = tmp_path / 'run'
   shutil.copytree(workdir, copy)
-  lost, broken = ami_draws.path(str(copy), 'bitrand', 2.0), ami_draws.path(str(copy),
-                                                                           'bitrand', 9.0)
+  store = ami_figures.draws_store(str(copy))
+  lost = store.path(ami_figures.draw_params('bitrand', 2.0))
+  broken = store.path(ami_figures.draw_params('bitrand', 9.0))
   original = {p: dict(np.load(p)) for p in (lost, broken)}
   os.remove(lost)
   with open(broken, 'wb') as f:
     f.write(b'not a zip file')
   proc = _run(str(copy))
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert 'is missing' in proc.stderr and 'is unreadable' in proc.stderr
+  assert 'is missing: recomputing' in proc.stderr
+  assert 'is unreadable or holds another point' in proc.stderr
   for p in (lost, broken):  # the same values as the first run: the point's own keys
-    again, _ = ami_draws.load(str(copy), 'bitrand', 2.0 if p == lost else 9.0)
+    again, _ = ami_figures.load_draws(str(copy), 'bitrand', 2.0 if p == lost else 9.0)
     np.testing.assert_allclose(again['target'], original[p]['target'], rtol=1e-6)
     np.testing.assert_allclose(again['other'], original[p]['other'], rtol=1e-6)
   with open(copy / 'results.json') as f:
@@ -142,15 +144,15 @@ def test_histogram_panel_without_draws_says_so(smoke_run, tmp_path, monkeypatch)
   import shutil  # pylint: disable=g-import-not-at-top
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import ami_draws  # pylint: disable=g-import-not-at-top
   from fl_privacy.pipelines import ami_figures  # pylint: disable=g-import-not-at-top
   from fl_privacy.report import figures  # pylint: disable=g-import-not-at-top
   workdir, results = smoke_run
   copy = tmp_path / 'run'
   shutil.copytree(workdir, copy)
   # Another point's file in this point's place is rejected, not drawn under its name.
-  shutil.copy(ami_draws.path(str(copy), 'bitrand', 9.0),
-              ami_draws.path(str(copy), 'bitrand', 2.0))
+  store = ami_figures.draws_store(str(copy))
+  shutil.copy(store.path(ami_figures.draw_params('bitrand', 9.0)),
+              store.path(ami_figures.draw_params('bitrand', 2.0)))
   panels = {}
 
   def save(fig, workdir, name, **kw):
@@ -162,7 +164,7 @@ def test_histogram_panel_without_draws_says_so(smoke_run, tmp_path, monkeypatch)
                            ml_collections.ConfigDict(results['config']))
   plt.close('all')
   bars, texts = panels['neuron_histograms']['bitrand, eps = 2']
-  assert bars == 0 and any('bitrand eps=9' in t for t in texts)
+  assert bars == 0 and any("another point's draws" in t for t in texts)
   bars, texts = panels['neuron_histograms']['bitrand, eps = 9']
   assert bars > 0 and not texts
 
@@ -180,8 +182,8 @@ def test_gradient_path_rates_agree_with_fast_path_within_intervals():
   key = jax.random.key(0)
   mechanism, epsilon = 'bitrand', 5.0
   randomize = ami.mechanism_fn(mechanism, epsilon, state['pool_x'].shape[1], state['encoding'])
-  neurons, _, _ = ami_pipeline.craft_targets(jax.random.fold_in(key, 0), config, state,
-                                             randomize, True)
+  neurons, _, _, _ = ami_pipeline.craft_targets(jax.random.fold_in(key, 0), config, state,
+                                                randomize, True)
   rates = {}
   for path in ('fast', 'gradient'):
     config.ami.decision_path = path
