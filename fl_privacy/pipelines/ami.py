@@ -47,8 +47,10 @@ CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
 
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = (
-    summary.Table('Membership inference game (Adv with its 95% interval)', (
+    summary.Table('Membership inference game (Adv: the paper\'s rule, and our calibrated '
+                  'variant; 95% intervals)', (
         summary.param('mechanism'), summary.param('epsilon'), summary.rate('adv', 'Adv'),
+        summary.rate('adv_calibrated', 'Adv calibrated'),
         summary.metric('tpr', 'TPR'), summary.metric('tnr', 'TNR'),
         summary.metric('accuracy', 'accuracy'),
         summary.metric('certified_fraction', 'certified', digits=2), summary.seconds()),
