@@ -1,7 +1,7 @@
 """The `ldp_audit` config section: empirical lower bounds of LDP (the LDP-audit paper).
 
 Used by `python -m experiments.ldp_audit` (Matsumoto et al., "Measuring Lower Bounds of Local
-Differential Privacy via Adversary Instantiations in Federated Learning"; SEED-NOTES section 4).
+Differential Privacy via Adversary Instantiations in Federated Learning", arXiv:2206.09122).
 The dataset configs call `section(dataset, smoke)`; every field is documented in `section`'s
 docstring. Expected results are in BUILD.md ("Empirical lower bounds of LDP").
 """

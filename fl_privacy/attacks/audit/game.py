@@ -229,8 +229,9 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
     `n_neg`, `n_pos`, `fp_count`, `fn_count`, `eps_emp` (Eq. 3), `eps_emp_lower`
     (one-sided lower bound from one-sided Clopper-Pearson upper bounds on FP and
     FN, Bonferroni-combined), `eps_emp_upper` (the same from lower bounds on FP
-    and FN: with `eps_emp_lower` a `confidence`-level bracket of the epsilon
-    this test attains), `eps_claimed`, `delta`, `acc_bound` (the best accuracy
+    and FN). Each bound is one-sided at `confidence`, so together they are a
+    two-sided bracket at level 1 - 2 (1 - confidence) (90% for 95%) of the
+    epsilon this test attains, `eps_claimed`, `delta`, `acc_bound` (the best accuracy
     the claim allows) and `privacy_violation` (1.0 iff the lower bound at
     `violation_confidence` exceeds eps_claimed).
   """
@@ -248,8 +249,9 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
                   stats.empirical_epsilon(fp, fn))
   m['eps_emp_lower'] = epsilon_lower_bound(c, delta, confidence)
   # Upper end: one-sided lower bounds on FP and FN (Bonferroni), plugged into
-  # the same formula; [eps_emp_lower, eps_emp_upper] brackets the epsilon that
-  # this test's true error rates imply with the stated confidence.
+  # the same formula. Each end holds with `confidence` on its own, so
+  # [eps_emp_lower, eps_emp_upper] brackets the epsilon this test's true error
+  # rates imply with 1 - 2 (1 - confidence): 90% at 95%, not 95%.
   each = 1.0 - (1.0 - confidence) / 2.0
   fp_lo = stats.clopper_pearson_one_sided(c['fp'], c['n_neg'], each, 'lower')
   fn_lo = stats.clopper_pearson_one_sided(c['fn'], c['n_pos'], each, 'lower')
