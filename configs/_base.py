@@ -2,7 +2,9 @@
 
 Every `configs/<dataset>.py` calls `build(...)`, which returns one ConfigDict with
 `data`, `game`, `seed` and one section per experiment that applies to the dataset
-(`ami`, `dishonest`, `ldp_audit`), each built by `configs/_<experiment>.py`.
+(`ami`, `dishonest`, `ldp_audit`), each built by `configs/_<experiment>.py`, plus the
+`defense` section (configs/_defense.py) when an experiment that honours it (`ami`,
+`dishonest`) is present.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from fl_privacy import validate
 
 # Which experiment sections each dataset config carries.
 EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit')
+# Experiments whose clients run the `defense` section's defense.
+DEFENDED = ('ami', 'dishonest')
 
 
 # The arguments a dataset config accepts after `:` (`configs/x.py:smoke,path=FILE`), and
@@ -148,4 +152,6 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
       raise ValueError(f'unknown experiment section {name!r}; known: {EXPERIMENTS}')
     module = importlib.import_module(f'configs._{name}')
     config[name] = module.section(dataset, smoke)
+  if any(name in DEFENDED for name in experiments):
+    config.defense = importlib.import_module('configs._defense').section(dataset, smoke)
   return config

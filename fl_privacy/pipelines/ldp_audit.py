@@ -14,9 +14,7 @@ Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 
 from absl import logging
 import jax
@@ -38,6 +36,7 @@ from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ldp_sgd
 from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import registry
 from fl_privacy.pipelines import ldp_audit_figures
 
 NAME = 'ldp_audit'
@@ -137,8 +136,8 @@ def prepare(config) -> dict:
 
 
 def _stream(key: jax.Array, name: str) -> jax.Array:
-  """An independent key for a named purpose (stable under sweep changes)."""
-  return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+  """An independent key for a named purpose (`report.point_key` of {'stream': name})."""
+  return report.point_key(key, {'stream': name})
 
 
 def _epsilons(config) -> tuple[float, ...]:
@@ -369,15 +368,9 @@ def input_point(config, mechanism: str, params: dict, key,
   bits = _pair_bits(s)
   probs = _bit_probabilities(mechanism, s, eps, bits)
   if_one, if_zero = audit.distinguishers.bit_log_ratios(probs[0], probs[1])
-  if mechanism == 'bitrand':
-
-    def randomize(k, b):
-      return bitrand.randomize_bits(k, b, eps, rng_bits=s.rng_bits)
-  else:
-
-    def randomize(k, b):
-      return ome.randomize_bits(k, b, eps, s.ome_alpha, rng_bits=s.rng_bits)
-  fn = game.bits_trial_fn(randomize)
+  extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
+  fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
+                                                  **extra))
   metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),
@@ -405,7 +398,7 @@ def sweep(config, state, store, key) -> None:
   vc = float(vc) if vc is not None else 1.0 - 0.05 / len(todo)
   setup = {}
   for params in todo:
-    point_key = _stream(key, json.dumps(params, sort_keys=True))
+    point_key = report.point_key(key, params)
 
     def compute(params=params, point_key=point_key):
       if mechanism != 'ldp_sgd':
