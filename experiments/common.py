@@ -16,6 +16,11 @@ of this repository; fields are overridable as `--config.game.chunk_size=4096`),
 `--workdir` (default `./runs/<name>-<UTC timestamp>`), `--seed` (overrides
 `config.seed`; the stored config holds the seed actually used).
 
+Compilation: JAX's persistent compilation cache is enabled before `prepare`
+(`fl_privacy.eval.compile_cache`; `game.compile_cache`: None = the user cache dir
+or `$FL_PRIVACY_COMPILE_CACHE`, 'workdir' = `<workdir>/jax_cache`, '' = off), so
+a second run of an experiment loads its XLA programs instead of compiling them.
+
 Exit status: 0 on success; 2 with one line `error: ...` on stderr when the config
 is invalid (`ConfigError`), the data is unavailable (`DataUnavailableError`,
 `FileNotFoundError`) or the workdir holds results of another config
@@ -37,6 +42,7 @@ import jax
 from ml_collections import config_flags
 
 from fl_privacy import validate
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
@@ -149,12 +155,21 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
   return EXIT_INTERRUPTED
 
 
+def _compile_cache_setting(config) -> str | None:
+  """`game.compile_cache` (see configs/_base.py); None when the config has no such field."""
+  game = config.get('game')
+  return None if game is None else game.get('compile_cache')
+
+
 def _run(name: str, prepare: Callable[[Any], Any],
          sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> int:
   config = _CONFIG.value
   store = None
   workdir = None
   try:
+    cache = _compile_cache_setting(config)
+    if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
+      compile_cache.enable(compile_cache.resolve(cache))
     try:
       seed = _apply_seed(config)
       state = prepare(config)
@@ -165,6 +180,8 @@ def _run(name: str, prepare: Callable[[Any], Any],
       store = ResultsStore(workdir, name, config)
     except ResumeError as e:
       return _error(str(e))
+    if cache == 'workdir':
+      compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
     try:

@@ -56,7 +56,7 @@ def _is_int(v) -> bool:
 def validate_config(config) -> None:
   """Every check that needs no data; raises `ConfigError` naming the field."""
   data_lib.validate_data_config(config.data)
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   if any(m != 'none' for m in mechanisms):
     validate.positive(config, 'ami.epsilons')
@@ -256,7 +256,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   enc = state['encoding']
   d = state['pool_x'].shape[1]
   n = int(a.num_trials)
-  chunk = int(config.game.chunk_size)
+  opts = runner.options(config)
   extra = {}
   if a.decision_path == 'gradient':
     return _play_literal(key, config, state, neurons, mechanism, epsilon, randomize)
@@ -264,14 +264,14 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
     fn = _cached_partial(ami.fast_trial_no_ldp, batch_size=int(a.batch_size))
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=(v_t, v_p)), extra
+    return runner.run_trials(fn, key, n, **opts, args=(v_t, v_p)), extra
   p_one = ami.bit_probabilities(mechanism, epsilon, d, enc)
   if p_one is None:
     fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
     extra['sampler_tv_per_trial'] = 0.0
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   channel = ami.channel_from_bit_probs(p_one, enc.group_sizes())
   sizes = enc.group_sizes()
   t_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['target_x']), enc.int_bits,
@@ -284,7 +284,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
           tuple(jnp.asarray(t) for t in channel.thresholds))
   # Total-variation bound between the simulated and the exact client, per trial.
   extra['sampler_tv_per_trial'] = channel.tv_per_feature * d * int(a.batch_size)
-  return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+  return runner.run_trials(fn, key, n, **opts, args=args), extra
 
 
 @functools.lru_cache(maxsize=32)
@@ -315,7 +315,7 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
   fn = _cached_partial(ami.literal_trial, batch_size=int(a.batch_size), loss_fn=loss_fn,
                        chosen_index=CHOSEN_INDEX,
                        mechanism=None if mechanism == 'none' else randomize)
-  out = runner.run_trials(fn, key, int(a.num_trials), chunk_size=int(config.game.chunk_size),
+  out = runner.run_trials(fn, key, int(a.num_trials), **runner.options(config),
                           args=(params, targets, pool, None))
   agree = float(np.mean(out['decision'] == out['decision_fast']))
   return out, {'fast_path_agreement': agree}
