@@ -58,3 +58,47 @@ def enable(directory: str) -> str:
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   logging.info('JAX persistent compilation cache: %s', directory)
   return directory
+
+
+# Events whose durations add up to the time JAX spends turning Python into executables:
+# tracing to a jaxpr, lowering to MLIR, and XLA compilation (or a persistent-cache load).
+COMPILE_EVENTS = ('/jax/core/compile/jaxpr_trace_duration',
+                  '/jax/core/compile/jaxpr_to_mlir_module_duration',
+                  '/jax/core/compile/backend_compile_duration')
+
+
+class CompileTimer:
+  """Seconds spent tracing, lowering and compiling while the context is open.
+
+  Use around one point's computation: `compile_s` is its compilation time, the rest of its
+  wall time is running. Reads `jax.monitoring` duration events, so it counts every compile
+  in the process (eager single ops included), on every thread.
+
+  Example:
+    >>> with CompileTimer() as timer:
+    ...   _ = jax.jit(lambda x: x + 1)(1.0)
+    >>> timer.compile_s >= 0.0
+    True
+  """
+
+  _active: list = []
+  _registered = False
+
+  def __init__(self):
+    self.compile_s = 0.0
+
+  @classmethod
+  def _listener(cls, event: str, duration: float, **_) -> None:
+    if event in COMPILE_EVENTS:
+      for timer in cls._active:
+        timer.compile_s += float(duration)
+
+  def __enter__(self) -> 'CompileTimer':
+    if not CompileTimer._registered:
+      jax.monitoring.register_event_duration_secs_listener(CompileTimer._listener)
+      CompileTimer._registered = True
+    CompileTimer._active.append(self)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    CompileTimer._active.remove(self)

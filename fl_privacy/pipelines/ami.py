@@ -28,6 +28,7 @@ from fl_privacy import validate
 from fl_privacy.attacks import ami
 from fl_privacy.attacks.ami import certified
 from fl_privacy.attacks.ami import dp_averaging
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
@@ -355,7 +356,20 @@ def _utility(key, config, state, randomize):
 
 
 def run_game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
-  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials)."""
+  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials).
+
+  Besides the attack's metrics: `compile_s` (tracing + XLA compilation, or persistent-cache
+  loads, during the point) and `run_s` (the rest of its wall time).
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _game_point(key, config, state, mechanism, epsilon, workdir)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
   a = config.ami
   enc = state['encoding']
   d = state['pool_x'].shape[1]
@@ -412,7 +426,19 @@ def _save_draws(workdir, mechanism, epsilon, draws):
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
-  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials)."""
+  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials).
+
+  `compile_s` and `run_s` as in `run_game_point`.
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _dp_point(key, config, epsilon, delta, num_neurons)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _dp_point(key, config, epsilon, delta, num_neurons):
   a = config.ami
   kw = dict(epsilon=epsilon, delta=delta, num_neurons=num_neurons, signal=float(a.dp_signal),
             rule=a.dp_rule)

@@ -136,7 +136,7 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
   counts = np.arange(1, length + 1, dtype=np.float64)
   s = sigma_c / np.sqrt(counts * num_neurons)
   tau = np.asarray(_threshold(jnp.asarray(s), g, delta, rule), np.float32)
-  program = _errors_program(length, int(num_neurons))
+  program = _errors_program(length)
   fp = np.zeros(length, np.int64)
   fn = np.zeros(length, np.int64)
   # A chunk holds chunk x length draws and running means: 2**16 of them (256 KiB each) keep
@@ -145,7 +145,7 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
   for lo in range(0, num_trials, chunk):
     idx = np.arange(lo, lo + chunk, dtype=np.int32)
     a, b = program(key, jnp.asarray(idx), jnp.asarray(idx < num_trials), jnp.float32(sigma_c),
-                   jnp.float32(g), jnp.asarray(tau))
+                   jnp.float32(g), jnp.asarray(tau), jnp.float32(num_neurons))
     fp += np.asarray(a, np.int64)
     fn += np.asarray(b, np.int64)
   fp, fn = fp[:max_rounds], fn[:max_rounds]
@@ -153,24 +153,29 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
 
 
 @functools.lru_cache(maxsize=16)
-def _errors_program(length: int, num_neurons: int):
-  """Jitted (key, indices, valid, sigma C, g, tau [length]) -> (fp, fn) counts [length]."""
-  counts = jnp.arange(1, length + 1, dtype=jnp.float32) * num_neurons
+def _errors_program(length: int):
+  """Jitted (key, indices, valid, sigma C, g, tau [length], K) -> (fp, fn) counts [length].
 
-  def one_trial(k, sigma_c, g, tau):
+  K (the number of chosen neurons) is an argument, not a constant: one program per length.
+  """
+  rounds = jnp.arange(1, length + 1, dtype=jnp.float32)
+
+  def one_trial(k, sigma_c, g, tau, num_neurons):
+    counts = rounds * num_neurons
     k_out, k_in = jax.random.split(k)
     # A round adds K independent N(0, sigma^2 C^2) draws (plus K g for a member): their sum is
     # exactly N(0, K sigma^2 C^2), so one normal per round and a cumulative sum give the same
     # law as the literal per-neuron loop, as one vector op instead of a length-step scan.
-    scale = sigma_c * jnp.sqrt(jnp.float32(num_neurons))
+    scale = sigma_c * jnp.sqrt(num_neurons)
     sums_out = jnp.cumsum(jax.random.normal(k_out, (length,)) * scale)
     sums_in = jnp.cumsum(jax.random.normal(k_in, (length,)) * scale + g * num_neurons)
     return jnp.abs(sums_out / counts) > tau, jnp.abs(sums_in / counts) <= tau
 
   @jax.jit
-  def run(key, indices, valid, sigma_c, g, tau):
+  def run(key, indices, valid, sigma_c, g, tau, num_neurons):
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(indices)
-    fp, fn = jax.vmap(one_trial, in_axes=(0, None, None, None))(keys, sigma_c, g, tau)
+    fp, fn = jax.vmap(one_trial, in_axes=(0, None, None, None, None))(keys, sigma_c, g, tau,
+                                                                     num_neurons)
     valid = valid[:, None]
     return jnp.sum(fp & valid, axis=0), jnp.sum(fn & valid, axis=0)
 
