@@ -155,6 +155,33 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
   return EXIT_INTERRUPTED
 
 
+DISTRIBUTED_ENV = ('FL_PRIVACY_COORDINATOR', 'FL_PRIVACY_NUM_PROCESSES', 'FL_PRIVACY_PROCESS_ID')
+
+
+def initialize_distributed() -> bool:
+  """Joins a multi-process run when the environment asks for one; returns whether it did.
+
+  `FL_PRIVACY_COORDINATOR=host:port` with `FL_PRIVACY_NUM_PROCESSES` and
+  `FL_PRIVACY_PROCESS_ID` start `jax.distributed.initialize` with those values;
+  `FL_PRIVACY_DISTRIBUTED=1` calls it without arguments (Cloud TPU, SLURM, Open MPI fill them
+  in). On CPU the processes exchange outcomes through gloo collectives. Must run before any
+  other JAX call; every process then runs its share of every chunk and process 0 writes.
+  """
+  coordinator = os.environ.get(DISTRIBUTED_ENV[0])
+  if not coordinator and os.environ.get('FL_PRIVACY_DISTRIBUTED') != '1':
+    return False
+  # Only the CPU backend reads this; accelerators use their own collectives.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if coordinator:
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               num_processes=int(os.environ[DISTRIBUTED_ENV[1]]),
+                               process_id=int(os.environ[DISTRIBUTED_ENV[2]]))
+  else:
+    jax.distributed.initialize()
+  logging.info('process %d of %d', jax.process_index(), jax.process_count())
+  return True
+
+
 def _compile_cache_setting(config) -> str | None:
   """`game.compile_cache` (see configs/_base.py); None when the config has no such field."""
   game = config.get('game')
@@ -208,4 +235,4 @@ def main(name: str, prepare: Callable[[Any], Any],
       those `store.get` already has (see `run_point`).
   """
   sys.argv = resolve_config_arg(sys.argv)
-  app.run(lambda argv: _run(name, prepare, sweep))
+  app.run(lambda argv: (initialize_distributed(), _run(name, prepare, sweep))[1])
