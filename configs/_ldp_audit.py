@@ -57,8 +57,15 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       well under a second) or 'literal' (every trial runs Algorithm 1 on the full d-dim
       gradient; about 10^4 trials/s on 2 CPU cores at d = 13,722). Tests check that both paths'
       outcome rates agree within their intervals. Black-box trials always run the literal path.
-    server_lr: the server's step size; None = the paper's eta_t = ||C|| sqrt(n) / (L sqrt(d)) *
-      (e^eps - 1)/(e^eps + 1) with n = 1 client (Algorithm 2).
+    server_lr: the server's step size eta_t; None = derived by `server_lr_rule`.
+    server_lr_rule: 'relative' (default): eta_t = server_step_fraction * ||C|| / debias, so one
+      client's server step has norm server_step_fraction * ||C|| exactly (the estimate's norm is
+      the debiasing constant; derivation in `mechanisms.ldp_sgd.relative_learning_rate`);
+      'paper': Algorithm 2's eta_t = ||C|| sqrt(n) / (L sqrt(d)) * (e^eps - 1)/(e^eps + 1),
+      n = 1, which with the unbiased constant makes every step ~1.25 ||C|| (larger than the
+      model, so loss-based black-box tests guess a constant).
+    server_step_fraction: the step's norm as a fraction of ||C|| under 'relative', in (0, 1]
+      (1e-3: the update-to-weight ratio of ordinary training).
     radius: radius of the parameter set C (the server projects onto this L2 ball); None = the
       norm of the model the server updates (so theta_t lies on C's boundary).
     violation_confidence: one-sided level of the bound behind the `privacy_violation` flag;
@@ -96,6 +103,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.collusion_steps = 100
   s.collusion_lr = 0.05
   s.server_lr = config_dict.placeholder(float)
+  s.server_lr_rule = 'relative'
+  s.server_step_fraction = 1e-3
   s.radius = config_dict.placeholder(float)
   s.violation_confidence = config_dict.placeholder(float)
   s.num_features = 512

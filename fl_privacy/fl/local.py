@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fl_privacy.fl import client
 from fl_privacy.fl.losses import LossFn
 
 
@@ -80,9 +81,67 @@ def batch_order(key, num_examples: int, *, epochs: int, batch_size: int,
   return orders.reshape(epochs * steps, batch_size).astype(jnp.int32)
 
 
+def masked_batch_order(key, mask: jnp.ndarray, *, epochs: int, batch_size: int,
+                       shuffle: bool = True) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Example indices and row masks of every local step of a padded shard.
+
+  The real rows (mask 1) of the shard are walked in a fresh random order each epoch, in
+  ceil(capacity / B) minibatches of B slots; the last real minibatch may be partial (it trains,
+  as PyTorch's DataLoader does by default) and later ones are empty (the step is skipped). The
+  order of real rows depends only on the real rows: row i gets the sort key
+  `bits(fold_in(fold_in(key, epoch), rank_i))`, so a shard padded to any capacity yields the same
+  minibatches of real rows as the unpadded shard, and the same (epoch, step) positions.
+  (Sort keys are indexed by a row's rank among the real rows, so padding may sit anywhere.)
+
+  Args:
+    key: Client key.
+    mask: [capacity] 1.0 for real rows, 0.0 for padding (real rows need not come first).
+    epochs: E.
+    batch_size: B.
+    shuffle: Fresh order each epoch; False walks the real rows in index order.
+
+  Returns:
+    (indices int32 [E, S, B], row masks float32 [E, S, B]) with S = ceil(capacity / B).
+  """
+  if batch_size < 1:
+    raise ValueError(f'batch_size must be >= 1 (got {batch_size})')
+  if epochs < 1:
+    raise ValueError(f'epochs must be >= 1 (got {epochs})')
+  capacity = mask.shape[0]
+  steps = -(-capacity // batch_size)
+  slots = steps * batch_size
+  real = mask > 0
+  num_real = jnp.sum(real.astype(jnp.int32))
+  rows = jnp.arange(capacity, dtype=jnp.int32)
+  # A real row's rank among the real rows: the same whether and where padding sits.
+  rank = jnp.cumsum(real.astype(jnp.int32)) - 1
+
+  def one_epoch(epoch):
+    if shuffle:
+      epoch_key = jax.random.fold_in(key, epoch)
+      u = jax.vmap(lambda i: jax.random.bits(jax.random.fold_in(epoch_key, i), (),
+                                             jnp.uint32))(rank)
+    else:
+      u = rank.astype(jnp.uint32)
+    # Real rows first (padding flag 0), in the order of their keys; ties broken by index.
+    _, _, order = jax.lax.sort((jnp.where(real, 0, 1).astype(jnp.int32), u, rows),
+                               num_keys=3)
+    order = jnp.concatenate([order, jnp.zeros(slots - capacity, jnp.int32)])
+    valid = (jnp.arange(slots) < num_real).astype(jnp.float32)
+    return order.reshape(steps, batch_size), valid.reshape(steps, batch_size)
+
+  return jax.vmap(one_epoch)(jnp.arange(epochs))
+
+
+def _select(flag, new, old):
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
+
+
 def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
            key, optimizer: optax.GradientTransformation, epochs: int,
-           batch_size: int, shuffle: bool = True) -> Any:
+           batch_size: int, shuffle: bool = True,
+           hooks: client.ClientHooks | None = None, mask: jnp.ndarray | None = None,
+           aux: Any = None) -> Any:
   """FedAvg client update: E epochs of minibatch training from `params`.
 
   Algorithm 1 (ClientUpdate) of McMahan et al. (2017), with any optax
@@ -92,28 +151,121 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
   re-creates its optimizer every round in the seed papers' code. Vmappable over
   clients (stack `x`, `y` and keys).
 
+  With `mask` (a padded shard, see `masked_batch_order`) every real row trains, the last
+  minibatch of an epoch may be partial, and empty minibatches leave the parameters and the
+  optimizer state untouched; without it the shard is walked as `batch_order` says (the last
+  N mod B rows of each epoch's permutation sit out), exactly as before hooks existed.
+
+  `hooks` (see `fl.client`) act at the `data`, `batch`, `loss` and `grad` points; the
+  `upload` and `aggregate` points belong to `client_update` and the round loop. With identity
+  hooks the result is bit for bit that of plain FedAvg.
+
   Args:
-    loss_fn: `loss_fn(params, x, y) -> scalar` (a mean over the batch).
+    loss_fn: `loss_fn(params, x, y[, mask]) -> scalar` (a mean over the batch; the mask
+      argument is needed with `mask` or hooks, as `losses.make_loss_fn` provides).
     params: Global parameters the client starts from.
     x: Client inputs [N, ...].
     y: Client labels [N].
-    key: Client key (shuffling only).
+    key: Client key (shuffling and hooks).
     optimizer: optax transformation, e.g. from `optimizers.make`.
     epochs: E (static).
     batch_size: B (static).
     shuffle: Fresh permutation each epoch; False walks the data in order.
+    hooks: `fl.client.ClientHooks`; None is plain FedAvg.
+    mask: Optional [N] float mask of real rows.
+    aux: The client's auxiliary pytree, handed to the hooks.
 
   Returns:
-    The client's local parameters after E * J steps.
+    The client's local parameters after training.
   """
-  order = batch_order(key, x.shape[0], epochs=epochs, batch_size=batch_size,
-                      shuffle=shuffle)
-  grad_fn = jax.grad(loss_fn)
+  hooks = client.IDENTITY if hooks is None else hooks
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  mask = None if mask is None else jnp.asarray(mask, jnp.float32)
+  if client.is_identity(hooks) and mask is None:
+    order = batch_order(key, x.shape[0], epochs=epochs, batch_size=batch_size,
+                        shuffle=shuffle)
+    grad_fn = jax.grad(loss_fn)
 
-  def step(carry, idx):
+    def step(carry, idx):
+      p, state = carry
+      updates, state = optimizer.update(grad_fn(p, x[idx], y[idx]), state, p)
+      return (optax.apply_updates(p, updates), state), None
+
+    (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), order)
+    return params
+
+  if hooks.data is not client.IDENTITY.data:
+    mask = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask
+    x, y, mask = hooks.data(client.data_key(key), x, y, mask, aux)
+  if mask is None:
+    # Unpadded shard: the plain order, every step real.
+    order = batch_order(key, x.shape[0], epochs=epochs, batch_size=batch_size,
+                        shuffle=shuffle)
+    steps = order.shape[0] // epochs
+    order = order.reshape(epochs, steps, batch_size)
+    row_masks = None
+  else:
+    order, row_masks = masked_batch_order(key, mask, epochs=epochs,
+                                          batch_size=batch_size, shuffle=shuffle)
+    steps = order.shape[1]
+  positions = jnp.stack(jnp.meshgrid(jnp.arange(epochs), jnp.arange(steps),
+                                     indexing='ij'), axis=-1).reshape(-1, 2)
+  order = order.reshape(epochs * steps, batch_size)
+  if row_masks is not None:
+    row_masks = row_masks.reshape(epochs * steps, batch_size)
+
+  def batch_loss(p, k, xb, yb, mb):
+    return hooks.loss(k, loss_fn, p, xb, yb, mb, aux)
+
+  def step_grad(p, k, xb, yb, mb):
+    k_loss, k_grad = jax.random.fold_in(k, 1), jax.random.fold_in(k, 2)
+    if hooks.grad is None:
+      return jax.grad(batch_loss)(p, k_loss, xb, yb, mb)
+    mb_rows = jnp.ones(xb.shape[0], jnp.float32) if mb is None else mb
+
+    def one(xi, yi, mi):
+      return jax.grad(batch_loss)(p, k_loss, xi[None], yi[None], mi[None])
+
+    per_example = jax.vmap(one)(xb, yb, mb_rows)
+    return hooks.grad(k_grad, per_example, mb_rows)
+
+  def step(carry, inputs):
     p, state = carry
-    updates, state = optimizer.update(grad_fn(p, x[idx], y[idx]), state, p)
-    return (optax.apply_updates(p, updates), state), None
+    if row_masks is None:
+      idx, pos = inputs
+      mb = None
+    else:
+      idx, pos, mb = inputs
+    k = client.step_key(key, pos[0], pos[1])
+    xb, yb, mb = hooks.batch(jax.random.fold_in(k, 0), x[idx], y[idx], mb, aux)
+    updates, new_state = optimizer.update(step_grad(p, k, xb, yb, mb), state, p)
+    new_p = optax.apply_updates(p, updates)
+    if mb is not None:
+      real = jnp.any(mb > 0)
+      new_p, new_state = _select(real, new_p, p), _select(real, new_state, state)
+    return (new_p, new_state), None
 
-  (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), order)
+  xs = (order, positions) if row_masks is None else (order, positions, row_masks)
+  (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), xs)
   return params
+
+
+def client_update(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
+                  key, hooks: client.ClientHooks | None = None,
+                  mask: jnp.ndarray | None = None, aux: Any = None,
+                  **fedavg_kw) -> tuple[Any, Any]:
+  """One client's round: `fedavg` with hooks, then the `upload` hook on Delta.
+
+  Args:
+    loss_fn, params, x, y, key, hooks, mask, aux: as in `fedavg`.
+    **fedavg_kw: `optimizer`, `epochs`, `batch_size`, `shuffle`.
+
+  Returns:
+    (upload, local_params): the (possibly transformed) update Delta = w_t - w_local the
+    server receives, and the client's trained parameters.
+  """
+  hooks = client.IDENTITY if hooks is None else hooks
+  local = fedavg(loss_fn, params, x, y, key=key, hooks=hooks, mask=mask, aux=aux,
+                 **fedavg_kw)
+  delta = client.update(params, local)
+  return hooks.upload(client.upload_key(key), delta, aux), local

@@ -1,6 +1,8 @@
 """Classification losses and a helper that binds a model into `loss_fn`.
 
-Everywhere in `fl_privacy.fl` a loss is `loss_fn(params, x, y) -> scalar`.
+Everywhere in `fl_privacy.fl` a loss is `loss_fn(params, x, y) -> scalar`; the losses made
+here also take an optional `mask` [B] (1 for real rows, 0 for padding) and accept soft labels
+(class distributions [B, C], e.g. after mixup) as well as integer labels [B].
 """
 
 from __future__ import annotations
@@ -15,13 +17,28 @@ LossFn = Callable[[Any, jnp.ndarray, jnp.ndarray], jnp.ndarray]
 
 def per_example_cross_entropy(logits: jnp.ndarray,
                               labels: jnp.ndarray) -> jnp.ndarray:
-  """Softmax cross-entropy [N] of logits [N, C] against integer labels [N]."""
+  """Softmax cross-entropy [N] of logits [N, C] against integer labels [N] or soft labels [N, C]."""
+  if labels.ndim == logits.ndim:
+    return optax.softmax_cross_entropy(logits, labels)
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
-def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
-  """Mean softmax cross-entropy over the batch."""
-  return jnp.mean(per_example_cross_entropy(logits, labels))
+def masked_mean(values: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+  """Mean of `values` [N] over the rows with mask 1 (plain mean when `mask` is None).
+
+  An all-padding batch gives 0 (the sum of masked terms over max(count, 1)), so its gradient
+  is exactly zero rather than NaN.
+  """
+  if mask is None:
+    return jnp.mean(values)
+  mask = mask.astype(values.dtype)
+  return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def cross_entropy(logits: jnp.ndarray, labels: jnp.ndarray,
+                  mask: jnp.ndarray | None = None) -> jnp.ndarray:
+  """Mean softmax cross-entropy over the batch's real rows."""
+  return masked_mean(per_example_cross_entropy(logits, labels), mask)
 
 
 def make_loss_fn(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray]) -> LossFn:
@@ -34,6 +51,6 @@ def make_loss_fn(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray]) -> LossFn:
   Returns:
     The loss function used by `grads`, `local` and `rounds`.
   """
-  def loss_fn(params, x, y):
-    return cross_entropy(apply_fn(params, x), y)
+  def loss_fn(params, x, y, mask=None):
+    return cross_entropy(apply_fn(params, x), y, mask)
   return loss_fn

@@ -11,7 +11,6 @@ setting (`run_dp_point`), then writes the figures (`fl_privacy.pipelines.ami_fig
 from __future__ import annotations
 
 import functools
-import io
 import math
 import os
 import time
@@ -36,7 +35,7 @@ from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
-from fl_privacy.report import atomic
+from fl_privacy import report
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import run_point
 
@@ -66,6 +65,9 @@ def validate_config(config) -> None:
     validate.positive(config, f'ami.{field}', integer=True)
   validate.require(config.ami.num_trials >= 2, 'ami.num_trials', 'an integer >= 2',
                    config.ami.num_trials)
+  q = config.ami.certified_samples
+  validate.require(_is_int(q) and q >= 0, 'ami.certified_samples',
+                   'an integer >= 0 (0 = the whole game pool)', q)
   mn = config.ami.max_negatives
   validate.require(_is_int(mn) and mn >= 0, 'ami.max_negatives', 'an integer >= 0 (0 = all)',
                    mn)
@@ -87,7 +89,7 @@ def validate_config(config) -> None:
   validate.one_of(config, 'ami.extractor', data_lib.features.EXTRACTORS)
   validate.one_of(config, 'ami.dp_rule', DP_RULES)
   for field in ('ldp_sign_bit', 'randomize_negatives', 'stop_when_separated',
-                'balanced_class_weights', 'calibrate'):
+                'balanced_class_weights', 'calibrated_variant'):
     v = config.ami[field]
     validate.require(isinstance(v, bool), f'ami.{field}', 'True or False', v)
   for field in ('int_bits', 'frac_bits'):
@@ -187,6 +189,9 @@ def prepare(config) -> dict[str, Any]:
       'num_classes': int(splits[a.pool_split].num_classes),
       'encoding': encoding,
   }
+  validate.require(int(a.certified_samples) <= len(state['pool_x']), 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({len(state["pool_x"])} examples)',
+                   a.certified_samples)
   every = np.concatenate([state['target_x'], state['pool_x'], state['crafting_x']])
   _, clipped = fixed_point.encode(jnp.asarray(every), a.int_bits, a.frac_bits, True)
   state['num_clipped'] = int(clipped)
@@ -206,13 +211,20 @@ def prepare(config) -> dict[str, Any]:
 
 
 def point_key(key: jax.Array, mechanism: str, epsilon: float | None) -> jax.Array:
-  """A key that depends only on (mechanism, epsilon), not on the sweep's order or subset."""
-  k = jax.random.fold_in(key, ami.MECHANISMS.index(mechanism))
-  return jax.random.fold_in(k, 0 if epsilon is None else int(round(epsilon * 1e6)))
+  """`report.point_key` of (mechanism, epsilon): not of the sweep's order or subset."""
+  return report.point_key(key, {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon})
 
 
 def craft_targets(key, config, state, randomize, ldp: bool):
-  """Crafts (and calibrates, rescales) one neuron per target; returns (neurons, report)."""
+  """Crafts one neuron per target with the paper's rule, and its calibrated variant.
+
+  Returns:
+    (neurons, report, calibrated, predicted): `neurons` decide with the paper's rule
+    (member iff v > 0 with the crafted bias); `calibrated` are the same neurons with the
+    bias shifted by `ami.calibrate_bias` on held-out adversary data (None unless
+    `ami.calibrated_variant`); `predicted` the calibration's predicted Adv per target
+    (NaN without the variant). Both are rescaled by `ami.rescale` (decisions unchanged).
+  """
   a = config.ami
   t_x = jnp.asarray(state['target_x'])
   num_targets, d = t_x.shape
@@ -238,17 +250,21 @@ def craft_targets(key, config, state, randomize, ldp: bool):
       learning_rate=float(a.learning_rate), max_steps=max_steps, class_weights=weights,
       stop_when_separated=bool(a.stop_when_separated))
   predicted = jnp.full((num_targets,), jnp.nan)
-  if a.calibrate:
+  calibrated = None
+  if a.calibrated_variant:
     v_pos = jax.vmap(ami.chosen_value)(neurons, copies(k_vpos, a.copies) if ldp
                                        else t_x[:, None, :])
     held_r = (jnp.stack([randomize(jax.random.fold_in(k_vneg, t), held)
                          for t in range(num_targets)]) if ldp
               else jnp.broadcast_to(held, (num_targets,) + held.shape))
     v_neg = jax.vmap(ami.chosen_value)(neurons, held_r)
-    neurons, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
+    calibrated, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
         neurons, v_pos, v_neg, int(a.batch_size))
-  neurons = jax.vmap(ami.rescale)(neurons, jnp.concatenate([pos, negs], axis=1))
-  return neurons, report, predicted
+  rows = jnp.concatenate([pos, negs], axis=1)
+  neurons = jax.vmap(ami.rescale)(neurons, rows)
+  if calibrated is not None:
+    calibrated = jax.vmap(ami.rescale)(calibrated, rows)
+  return neurons, report, calibrated, predicted
 
 
 def play(key, config, state, neurons, mechanism, epsilon, randomize):
@@ -322,10 +338,32 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
   return out, {'fast_path_agreement': agree}
 
 
+def certified_rows(key, config, state) -> np.ndarray:
+  """Indices into the game pool of the certificate's q non-target samples.
+
+  Hoeffding's inequality needs samples independent of the bounded function v: the
+  pool is data that neither crafting nor calibration saw (both use only the adversary's
+  part), so its rows are. `ami.certified_samples` of them at random without
+  replacement (0 = the whole pool: the most q the dataset allows).
+  """
+  n_pool = len(state['pool_x'])
+  q = int(config.ami.certified_samples) or n_pool
+  validate.require(q <= n_pool, 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({n_pool} examples)', q)
+  if q == n_pool:
+    return np.arange(n_pool)
+  return np.sort(data_lib.rng_from_key(key).choice(n_pool, q, replace=False))
+
+
 def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, dict]:
-  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws."""
+  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws.
+
+  p = `ami.certified_draws` randomized copies of the target; q = `certified_rows`
+  pool samples (never seen by crafting or calibration), each randomized once.
+  """
   a = config.ami
-  held = jnp.asarray(state['heldout_x'])
+  held = jnp.asarray(state['pool_x'][certified_rows(jax.random.fold_in(key, 1 << 20), config,
+                                                    state)])
   low, high = enc.min_value, enc.max_value
   out, draws, certified_count, deltas = {}, {}, 0, []
   for t in range(neurons.w.shape[0]):
@@ -342,6 +380,7 @@ def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, di
     if t == 0:
       out = {f'certified_{k}': v for k, v in res.items()}
       draws = {'target': v_t, 'other': v_x}
+  out['certified_q'] = int(held.shape[0])
   out['certified_fraction'] = certified_count / neurons.w.shape[0]
   out['certified_delta_star_median'] = float(np.median(deltas))
   return out, draws
@@ -377,7 +416,8 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   randomize = ami.mechanism_fn(mechanism, epsilon, d, enc)
   k_craft, k_game, k_cert, k_util = (jax.random.fold_in(key, i) for i in range(4))
   t0 = time.perf_counter()
-  neurons, report, predicted = craft_targets(k_craft, config, state, randomize, ldp)
+  neurons, report, calibrated, predicted = craft_targets(k_craft, config, state, randomize,
+                                                         ldp)
   jax.block_until_ready(neurons)
   craft_s = time.perf_counter() - t0
   t0 = time.perf_counter()
@@ -385,6 +425,11 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   game_s = time.perf_counter() - t0
   m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
   m.update(extra)
+  if calibrated is not None:
+    # Our extension, reported beside the paper's rule on the very same trials (same key:
+    # same batches and randomization), so the difference is the calibration alone.
+    out_c, _ = play(k_game, config, state, calibrated, mechanism, epsilon, randomize)
+    m.update(calibrated_metrics(out_c))
   m['trials_per_s'] = int(a.num_trials) / max(game_s, 1e-9)
   m['craft_s'] = craft_s
   steps = np.asarray(report.steps)
@@ -393,8 +438,8 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   m['craft_separated_fraction'] = float(np.mean(np.asarray(report.separated)))
   m['craft_train_tpr'] = float(np.mean(np.asarray(report.train_tpr)))
   m['craft_train_tnr'] = float(np.mean(np.asarray(report.train_tnr)))
-  m['calibrated_predicted_adv'] = float(np.nanmean(np.asarray(predicted))) if a.calibrate \
-      else math.nan
+  m['calibrated_predicted_adv'] = (float(np.nanmean(np.asarray(predicted)))
+                                   if a.calibrated_variant else math.nan)
   per_target = [metrics_lib.tpr_tnr_adv(out['decision'][out['target'] == t],
                                         out['b'][out['target'] == t])['adv']
                 for t in range(neurons.w.shape[0])]
@@ -407,7 +452,8 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   if ldp:
     cert, draws = certify_point(k_cert, config, state, neurons, randomize, enc)
     m.update(cert)
-    _save_draws(workdir, mechanism, epsilon, draws)
+    ami_figures.draws_store(workdir).save(ami_figures.draw_params(mechanism, epsilon),
+                                             draws)
   cert_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   m.update(_utility(k_util, config, state, None if not ldp else randomize))
@@ -417,12 +463,22 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   return m, int(a.num_trials)
 
 
-def _save_draws(workdir, mechanism, epsilon, draws):
-  os.makedirs(os.path.join(workdir, 'draws'), exist_ok=True)
-  buf = io.BytesIO()
-  np.savez(buf, target=draws['target'], other=draws['other'])
-  atomic.atomic_write_bytes(os.path.join(workdir, 'draws', f'{mechanism}_eps{epsilon:g}.npz'),
-                            buf.getvalue())
+CALIBRATED_SUFFIX = '_calibrated'
+
+
+def calibrated_metrics(out) -> dict:
+  """The calibrated variant's rates, named `<rate>_calibrated` (`_ci_low/_ci_high` after).
+
+  E.g. `adv_calibrated`, `adv_calibrated_ci_low`, `tpr_calibrated`, `auc_calibrated`.
+  """
+  m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
+  named = {}
+  for k, v in m.items():
+    base, sep, tail = k.partition('_ci_')
+    named[f'{base}{CALIBRATED_SUFFIX}{sep}{tail}'] = v
+  named[f'auc{CALIBRATED_SUFFIX}'] = metrics_lib.roc_auc(out['score'], out['b'])
+  return named
+
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
@@ -477,14 +533,12 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
-  k_dp = jax.random.fold_in(key, 99)
   dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
   dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}
-    k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k_dp, int(epsilon * 1e6)),
-                                              int(round(-math.log10(delta) * 1e3))), k_neurons)
+    k = report.point_key(key, params)
     run_point(store, params, lambda k=k, e=epsilon, dl=delta, kn=k_neurons: run_dp_point(
         k, config, float(e), float(dl), int(kn)))
   ami_figures.make_figures(store.points, store.workdir, config)

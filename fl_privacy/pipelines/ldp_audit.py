@@ -14,9 +14,7 @@ Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 
 from absl import logging
 import jax
@@ -39,11 +37,13 @@ from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ldp_sgd
 from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import registry
 from fl_privacy.pipelines import ldp_audit_figures
 
 NAME = 'ldp_audit'
 INPUT_PAIRS = ('extreme_pair', 'one_feature_pair')
 INPUT_DISTINGUISHER = 'likelihood_ratio'
+SERVER_LR_RULES = ('relative', 'paper')
 
 
 def _int_at_least(config, field: str, low: int) -> int:
@@ -87,6 +87,9 @@ def validate_config(config) -> str:
       validate.require(isinstance(value, (int, float)) and math.isfinite(value),
                        f'ldp_audit.{field}', 'a finite number', value)
     _optional_positive(config, 'ldp_audit.server_lr')
+    validate.one_of(config, 'ldp_audit.server_lr_rule', SERVER_LR_RULES)
+    validate.in_range(config, 'ldp_audit.server_step_fraction', 0.0, 1.0,
+                      low_inclusive=False)
     _optional_positive(config, 'ldp_audit.radius')
     validate.require(isinstance(config.ldp_audit.split, str), 'ldp_audit.split',
                      'a split name', config.ldp_audit.split)
@@ -134,8 +137,8 @@ def prepare(config) -> dict:
 
 
 def _stream(key: jax.Array, name: str) -> jax.Array:
-  """An independent key for a named purpose (stable under sweep changes)."""
-  return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+  """An independent key for a named purpose (`report.point_key` of {'stream': name})."""
+  return report.point_key(key, {'stream': name})
 
 
 def _epsilons(config) -> tuple[float, ...]:
@@ -242,6 +245,22 @@ def _antipodal_accuracy(g_norm: float, epsilon: float, clip_norm: float):
   return pk * pz + (1.0 - pk) * (1.0 - pz)
 
 
+def server_learning_rate(s, radius: float, dim: int, eps: float) -> float:
+  """The server's eta_t: `server_lr` if set, else by `server_lr_rule`.
+
+  'relative' (default): the step is `server_step_fraction` of ||C||
+  (`ldp_sgd.relative_learning_rate`, whose docstring derives it); 'paper': the
+  eta_t of Algorithm 2 (`ldp_sgd.paper_learning_rate`, n = 1 client), whose step
+  with the unbiased constant is about 1.25 ||C||.
+  """
+  if s.server_lr is not None:
+    return float(s.server_lr)
+  if s.server_lr_rule == 'paper':
+    return float(ldp_sgd.paper_learning_rate(radius, 1, dim, eps, s.clip_norm))
+  return float(ldp_sgd.relative_learning_rate(radius, dim, eps, s.clip_norm,
+                                              float(s.server_step_fraction)))
+
+
 def ldp_sgd_point(config, setup: dict, params: dict, key,
                   violation_confidence: float):
   """Metrics of one (crafter, distinguisher, epsilon) point on LDP-SGD."""
@@ -251,8 +270,7 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
   dim = int(c.g1.size)
   radius = (float(s.radius) if s.radius is not None
             else float(jnp.linalg.norm(c.params)))
-  lr = (float(s.server_lr) if s.server_lr is not None else float(
-      ldp_sgd.paper_learning_rate(radius, 1, dim, eps, s.clip_norm)))
+  lr = server_learning_rate(s, radius, dim, eps)
   if params['distinguisher'] == 'white_box' and s.white_box_path == 'projected':
     fn = setup['trial_fns'].setdefault(
         'projected', game.ldp_sgd_projected_white_box_trial_fn())
@@ -269,8 +287,11 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
                            violation_confidence=violation_confidence)
   g1n, g2n = float(jnp.linalg.norm(c.g1)), float(jnp.linalg.norm(c.g2))
   cos = float(jnp.vdot(c.g1, c.g2) / max(g1n * g2n, 1e-30))
+  # One client's estimate has norm debias_scale exactly, so this is the step's norm.
+  step = lr * float(ldp_sgd.debias_scale(dim, eps, s.clip_norm))
   metrics.update(dim=dim, g1_norm=g1n, g2_norm=g2n, cos_g1_g2=cos,
-                 server_lr=lr, radius=radius)
+                 server_lr=lr, radius=radius, server_step_norm=step,
+                 server_step_relative=step / radius)
   if cos < -0.999999:
     metrics['acc_white_box_exact'] = _antipodal_accuracy(g1n, eps,
                                                          s.clip_norm)
@@ -348,15 +369,9 @@ def input_point(config, mechanism: str, params: dict, key,
   bits = _pair_bits(s)
   probs = _bit_probabilities(mechanism, s, eps, bits)
   if_one, if_zero = audit.distinguishers.bit_log_ratios(probs[0], probs[1])
-  if mechanism == 'bitrand':
-
-    def randomize(k, b):
-      return bitrand.randomize_bits(k, b, eps, rng_bits=s.rng_bits)
-  else:
-
-    def randomize(k, b):
-      return ome.randomize_bits(k, b, eps, s.ome_alpha, rng_bits=s.rng_bits)
-  fn = game.bits_trial_fn(randomize)
+  extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
+  fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
+                                                  **extra))
   metrics = game.run_point(fn, key, s.num_trials, **opts,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),
@@ -384,7 +399,7 @@ def sweep(config, state, store, key) -> None:
   vc = float(vc) if vc is not None else 1.0 - 0.05 / len(todo)
   setup = {}
   for params in todo:
-    point_key = _stream(key, json.dumps(params, sort_keys=True))
+    point_key = report.point_key(key, params)
 
     def compute(params=params, point_key=point_key):
       if mechanism != 'ldp_sgd':

@@ -13,6 +13,7 @@ import pytest
 from fl_privacy import fl
 from fl_privacy import models
 from fl_privacy.fl import aggregate
+from fl_privacy.fl import client
 from fl_privacy.fl import local
 from fl_privacy.fl import optimizers
 from fl_privacy.fl import rounds
@@ -45,78 +46,146 @@ def setup():
   return fl.make_loss_fn(model.apply), model.init(KEY, x[0]), x, y
 
 
-def test_one_round_of_fedsgd(setup):
+def _tree_stack(trees):
+  return jax.tree_util.tree_map(lambda *ls: jnp.stack(ls), *trees)
+
+
+def _noise_upload(key, delta, aux):
+  # Randomness from the upload key only, so the test can see which key ran.
+  del aux
+  leaves, tree = jax.tree_util.tree_flatten(delta)
+  return jax.tree_util.tree_unflatten(
+      tree, [l + jax.random.normal(jax.random.fold_in(key, i), l.shape)
+             for i, l in enumerate(leaves)])
+
+
+def test_one_round_of_full_batch_sgd_is_fedsgd(setup):
   loss_fn, params, x, y = setup
-  step = functools.partial(local.fedsgd_step, learning_rate=0.5)
-  final, updates = rounds.run(loss_fn, params, x, y, key=KEY, num_rounds=1,
-                              local_fn=step)
+  observe = lambda key, t, k, g, upload: upload  # noqa: E731
+  init = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape, a.dtype), params)
+  final, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=1,
+                          optimizer=optimizers.make('sgd', 0.5), epochs=1, batch_size=6,
+                          observe=observe, init=init)
   grads = fl.client_grads(loss_fn, params, x, y)
   chex.assert_trees_all_close(
-      updates, jax.tree_util.tree_map(lambda g: 0.5 * g[None], grads),
-      rtol=1e-5, atol=1e-6)
-  want = jax.tree_util.tree_map(lambda p, g: p - 0.5 * g.mean(0), params,
-                                grads)
+      log.observed, jax.tree_util.tree_map(lambda g: 0.5 * g, grads), rtol=1e-5, atol=1e-6)
+  want = jax.tree_util.tree_map(lambda p, g: p - 0.5 * g.mean(0), params, grads)
   chex.assert_trees_all_close(final, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(log.participants, np.ones((1, 3), bool))
 
 
-def _noisy_local(loss_fn, params, x, y, *, key, scale=1.0):
-  # Randomness from the client key only, so the test can see which key ran.
-  del loss_fn, x, y
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  noise = [scale * jax.random.normal(jax.random.fold_in(key, i), l.shape)
-           for i, l in enumerate(leaves)]
-  return jax.tree_util.tree_unflatten(tree, [l + n for l, n in
-                                             zip(leaves, noise)])
-
-
-def test_client_keys_and_loop_against_python_reference(setup):
+def test_loop_against_python_reference_with_unequal_clients_and_upload_hook(setup):
+  """Keys, size weights, uploads (not local params) aggregated, over 3 rounds."""
   loss_fn, params, x, y = setup
-  weights = jnp.array([1.0, 2.0, 3.0])
-  agg = functools.partial(aggregate.weighted_mean, weights=weights)
-  final, seen = rounds.run(loss_fn, params, x, y, key=KEY, num_rounds=3,
-                           local_fn=_noisy_local, aggregate_fn=agg)
-  chex.assert_tree_shape_prefix(seen, (3, 3))
+  sizes = [6, 3, 5]
+  xs = [np.asarray(x[k][:n]) for k, n in enumerate(sizes)]
+  ys = [np.asarray(y[k][:n]) for k, n in enumerate(sizes)]
+  data = rounds.pad_clients(xs, ys)
+  hooks = client.ClientHooks(upload=_noise_upload)
+  opt = optimizers.make('momentum', 0.1)
+  final, _ = rounds.run(loss_fn, params, data, key=KEY, num_rounds=3, optimizer=opt,
+                        epochs=2, batch_size=2, hooks=hooks)
   w = params
   for t in range(3):
-    locals_ = [_noisy_local(loss_fn, w, x[k], y[k],
-                            key=jax.random.fold_in(jax.random.fold_in(KEY, t),
-                                                   k)) for k in range(3)]
+    ups = []
     for k in range(3):
-      chex.assert_trees_all_close(
-          jax.tree_util.tree_map(lambda s: s[t, k], seen),
-          jax.tree_util.tree_map(jnp.subtract, w, locals_[k]),
-          rtol=1e-5, atol=1e-5)
-    w = agg(jax.tree_util.tree_map(lambda *ls: jnp.stack(ls), *locals_))
+      up, _ = local.client_update(loss_fn, w, xs[k], ys[k], key=rounds.client_key(KEY, t, k),
+                                  hooks=hooks, mask=jnp.ones(sizes[k]), optimizer=opt,
+                                  epochs=2, batch_size=2)
+      ups.append(up)
+    mean = aggregate.weighted_mean(_tree_stack(ups), jnp.asarray(sizes, jnp.float32))
+    w = jax.tree_util.tree_map(jnp.subtract, w, mean)
   chex.assert_trees_all_close(final, w, rtol=1e-5, atol=1e-5)
 
 
 def test_split_run_equals_whole_run(setup):
   loss_fn, params, x, y = setup
-  train = functools.partial(local.fedavg, optimizer=optimizers.make('sgd', 0.1),
-                            epochs=1, batch_size=3)
-  run = functools.partial(rounds.run, loss_fn, client_x=x, client_y=y,
-                          key=KEY, local_fn=train)
-  whole, seen = run(params, num_rounds=2)
+  run = functools.partial(rounds.run, loss_fn, clients=rounds.ClientData(x, y), key=KEY,
+                          optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=3,
+                          evaluate=lambda p: loss_fn(p, x[0], y[0]))
+  whole, log = run(params, num_rounds=2)
   half, first = run(params, num_rounds=1)
   rest, second = run(half, num_rounds=1, first_round=1)
   chex.assert_trees_all_close(whole, rest, rtol=1e-6, atol=1e-6)
-  chex.assert_trees_all_close(
-      seen, jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]),
-                                   first, second), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(log.evaluations,
+                             np.concatenate([first.evaluations, second.evaluations]),
+                             rtol=1e-6)
 
 
-def test_round_kwargs_and_custom_observe(setup):
+def test_observe_reduce_keeps_a_running_statistic_not_the_stack(setup):
+  loss_fn, params, x, y = setup
+  norm = lambda key, t, k, g, up: jnp.sqrt(sum(  # noqa: E731
+      jnp.sum(l ** 2) for l in jax.tree_util.tree_leaves(up)))
+  total = lambda s, t, seen, part: s + seen  # noqa: E731
+  last = lambda s, t, seen, part: seen  # noqa: E731
+  kw = dict(clients=rounds.ClientData(x, y), key=KEY, optimizer=optimizers.make('sgd', 0.2),
+            epochs=1, batch_size=2, observe=norm)
+  final, log = rounds.run(loss_fn, params, num_rounds=3, reduce=total, init=jnp.zeros(3),
+                          **kw)
+  assert log.observed.shape == (3,)
+  w, want = params, np.zeros(3)
+  for t in range(3):
+    w, one = rounds.run(loss_fn, w, num_rounds=1, first_round=t, reduce=last,
+                        init=jnp.zeros(3), **kw)
+    want += np.asarray(one.observed)
+  np.testing.assert_allclose(log.observed, want, rtol=1e-5)
+  chex.assert_trees_all_close(final, w, rtol=1e-6, atol=1e-6)
+
+
+def test_per_round_optimizer_schedule(setup):
   loss_fn, params, x, y = setup
   lrs = jnp.array([0.0, 0.5])
-  observe = lambda g, l, t: (t, jnp.linalg.norm(  # noqa: E731
-      g['params']['fc1']['kernel'] - l['params']['fc1']['kernel']))
-  final, (ts, norms) = rounds.run(
-      loss_fn, params, x, y, key=KEY, num_rounds=2, local_fn=local.fedsgd_step,
-      observe=observe, round_kwargs=lambda t: {'learning_rate': lrs[t]})
-  np.testing.assert_array_equal(ts, [[0, 0, 0], [1, 1, 1]])
-  np.testing.assert_array_equal(norms[0], np.zeros(3))
-  assert np.all(np.asarray(norms[1]) > 0)
+  final, _ = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=2,
+                        optimizer=lambda t: optimizers.make('sgd', lrs[t]), epochs=1,
+                        batch_size=6)
   grads = fl.client_grads(loss_fn, params, x, y)
-  want = jax.tree_util.tree_map(lambda p, g: p - 0.5 * g.mean(0), params,
-                                grads)
+  want = jax.tree_util.tree_map(lambda p, g: p - 0.5 * g.mean(0), params, grads)
   chex.assert_trees_all_close(final, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('fraction', [0.25, 0.5, 1.0])
+def test_participation_draws_exactly_the_fraction_and_is_uniform(fraction):
+  num_clients, num_rounds = 8, 2000
+  parts = np.asarray(jax.vmap(lambda t: rounds.participants(KEY, t, num_clients, fraction))(
+      jnp.arange(num_rounds)))
+  m = max(1, round(fraction * num_clients))
+  np.testing.assert_array_equal(parts.sum(1), m)
+  # Each client takes part with probability m / K; binomial 5-sigma band per client.
+  p = m / num_clients
+  tol = 5 * np.sqrt(p * (1 - p) / num_rounds)
+  np.testing.assert_allclose(parts.mean(0), p, atol=tol)
+
+
+def test_non_participants_do_not_move_the_model(setup):
+  loss_fn, params, x, y = setup
+  opt = optimizers.make('sgd', 0.3)
+  final, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=1,
+                          optimizer=opt, epochs=1, batch_size=3, participation=0.34)
+  part = np.asarray(log.participants[0])
+  assert part.sum() == 1
+  k = int(np.argmax(part))
+  up, _ = local.client_update(loss_fn, params, x[k], y[k], key=rounds.client_key(KEY, 0, k),
+                              optimizer=opt, epochs=1, batch_size=3)
+  chex.assert_trees_all_close(final, jax.tree_util.tree_map(jnp.subtract, params, up),
+                              rtol=1e-6, atol=1e-6)
+
+
+def test_aggregate_hook_replaces_the_weighted_mean(setup):
+  loss_fn, params, x, y = setup
+  zero = lambda key, uploads, weights: jax.tree_util.tree_map(  # noqa: E731
+      lambda u: jnp.zeros(u.shape[1:], u.dtype), uploads)
+  final, _ = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=2,
+                        optimizer=optimizers.make('sgd', 0.3), epochs=1, batch_size=3,
+                        hooks=client.ClientHooks(aggregate=zero))
+  chex.assert_trees_all_equal(final, params)
+
+
+def test_pad_clients_rejects_bad_shapes():
+  with pytest.raises(ValueError, match='labels'):
+    rounds.pad_clients([np.zeros((3, 2))], [np.zeros(2)])
+  with pytest.raises(ValueError, match='capacity'):
+    rounds.pad_clients([np.zeros((3, 2))], [np.zeros(3)], capacity=2)
+  data = rounds.pad_clients([np.ones((3, 2)), np.ones((1, 2))], [np.zeros(3), np.zeros(1)])
+  np.testing.assert_array_equal(data.mask, [[1, 1, 1], [1, 0, 0]])
+  np.testing.assert_array_equal(data.sizes(), [3, 1])
+  assert rounds.pad_clients([np.ones((2, 2))], [np.zeros(2)]).mask is None

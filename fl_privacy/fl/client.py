@@ -1,0 +1,113 @@
+"""The client protocol: FedAvg plus hook points where defenses and mechanisms act.
+
+A client in round t trains from the global parameters w_t on its shard and uploads its update
+Delta = w_t - w_local (the sign FedAvg servers and the FedMIA paper use). A defense changes
+what happens at one or more of five points, each a pure, jit-able function that receives its
+own key:
+
+| hook | when | signature | identity |
+|---|---|---|---|
+| `data` | once per round, on the whole shard | `(key, x, y, mask, aux) -> (x, y, mask)` | returns its inputs |
+| `batch` | every local step, on the minibatch | `(key, x, y, mask, aux) -> (x, y, mask)` | returns its inputs |
+| `loss` | every local step | `(key, loss_fn, params, x, y, mask, aux) -> scalar` | `loss_fn(params, x, y, mask)` |
+| `grad` | every local step | `(key, per_example_grads, mask) -> grad` | None: gradient of the batch's mean loss |
+| `upload` | once, after training | `(key, delta, aux) -> delta` | returns `delta` |
+| `aggregate` | on the server, once per round | `(key, uploads, weights) -> mean update` | None: weighted mean |
+
+`mask` marks the real rows of a padded shard or batch (1.0 real, 0.0 padding); `aux` is the
+client's auxiliary pytree (for example a held-out batch a regulariser reads), or None. Labels
+`y` are integer class indices [B] or, after a hook such as mixup, class distributions [B, C].
+
+`grad` receives the per-example gradients of the step's (hooked) loss, each computed on its own
+example, and turns them into the step's gradient: DP-SGD clips and noises them here. When it is
+None the step differentiates the batch's mean loss directly, which is what plain FedAvg does
+(and, with the other hooks at identity, reproduces `local.fedavg` without hooks bit for bit).
+
+Keys (all from the client's round key `k_tk = fold_in(fold_in(run_key, t), k)`, see
+`rounds.client_key`): minibatch j of epoch e uses `step_key(k_tk, e, j)` and gives `fold_in(., 0)` to
+`batch`, `fold_in(., 1)` to `loss`, `fold_in(., 2)` to `grad`; `data` gets
+`fold_in(k_tk, DATA_SALT)` and `upload` `fold_in(k_tk, UPLOAD_SALT)`. Shuffling uses
+`fold_in(k_tk, epoch)` as before, and the salts are far above any epoch index, so no key is
+used for two draws.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# Salts for fold_in, chosen far above epoch indices (which also fold into the client key).
+STEP_SALT = 0x7FFF0001
+DATA_SALT = 0x7FFF0002
+UPLOAD_SALT = 0x7FFF0003
+
+
+def _identity_data(key, x, y, mask, aux):
+  del key, aux
+  return x, y, mask
+
+
+def _identity_loss(key, loss_fn, params, x, y, mask, aux):
+  del key, aux
+  return loss_fn(params, x, y, mask) if mask is not None else loss_fn(params, x, y)
+
+
+def _identity_upload(key, delta, aux):
+  del key, aux
+  return delta
+
+
+class ClientHooks(NamedTuple):
+  """The hook points of one client (see the module docstring for signatures).
+
+  A NamedTuple of functions, so hooks are static under `jit` (close over parameters, or pass
+  traced parameters through `aux`). Build one with `defenses.make(name, ...)` or by
+  `ClientHooks(batch=...)`; combine several with `defenses.combine`.
+  """
+  data: Callable = _identity_data
+  batch: Callable = _identity_data
+  loss: Callable = _identity_loss
+  grad: Callable | None = None
+  upload: Callable = _identity_upload
+  aggregate: Callable | None = None
+
+
+IDENTITY = ClientHooks()
+
+
+def is_identity(hooks: ClientHooks) -> bool:
+  """True when every hook is the default (plain FedAvg)."""
+  return hooks == IDENTITY
+
+
+def step_key(client_key, epoch, step):
+  """Key of minibatch `step` of local epoch `epoch`.
+
+  `fold_in(fold_in(fold_in(client_key, STEP_SALT), epoch), step)`: keyed by (epoch, step)
+  rather than a flat step count, so a client padded to more steps per epoch draws the same
+  keys for its real steps as the unpadded client.
+  """
+  k = jax.random.fold_in(jax.random.fold_in(client_key, STEP_SALT), epoch)
+  return jax.random.fold_in(k, step)
+
+
+def data_key(client_key):
+  """Key of the once-per-round `data` hook."""
+  return jax.random.fold_in(client_key, DATA_SALT)
+
+
+def upload_key(client_key):
+  """Key of the `upload` hook."""
+  return jax.random.fold_in(client_key, UPLOAD_SALT)
+
+
+def update(global_params: Any, local_params: Any) -> Any:
+  """The client's update Delta = w_t - w_local."""
+  return jax.tree_util.tree_map(jnp.subtract, global_params, local_params)
+
+
+def apply_update(global_params: Any, mean_update: Any) -> Any:
+  """The server's step w_{t+1} = w_t - mean Delta (FedAvg with server learning rate 1)."""
+  return jax.tree_util.tree_map(jnp.subtract, global_params, mean_update)

@@ -1,0 +1,148 @@
+"""The client protocol: identity hooks, padded shards, partial batches, hook keys."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fl_privacy import fl
+from fl_privacy import models
+from fl_privacy.fl import client
+from fl_privacy.fl import local
+from fl_privacy.fl import optimizers
+
+KEY = jax.random.key(0)
+
+
+@pytest.fixture(scope='module')
+def setup():
+  model = models.MLP(hidden=(6,), num_classes=3)
+  x = jax.random.normal(jax.random.key(1), (7, 5))
+  y = jax.random.randint(jax.random.key(2), (7,), 0, 3)
+  params = model.init(KEY, x)
+  return fl.make_loss_fn(model.apply), params, x, y
+
+
+def _upload_only(key, delta, aux):
+  del key, aux
+  return jax.tree_util.tree_map(lambda d: 2.0 * d, delta)
+
+
+@pytest.mark.parametrize('name', ['sgd', 'momentum', 'adam', 'adagrad'])
+def test_identity_and_upload_only_hooks_train_bit_for_bit_as_plain_fedavg(setup, name):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, optimizer=optimizers.make(name, 0.05), epochs=3, batch_size=2)
+  plain = local.fedavg(loss_fn, params, x, y, **kw)
+  identity = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(), **kw)
+  # A non-identity upload hook sends fedavg down the hooked code path; training must not move.
+  hooked = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(upload=_upload_only),
+                        **kw)
+  chex.assert_trees_all_equal(plain, identity)
+  chex.assert_trees_all_equal(plain, hooked)
+  upload, trained = local.client_update(loss_fn, params, x, y,
+                                        hooks=client.ClientHooks(upload=_upload_only), **kw)
+  chex.assert_trees_all_equal(trained, plain)
+  chex.assert_trees_all_close(upload, jax.tree_util.tree_map(
+      lambda g, l: 2.0 * (g - l), params, plain), rtol=1e-6)
+
+
+def _noisy_grad(key, per_example, mask):
+  # Sum of per-example gradients over real rows, plus noise from the step's grad key.
+  def one(i, g):
+    s = jnp.tensordot(mask, g, axes=1)
+    return s / jnp.maximum(jnp.sum(mask), 1.0) + 0.01 * jax.random.normal(
+        jax.random.fold_in(key, i), s.shape)
+  leaves, tree = jax.tree_util.tree_flatten(per_example)
+  return jax.tree_util.tree_unflatten(tree, [one(i, g) for i, g in enumerate(leaves)])
+
+
+@pytest.mark.parametrize('name', ['sgd', 'adam'])
+@pytest.mark.parametrize('capacity', [7, 8, 12])
+def test_padded_client_trains_exactly_as_the_unpadded_one(setup, name, capacity):
+  loss_fn, params, x, y = setup
+  hooks = client.ClientHooks(grad=_noisy_grad)
+  kw = dict(key=KEY, optimizer=optimizers.make(name, 0.05), epochs=2, batch_size=3,
+            hooks=hooks)
+  unpadded = local.fedavg(loss_fn, params, x, y, mask=jnp.ones(7), **kw)
+  pad = capacity - 7
+  # Padding rows are put first here, to show real rows need not lead.
+  xp = jnp.concatenate([jnp.zeros((pad, 5)), x])
+  yp = jnp.concatenate([jnp.zeros(pad, y.dtype), y])
+  mp = jnp.concatenate([jnp.zeros(pad), jnp.ones(7)])
+  order_u, _ = local.masked_batch_order(KEY, jnp.ones(7), epochs=2, batch_size=3)
+  order_p, valid_p = local.masked_batch_order(KEY, mp, epochs=2, batch_size=3)
+  real_u = np.asarray(order_u)[:, :3].reshape(2, -1)[:, :7]
+  real_p = np.asarray(order_p).reshape(2, -1)[:, :7] - pad
+  np.testing.assert_array_equal(real_u, real_p)
+  assert float(np.asarray(valid_p).sum()) == 14
+  padded = local.fedavg(loss_fn, params, xp, yp, mask=mp, **kw)
+  chex.assert_trees_all_equal(unpadded, padded)
+
+
+def test_masked_order_walks_every_real_row_once_per_epoch_with_a_partial_last_batch():
+  mask = jnp.asarray([1, 1, 0, 1, 1, 1, 0, 1], jnp.float32)  # 6 real rows, B = 4
+  order, valid = local.masked_batch_order(KEY, mask, epochs=3, batch_size=4)
+  assert order.shape == (3, 2, 4)
+  for e in range(3):
+    real = np.asarray(order[e])[np.asarray(valid[e]) > 0]
+    np.testing.assert_array_equal(np.sort(real), [0, 1, 3, 4, 5, 7])
+    np.testing.assert_array_equal(np.asarray(valid[e]).sum(1), [4, 2])
+  assert not np.array_equal(order[0], order[1])
+
+
+def test_partial_last_batch_trains_like_a_hand_written_loop(setup):
+  loss_fn, params, x, y = setup
+  got = local.fedavg(loss_fn, params, x, y, key=KEY, optimizer=optimizers.make('sgd', 0.1),
+                     epochs=1, batch_size=3, shuffle=False, mask=jnp.ones(7))
+  w = params
+  for rows in ([0, 1, 2], [3, 4, 5], [6]):
+    g = jax.grad(loss_fn)(w, x[jnp.asarray(rows)], y[jnp.asarray(rows)])
+    w = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, w, g)
+  chex.assert_trees_all_close(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_per_example_mean_grad_hook_matches_the_default(setup):
+  loss_fn, params, x, y = setup
+  mean = lambda key, g, mask: jax.tree_util.tree_map(  # noqa: E731
+      lambda a: jnp.tensordot(mask, a, axes=1) / jnp.sum(mask), g)
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3,
+            mask=jnp.ones(7))
+  default = local.fedavg(loss_fn, params, x, y, **kw)
+  hooked = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(grad=mean), **kw)
+  chex.assert_trees_all_close(default, hooked, rtol=1e-5, atol=1e-6)
+
+
+def test_every_step_hook_gets_its_own_key(setup):
+  loss_fn, params, x, y = setup
+  seen = []
+
+  def record_batch(key, xb, yb, mb, aux):
+    del aux
+    jax.debug.callback(lambda k: seen.append(np.asarray(k).tobytes()),
+                       jax.random.key_data(key))
+    return xb, yb, mb
+
+  for k in range(2):
+    local.fedavg(loss_fn, params, x, y, key=jax.random.fold_in(KEY, k),
+                 optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3,
+                 hooks=client.ClientHooks(batch=record_batch))
+  assert len(seen) == 2 * 2 * 2  # clients x epochs x (7 // 3) steps
+  assert len(set(seen)) == len(seen)
+
+
+def test_data_hook_mask_restricts_training_to_the_kept_rows(setup):
+  loss_fn, params, x, y = setup
+
+  def keep_first_four(key, xs, ys, mask, aux):
+    del key, aux
+    return xs, ys, mask * (jnp.arange(xs.shape[0]) < 4)
+
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=2,
+            shuffle=False)
+  got = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(data=keep_first_four),
+                     **kw)
+  want = local.fedavg(loss_fn, params, x[:4], y[:4], mask=jnp.ones(4), **kw)
+  chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
