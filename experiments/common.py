@@ -16,6 +16,11 @@ of this repository; fields are overridable as `--config.game.chunk_size=4096`),
 `--workdir` (default `./runs/<name>-<UTC timestamp>`), `--seed` (overrides
 `config.seed`; the stored config holds the seed actually used).
 
+Compilation: JAX's persistent compilation cache is enabled before `prepare`
+(`fl_privacy.eval.compile_cache`; `game.compile_cache`: None = the user cache dir
+or `$FL_PRIVACY_COMPILE_CACHE`, 'workdir' = `<workdir>/jax_cache`, '' = off), so
+a second run of an experiment loads its XLA programs instead of compiling them.
+
 Exit status: 0 on success (and for `--help`, which lists the flags and where the
 config fields are documented); 2 with one line `error: ...` on stderr, before any
 data is loaded or anything written, when the command line is wrong (a config file
@@ -44,6 +49,7 @@ import jax
 from ml_collections import config_flags
 
 from fl_privacy import validate
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
@@ -330,6 +336,39 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
   return EXIT_INTERRUPTED
 
 
+DISTRIBUTED_ENV = ('FL_PRIVACY_COORDINATOR', 'FL_PRIVACY_NUM_PROCESSES', 'FL_PRIVACY_PROCESS_ID')
+
+
+def initialize_distributed() -> bool:
+  """Joins a multi-process run when the environment asks for one; returns whether it did.
+
+  `FL_PRIVACY_COORDINATOR=host:port` with `FL_PRIVACY_NUM_PROCESSES` and
+  `FL_PRIVACY_PROCESS_ID` start `jax.distributed.initialize` with those values;
+  `FL_PRIVACY_DISTRIBUTED=1` calls it without arguments (Cloud TPU, SLURM, Open MPI fill them
+  in). On CPU the processes exchange outcomes through gloo collectives. Must run before any
+  other JAX call; every process then runs its share of every chunk and process 0 writes.
+  """
+  coordinator = os.environ.get(DISTRIBUTED_ENV[0])
+  if not coordinator and os.environ.get('FL_PRIVACY_DISTRIBUTED') != '1':
+    return False
+  # Only the CPU backend reads this; accelerators use their own collectives.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if coordinator:
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               num_processes=int(os.environ[DISTRIBUTED_ENV[1]]),
+                               process_id=int(os.environ[DISTRIBUTED_ENV[2]]))
+  else:
+    jax.distributed.initialize()
+  logging.info('process %d of %d', jax.process_index(), jax.process_count())
+  return True
+
+
+def _compile_cache_setting(config) -> str | None:
+  """`game.compile_cache` (see configs/_base.py); None when the config has no such field."""
+  game = config.get('game')
+  return None if game is None else game.get('compile_cache')
+
+
 def _run(name: str, prepare: Callable[[Any], Any],
          sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> int:
   config = _CONFIG.value
@@ -340,6 +379,9 @@ def _run(name: str, prepare: Callable[[Any], Any],
     problem = check_workdir(workdir)
     if problem:
       return _error(problem)
+    cache = _compile_cache_setting(config)
+    if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
+      compile_cache.enable(compile_cache.resolve(cache))
     try:
       seed = _apply_seed(config)
       state = prepare(config)
@@ -349,6 +391,8 @@ def _run(name: str, prepare: Callable[[Any], Any],
       store = ResultsStore(workdir, name, config)
     except ResumeError as e:
       return _error(str(e))
+    if cache == 'workdir':
+      compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
     try:
@@ -382,7 +426,7 @@ def main(name: str, prepare: Callable[[Any], Any],
   if problem:
     sys.exit(_error(problem))
   sys.argv = argv
-  app.run(lambda argv: _leftovers(argv) or _run(name, prepare, sweep),
+  app.run(lambda argv: _leftovers(argv) or (initialize_distributed(), _run(name, prepare, sweep))[1],
           flags_parser=_parse_flags)
 
 

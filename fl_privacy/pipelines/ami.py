@@ -27,6 +27,7 @@ from fl_privacy import validate
 from fl_privacy.attacks import ami
 from fl_privacy.attacks.ami import certified
 from fl_privacy.attacks.ami import dp_averaging
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
@@ -55,7 +56,7 @@ def _is_int(v) -> bool:
 def validate_config(config) -> None:
   """Every check that needs no data; raises `ConfigError` naming the field."""
   data_lib.validate_data_config(config.data)
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   if any(m != 'none' for m in mechanisms):
     validate.positive(config, 'ami.epsilons')
@@ -272,7 +273,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   enc = state['encoding']
   d = state['pool_x'].shape[1]
   n = int(a.num_trials)
-  chunk = int(config.game.chunk_size)
+  opts = runner.options(config)
   extra = {}
   if a.decision_path == 'gradient':
     return _play_literal(key, config, state, neurons, mechanism, epsilon, randomize)
@@ -280,14 +281,14 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
     fn = _cached_partial(ami.fast_trial_no_ldp, batch_size=int(a.batch_size))
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=(v_t, v_p)), extra
+    return runner.run_trials(fn, key, n, **opts, args=(v_t, v_p)), extra
   p_one = ami.bit_probabilities(mechanism, epsilon, d, enc)
   if p_one is None:
     fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
     extra['sampler_tv_per_trial'] = 0.0
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   channel = ami.channel_from_bit_probs(p_one, enc.group_sizes())
   sizes = enc.group_sizes()
   t_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['target_x']), enc.int_bits,
@@ -300,7 +301,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
           tuple(jnp.asarray(t) for t in channel.thresholds))
   # Total-variation bound between the simulated and the exact client, per trial.
   extra['sampler_tv_per_trial'] = channel.tv_per_feature * d * int(a.batch_size)
-  return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+  return runner.run_trials(fn, key, n, **opts, args=args), extra
 
 
 @functools.lru_cache(maxsize=32)
@@ -331,7 +332,7 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
   fn = _cached_partial(ami.literal_trial, batch_size=int(a.batch_size), loss_fn=loss_fn,
                        chosen_index=CHOSEN_INDEX,
                        mechanism=None if mechanism == 'none' else randomize)
-  out = runner.run_trials(fn, key, int(a.num_trials), chunk_size=int(config.game.chunk_size),
+  out = runner.run_trials(fn, key, int(a.num_trials), **runner.options(config),
                           args=(params, targets, pool, None))
   agree = float(np.mean(out['decision'] == out['decision_fast']))
   return out, {'fast_path_agreement': agree}
@@ -394,7 +395,20 @@ def _utility(key, config, state, randomize):
 
 
 def run_game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
-  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials)."""
+  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials).
+
+  Besides the attack's metrics: `compile_s` (tracing + XLA compilation, or persistent-cache
+  loads, during the point) and `run_s` (the rest of its wall time).
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _game_point(key, config, state, mechanism, epsilon, workdir)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
   a = config.ami
   enc = state['encoding']
   d = state['pool_x'].shape[1]
@@ -468,7 +482,19 @@ def calibrated_metrics(out) -> dict:
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
-  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials)."""
+  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials).
+
+  `compile_s` and `run_s` as in `run_game_point`.
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _dp_point(key, config, epsilon, delta, num_neurons)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _dp_point(key, config, epsilon, delta, num_neurons):
   a = config.ami
   kw = dict(epsilon=epsilon, delta=delta, num_neurons=num_neurons, signal=float(a.dp_signal),
             rule=a.dp_rule)

@@ -292,12 +292,16 @@ def epsilon_lower_bound(counts: dict[str, int], delta: float,
                                              confidence)
 
 
-def run_point(trial_fn, key: jax.Array, num_trials: int, *, chunk_size: int,
-              args: tuple, claimed_epsilon: float, delta: float = 0.0,
-              violation_confidence: float = 0.95,
-              progress: bool = True) -> dict[str, float]:
-  """Runs `num_trials` trials of a game and summarizes them (`summarize`)."""
+def run_point(trial_fn, key: jax.Array, num_trials: int, *,
+              chunk_size: int | None = None, args: tuple, claimed_epsilon: float,
+              delta: float = 0.0, violation_confidence: float = 0.95,
+              progress: bool = True, batch_bytes: int | None = None
+              ) -> dict[str, float]:
+  """Runs `num_trials` trials of a game and summarizes them (`summarize`).
+
+  `chunk_size` and `batch_bytes` go to `eval.runner.run_trials` (None = sized by bytes).
+  """
   out = runner.run_trials(trial_fn, key, num_trials, chunk_size=chunk_size,
-                          args=args, progress=progress)
+                          args=args, progress=progress, batch_bytes=batch_bytes)
   return summarize(out['b'], out['guess'], claimed_epsilon, delta,
                    violation_confidence=violation_confidence)
