@@ -305,7 +305,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
                          defense=defense)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   if mechanism == 'none':
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
