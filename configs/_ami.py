@@ -1,6 +1,6 @@
 """The `ami` config section: active membership inference under LDP (the main job).
 
-Used by `python -m experiments.ami` (Nguyen et al., AISTATS 2023; SEED-NOTES section 1). The
+Used by `python -m experiments.ami` (Nguyen et al., AISTATS 2023, arXiv:2302.12685). The
 dataset configs call `section(dataset, smoke)`; every field is documented in `section`.
 
 Dataset roles (where the adversary's crafting negatives and the game pool come from):
@@ -13,11 +13,12 @@ Dataset roles (where the adversary's crafting negatives and the game pool come f
 | imagenette | first train images | the validation split | train minus the targets |
 | npz / others | first train images | a disjoint part of train (as digits) | the rest of train |
 
-Expected result on digits (2 CPU cores, about 2 minutes, 10,000 trials per point, seed 0;
-BUILD.md, "Active membership inference", has the full table): Adv 0.988 without LDP; under BitRand Adv rises from
-chance (0.50 at epsilon = 1) to 0.81 at 5 and 0.97 at 10, with test accuracy 0.10 -> 0.81 ->
-0.93; under OME Adv stays at 0.91-0.96 and accuracy at ~0.70 for every epsilon (its 0 -> 1
-probability hardly depends on epsilon). Smoke (`:smoke`): 3 points of 400 trials, under a
+Expected result on digits (2 CPU cores, a few minutes, 10,000 trials per point, seed 0;
+BUILD.md, "Active membership inference", has the full table), the paper's decision rule: Adv
+0.992 without LDP; under BitRand Adv is at chance (0.50) for epsilon <= 2 and rises to 0.73 at 5
+and 0.97 at 10, with test accuracy 0.10 -> 0.81 -> 0.93; under OME Adv stays at 0.93-0.96 and
+accuracy at ~0.70 for every epsilon (its 0 -> 1 probability hardly depends on epsilon). The
+calibrated variant beside it (`adv_calibrated`): 0.81 at BitRand epsilon 5. Smoke (`:smoke`): 3 points of 400 trials, under a
 minute, Adv >= 0.8 without LDP.
 """
 

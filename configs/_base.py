@@ -13,6 +13,7 @@ import importlib
 from typing import Iterable
 
 import ml_collections
+from ml_collections import config_dict
 
 from fl_privacy import validate
 
@@ -123,7 +124,8 @@ def data_section(name: str, **fields) -> ml_collections.ConfigDict:
 
 
 def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
-          experiments: Iterable[str], chunk_size: int = 1000) -> ml_collections.ConfigDict:
+          experiments: Iterable[str], chunk_size: int | None = None
+          ) -> ml_collections.ConfigDict:
   """Assembles a dataset config.
 
   Args:
@@ -132,7 +134,19 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
       by `parse_arg` (unknown or mistyped arguments raise `ConfigArgError`).
     data: the data section.
     experiments: names of the experiment sections this dataset supports.
-    chunk_size: trials per jitted chunk (`game.chunk_size`); memory scales with it.
+    chunk_size: trials per jitted chunk (`game.chunk_size`); None lets the runner size
+      chunks by bytes.
+
+  The `game` section (read by `fl_privacy.eval.runner.options`; none of its fields changes
+  a result, only speed and memory):
+    chunk_size: trials per jitted call, an explicit override; None (default) = 64 groups of
+      the byte-sized width (`eval/runner.py`). Memory is bounded by two chunks.
+    batch_bytes: working-set budget of one vmapped group of trials; None = the backend's
+      default (`runner.DEFAULT_BATCH_BYTES`: 8 MiB on CPU, the measured cache knee; 1 GiB on
+      accelerators) or `$FL_PRIVACY_BATCH_BYTES`.
+    compile_cache: directory of JAX's persistent compilation cache; None = `$FL_PRIVACY_
+      COMPILE_CACHE` or the user cache dir (`~/.cache/fl_privacy/jax`); 'workdir' = under
+      the run's workdir; '' = off.
   """
   opts = parse_arg(arg)
   smoke = opts.get('smoke', False)
@@ -146,7 +160,9 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
   if opts.get('data_dir'):
     config.data.data_dir = str(opts['data_dir'])
   config.game = ml_collections.ConfigDict()
-  config.game.chunk_size = 250 if smoke else chunk_size
+  config.game.chunk_size = config_dict.placeholder(int) if chunk_size is None else chunk_size
+  config.game.batch_bytes = config_dict.placeholder(int)
+  config.game.compile_cache = config_dict.placeholder(str)
   for name in experiments:
     if name not in EXPERIMENTS:
       raise ValueError(f'unknown experiment section {name!r}; known: {EXPERIMENTS}')

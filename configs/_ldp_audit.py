@@ -1,7 +1,7 @@
 """The `ldp_audit` config section: empirical lower bounds of LDP (the LDP-audit paper).
 
 Used by `python -m experiments.ldp_audit` (Matsumoto et al., "Measuring Lower Bounds of Local
-Differential Privacy via Adversary Instantiations in Federated Learning"; SEED-NOTES section 4).
+Differential Privacy via Adversary Instantiations in Federated Learning", arXiv:2206.09122).
 The dataset configs call `section(dataset, smoke)`; every field is documented in `section`'s
 docstring. Expected results are in BUILD.md ("Empirical lower bounds of LDP").
 """
@@ -51,10 +51,12 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     collusion_label, collusion_steps, collusion_lr: the colluding server's model is theta_t
       trained with SGD on images of the single class `collusion_label`; x1 is then chosen among
       the candidates of other classes.
-    white_box_path: 'literal' (every trial runs Algorithm 1 on the full d-dim gradient) or
-      'projected' (the exact shortcut `mechanisms.ldp_sgd.randomize_in_subspace`: the cosine test
-      needs only the report's coordinates in span(g1, g2), drawn in O(1) per trial with the same
-      law; tests compare both paths). Black-box trials always run the literal path.
+    white_box_path: 'projected' (default: the exact shortcut
+      `mechanisms.ldp_sgd.randomize_in_subspace`: the cosine test needs only the report's
+      coordinates in span(g1, g2), drawn in O(1) per trial with the same law; 10^6 trials take
+      well under a second) or 'literal' (every trial runs Algorithm 1 on the full d-dim
+      gradient; about 10^4 trials/s on 2 CPU cores at d = 13,722). Tests check that both paths'
+      outcome rates agree within their intervals. Black-box trials always run the literal path.
     server_lr: the server's step size eta_t; None = derived by `server_lr_rule`.
     server_lr_rule: 'relative' (default): eta_t = server_step_fraction * ||C|| / debias, so one
       client's server step has norm server_step_fraction * ||C|| exactly (the estimate's norm is
@@ -94,7 +96,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.split = 'train'
   s.candidates = 256
   s.target_selection = 'max_grad_norm'
-  s.white_box_path = 'literal'
+  s.white_box_path = 'projected'
   s.fgsm_alpha = 1.0
   s.retrogression_alpha = 1.0
   s.collusion_label = 0

@@ -22,6 +22,11 @@ elapsed, ETA; only when stderr is a terminal: `fl_privacy.report.progress`);
 at the end, on stdout, the table of the experiment's headline metrics per point
 and where the results and figures are (`fl_privacy.report.summary`).
 
+Compilation: JAX's persistent compilation cache is enabled before `prepare`
+(`fl_privacy.eval.compile_cache`; `game.compile_cache`: None = the user cache dir
+or `$FL_PRIVACY_COMPILE_CACHE`, 'workdir' = `<workdir>/jax_cache`, '' = off), so
+a second run of an experiment loads its XLA programs instead of compiling them.
+
 Exit status: 0 on success (and for `--help`, which lists the flags and where the
 config fields are documented); 2 with one line `error: ...` on stderr, before any
 data is loaded or anything written, when the command line is wrong (a config file
@@ -50,6 +55,7 @@ import jax
 from ml_collections import config_flags
 
 from fl_privacy import validate
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
@@ -345,6 +351,39 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
   return EXIT_INTERRUPTED
 
 
+DISTRIBUTED_ENV = ('FL_PRIVACY_COORDINATOR', 'FL_PRIVACY_NUM_PROCESSES', 'FL_PRIVACY_PROCESS_ID')
+
+
+def initialize_distributed() -> bool:
+  """Joins a multi-process run when the environment asks for one; returns whether it did.
+
+  `FL_PRIVACY_COORDINATOR=host:port` with `FL_PRIVACY_NUM_PROCESSES` and
+  `FL_PRIVACY_PROCESS_ID` start `jax.distributed.initialize` with those values;
+  `FL_PRIVACY_DISTRIBUTED=1` calls it without arguments (Cloud TPU, SLURM, Open MPI fill them
+  in). On CPU the processes exchange outcomes through gloo collectives. Must run before any
+  other JAX call; every process then runs its share of every chunk and process 0 writes.
+  """
+  coordinator = os.environ.get(DISTRIBUTED_ENV[0])
+  if not coordinator and os.environ.get('FL_PRIVACY_DISTRIBUTED') != '1':
+    return False
+  # Only the CPU backend reads this; accelerators use their own collectives.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if coordinator:
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               num_processes=int(os.environ[DISTRIBUTED_ENV[1]]),
+                               process_id=int(os.environ[DISTRIBUTED_ENV[2]]))
+  else:
+    jax.distributed.initialize()
+  logging.info('process %d of %d', jax.process_index(), jax.process_count())
+  return True
+
+
+def _compile_cache_setting(config) -> str | None:
+  """`game.compile_cache` (see configs/_base.py); None when the config has no such field."""
+  game = config.get('game')
+  return None if game is None else game.get('compile_cache')
+
+
 def _run(name: str, prepare: Callable[[Any], Any],
          sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
          summary=None) -> int:
@@ -356,6 +395,9 @@ def _run(name: str, prepare: Callable[[Any], Any],
     problem = check_workdir(workdir)
     if problem:
       return _error(problem)
+    cache = _compile_cache_setting(config)
+    if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
+      compile_cache.enable(compile_cache.resolve(cache))
     try:
       seed = _apply_seed(config)
       state = prepare(config)
@@ -365,6 +407,8 @@ def _run(name: str, prepare: Callable[[Any], Any],
       store = ResultsStore(workdir, name, config)
     except ResumeError as e:
       return _error(str(e))
+    if cache == 'workdir':
+      compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
     tracker = progress.Progress(name, summary=summary,
@@ -427,7 +471,8 @@ def main(name: str, prepare: Callable[[Any], Any],
   if problem:
     sys.exit(_error(problem))
   sys.argv = argv
-  app.run(lambda argv: _leftovers(argv) or _run(name, prepare, sweep, summary),
+  app.run(lambda argv: _leftovers(argv) or (initialize_distributed(),
+                                              _run(name, prepare, sweep, summary))[1],
           flags_parser=_parse_flags)
 
 

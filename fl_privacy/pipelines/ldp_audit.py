@@ -30,6 +30,7 @@ from fl_privacy import validate
 from fl_privacy.attacks import audit
 from fl_privacy.attacks.audit import crafters
 from fl_privacy.attacks.audit import game
+from fl_privacy.eval import runner
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import bitrand
 from fl_privacy.mechanisms import fixed_point
@@ -83,7 +84,7 @@ def validate_config(config) -> str:
   validate.positive(config, 'ldp_audit.epsilons')
   validate.positive(config, 'ldp_audit.num_trials', integer=True)
   validate.positive(config, 'ldp_audit.clip_norm')
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   vc = config.ldp_audit.violation_confidence
   if vc is not None:
     validate.in_range(config, 'ldp_audit.violation_confidence', 0.0, 1.0,
@@ -299,7 +300,7 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
     args = (jnp.stack([c.g1, c.g2]), c.params, c.x, c.y, jnp.float32(eps),
             jnp.float32(s.clip_norm), jnp.float32(lr), jnp.float32(radius))
   metrics = game.run_point(fn, key, s.num_trials,
-                           chunk_size=config.game.chunk_size, args=args,
+                           **runner.options(config), args=args,
                            claimed_epsilon=eps,
                            violation_confidence=violation_confidence)
   g1n, g2n = float(jnp.linalg.norm(c.g1)), float(jnp.linalg.norm(c.g2))
@@ -368,12 +369,12 @@ def input_point(config, mechanism: str, params: dict, key,
   """Metrics of one epsilon of an input mechanism (BitRand, OME, Gaussian)."""
   s = config.ldp_audit
   eps = params['epsilon']
-  chunk = config.game.chunk_size
+  opts = runner.options(config)
   if mechanism == 'gaussian':
     sigma = float(gaussian.sigma_for(eps, s.delta, s.sensitivity))
     pair = jnp.zeros((2, s.num_features)).at[1, 0].set(s.sensitivity)
     fn = game.gaussian_trial_fn(gaussian.add_noise)
-    metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
+    metrics = game.run_point(fn, key, s.num_trials, **opts,
                              args=(pair, jnp.float32(sigma)),
                              claimed_epsilon=eps, delta=s.delta,
                              violation_confidence=violation_confidence)
@@ -389,7 +390,7 @@ def input_point(config, mechanism: str, params: dict, key,
   extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
   fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
                                                   **extra))
-  metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
+  metrics = game.run_point(fn, key, s.num_trials, **opts,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),
                            claimed_epsilon=eps,

@@ -1,7 +1,8 @@
 """Figures of the LDP-audit experiment (`fl_privacy.pipelines.ldp_audit`).
 
 `fig2_<mechanism>.png`, one per audited mechanism: measured vs claimed epsilon per
-crafter, one line per distinguisher with 95% Clopper-Pearson bars, like Fig. 2 of
+crafter, one line per distinguisher with bars from the one-sided 95% bounds (together a 90%
+bracket), like Fig. 2 of
 Matsumoto et al. (for an input mechanism, its claimed vs attained epsilon).
 """
 
@@ -68,7 +69,7 @@ def draw_figures(stored: list[dict], workdir: str) -> list[str]:
                          _float(p['metrics']['eps_emp_upper'])
                          for j, p in enumerate(shown)])
           ax.errorbar(e, mid, yerr=[np.maximum(mid - lo, 0), np.maximum(hi - mid, 0)],
-                      marker='o', capsize=3, color=color, label=f'{label} (95% CI)')
+                      marker='o', capsize=3, color=color, label=f'{label} (90% bracket)')
         unbounded = [p for p in line if not math.isfinite(_float(p['metrics']['eps_emp']))]
         for j, p in enumerate(unbounded):
           low = _float(p['metrics']['eps_emp_lower'])
@@ -81,8 +82,9 @@ def draw_figures(stored: list[dict], workdir: str) -> list[str]:
       ax.set_ylabel('empirical epsilon, Eq. 3 (nats)')
     for ax in axes.ravel()[n:]:
       ax.axis('off')
-    fig.suptitle(f'Empirical LDP of {mech}: bars are 95% Clopper-Pearson intervals '
-                 '(no upper bar: unbounded)', fontsize=10)
+    # Each bar end is a one-sided 95% bound: together a 90% bracket.
+    fig.suptitle(f'Empirical LDP of {mech}: Eq. 3; bars: one-sided 95% bounds, '
+                 'together a 90% bracket (no upper bar: unbounded)', fontsize=10)
     fig.tight_layout()
     figures.figure_legend(fig)
     paths.append(figures.save(fig, workdir, f'fig2_{mech}'))
