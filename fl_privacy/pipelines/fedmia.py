@@ -47,15 +47,10 @@ from fl_privacy.fl import rounds as rounds_lib
 from fl_privacy.pipelines import fedmia_defenses as defenses_wiring
 from fl_privacy.pipelines import fedmia_figures
 from fl_privacy.pipelines import fedmia_tables
+from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
+from fl_privacy.report import point_key
 from fl_privacy.report import run_point
-
-try:  # The artifact store lands with the defenses branch.
-  from fl_privacy.report import ArtifactStore
-  from fl_privacy.report import point_key
-except ImportError:  # pragma: no cover - until merged
-  from fl_privacy.pipelines._fedmia_artifacts import ArtifactStore  # type: ignore
-  from fl_privacy.pipelines._fedmia_artifacts import point_key  # type: ignore
 
 LR_SCHEDULES = ('cosine', 'exponential', 'constant')
 RECORDED = 'recorded'
