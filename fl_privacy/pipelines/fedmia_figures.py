@@ -170,14 +170,19 @@ def clients_epochs_figure(config, points):
   for row, model in zip(axes, s.models):
     for ax, values, field, xlabel in ((row[0], ks, 'k', 'number of clients K'),
                                       (row[1], es, 'e', 'local epochs E')):
-      for a in s.sweep_attacks:
+      n = len(s.sweep_attacks)
+      for i, a in enumerate(s.sweep_attacks):
         ms = [fedmia_tables._get(idx, config, model, a, **{field: v}) for v in values]  # pylint: disable=protected-access
         keep = [j for j, m in enumerate(ms) if m is not None]
         if keep:
-          _errorbar(ax, [values[j] for j in keep], [ms[j] for j in keep], a,
-                    scores_lib.label(a, s.outlier_filter))
+          # A small horizontal offset per attack keeps the error bars apart.
+          _errorbar(ax, [values[j] * (1 + 0.02 * (i - n / 2)) for j in keep],
+                    [ms[j] for j in keep], a, scores_lib.label(a, s.outlier_filter))
+      ax.set_xscale('log')
       ax.set_xticks(values)
-      ax.set_xlabel(xlabel)
+      ax.set_xticklabels([str(v) for v in values])
+      ax.minorticks_off()
+      ax.set_xlabel(xlabel + ' (log scale)')
       ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
       ax.set_title(f'{model}: {xlabel} (Fig. 5{"b" if field == "k" else "d"}), aligned',
                    fontsize=9)
