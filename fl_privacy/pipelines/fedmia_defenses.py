@@ -111,15 +111,13 @@ def epsilon(config, name: str, value) -> float:
   Each of the T rounds every client releases its update clipped to C plus N(0, (z C)^2): a
   Gaussian mechanism whose sensitivity to one example is 2C (two updates in the C-ball), so
   noise multiplier z / 2 per round, composed over T rounds with no subsampling (all clients
-  take part), accounted with dp-accounting's RDP accountant.
+  take part), accounted with dp-accounting's RDP accountant (`defenses.dp.epsilon`). This is an
+  example-level guarantee against the server that sees each upload, not the client-level one
+  `defenses.dp` states for update_dp (sensitivity C, a whole client added or removed).
   """
   if name != 'update_dp':
     return math.inf
-  z = float(value)
-  if z <= 0:
-    return math.inf
-  import dp_accounting  # pylint: disable=g-import-not-at-top
-  accountant = dp_accounting.rdp.RdpAccountant()
-  event = dp_accounting.GaussianDpEvent(z / 2.0)
-  accountant.compose(dp_accounting.SelfComposedDpEvent(event, int(config.fedmia.num_rounds)))
-  return float(accountant.get_epsilon(float(config.fedmia.dp_delta)))
+  from fl_privacy.defenses import dp  # pylint: disable=g-import-not-at-top
+  # dp.epsilon takes noise std / sensitivity; one example moves the clipped update by <= 2C.
+  return dp.epsilon(float(value) / 2.0, delta=float(config.fedmia.dp_delta),
+                    steps=int(config.fedmia.num_rounds))
