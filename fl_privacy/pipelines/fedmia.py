@@ -60,7 +60,7 @@ ROUND_CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosin
 
 
 def _attack_names(config, field: str) -> tuple[str, ...]:
-  names = validate._get(config, field)  # pylint: disable=protected-access
+  names = config.fedmia[field.split('.')[-1]]
   names = (names,) if isinstance(names, str) else tuple(names)
   allowed = (f'a subset of {passive.ATTACKS} (FedMIA optionally @' +
              '|'.join(passive.FILTERS) + ')')
@@ -78,9 +78,10 @@ def validate_static(config) -> None:
   data_lib.validate_data_config(config.data)
   s = config.fedmia
   validate.subset_of(config, 'fedmia.models', models_lib.MODELS)
-  validate.positive(config, 'fedmia.hidden', integer=True) if len(s.hidden) else None
+  if len(s.hidden):
+    validate.positive(config, 'fedmia.hidden', integer=True)
   for field in ('fedmia.num_clients', 'fedmia.client_counts'):
-    value = validate._get(config, field)  # pylint: disable=protected-access
+    value = s[field.split('.')[-1]]
     for k in ((value,) if isinstance(value, int) else tuple(value)):
       validate.require(isinstance(k, int) and not isinstance(k, bool) and k >= 3, field,
                        'integers >= 3 (FedMIA needs two non-target clients)', value)
