@@ -30,6 +30,7 @@ hand-written accountant:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -181,11 +182,13 @@ def epsilon(noise_multiplier: float, *, delta: float, sampling_rate: float = 1.0
   return float(acc.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=256)
 def noise_multiplier_for(target_epsilon: float, *, delta: float, sampling_rate: float = 1.0,
                          steps: int = 1, accountant: str = 'rdp') -> float:
   """The smallest noise multiplier whose `epsilon(...)` is at most `target_epsilon`.
 
-  Found by dp-accounting's `calibrate_dp_mechanism` (bisection on the accountant).
+  Found by dp-accounting's `calibrate_dp_mechanism` (bisection on the accountant); cached,
+  since a sweep asks for the same calibration at every point.
   """
   if not target_epsilon > 0:
     raise ValueError(f'target_epsilon must be > 0 (got {target_epsilon})')

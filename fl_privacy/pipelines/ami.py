@@ -22,11 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models
+from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.attacks import ami
 from fl_privacy.attacks.ami import certified
 from fl_privacy.attacks.ami import dp_averaging
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
@@ -34,14 +37,37 @@ from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
-from fl_privacy import report
+from fl_privacy.report import progress
+from fl_privacy.report import summary
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import run_point
 
 
 DECISION_PATHS = ('fast', 'gradient')
+# Defenses the AMI client can run: those acting on the batch it trains on (`data`, `batch`
+# hooks). The input mechanisms stay in `ami.mechanisms`; update and DP defenses act on what
+# the attack does not read on its fast path (see BUILD.md, "Defenses").
+AMI_DEFENSES = ('none', 'mixup', 'augment', 'sampling')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
+
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = (
+    summary.Table('Membership inference game (Adv: the paper\'s rule, and our calibrated '
+                  'variant; 95% intervals)', (
+        summary.param('mechanism'), summary.param('epsilon'), summary.rate('adv', 'Adv'),
+        summary.rate('adv_calibrated', 'Adv calibrated'),
+        summary.metric('tpr', 'TPR'), summary.metric('tnr', 'TNR'),
+        summary.metric('accuracy', 'accuracy'),
+        summary.metric('certified_fraction', 'certified', digits=2), summary.seconds()),
+                  where={'part': 'game'}),
+    summary.Table('DP-SGD noise averaging: rounds needed (Appendix E)', (
+        summary.param('epsilon'), summary.param('dp_delta', 'delta'),
+        summary.param('num_chosen', 'K'),
+        summary.metric('rounds_closed_form', 'closed form', digits=0),
+        summary.metric('rounds_monte_carlo', 'Monte Carlo', digits=0)),
+                  where={'part': 'dp_averaging'}),
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,7 +81,7 @@ def _is_int(v) -> bool:
 def validate_config(config) -> None:
   """Every check that needs no data; raises `ConfigError` naming the field."""
   data_lib.validate_data_config(config.data)
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   if any(m != 'none' for m in mechanisms):
     validate.positive(config, 'ami.epsilons')
@@ -64,6 +90,9 @@ def validate_config(config) -> None:
     validate.positive(config, f'ami.{field}', integer=True)
   validate.require(config.ami.num_trials >= 2, 'ami.num_trials', 'an integer >= 2',
                    config.ami.num_trials)
+  q = config.ami.certified_samples
+  validate.require(_is_int(q) and q >= 0, 'ami.certified_samples',
+                   'an integer >= 0 (0 = the whole game pool)', q)
   mn = config.ami.max_negatives
   validate.require(_is_int(mn) and mn >= 0, 'ami.max_negatives', 'an integer >= 0 (0 = all)',
                    mn)
@@ -85,7 +114,7 @@ def validate_config(config) -> None:
   validate.one_of(config, 'ami.extractor', data_lib.features.EXTRACTORS)
   validate.one_of(config, 'ami.dp_rule', DP_RULES)
   for field in ('ldp_sign_bit', 'randomize_negatives', 'stop_when_separated',
-                'balanced_class_weights', 'calibrate'):
+                'balanced_class_weights', 'calibrated_variant'):
     v = config.ami[field]
     validate.require(isinstance(v, bool), f'ami.{field}', 'True or False', v)
   for field in ('int_bits', 'frac_bits'):
@@ -100,6 +129,10 @@ def validate_config(config) -> None:
   weights = config.ami.extractor_weights
   validate.require(not weights or os.path.isfile(weights), 'ami.extractor_weights',
                    "'' or an existing .npz file", weights)
+  name = defenses.validate_section(config.defense)
+  validate.require(name in AMI_DEFENSES, 'defense.name',
+                   f'one of {AMI_DEFENSES} for experiments.ami (the client applies the defense '
+                   'to the batch it trains on; LDP mechanisms go in ami.mechanisms)', name)
 
 
 def _features(dataset, config, key) -> np.ndarray:
@@ -185,8 +218,24 @@ def prepare(config) -> dict[str, Any]:
       'num_classes': int(splits[a.pool_split].num_classes),
       'encoding': encoding,
   }
+  validate.require(int(a.certified_samples) <= len(state['pool_x']), 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({len(state["pool_x"])} examples)',
+                   a.certified_samples)
   every = np.concatenate([state['target_x'], state['pool_x'], state['crafting_x']])
   _, clipped = fixed_point.encode(jnp.asarray(every), a.int_bits, a.frac_bits, True)
+  pool_split = splits[a.pool_split]
+  image_shape = (tuple(pool_split.x.shape[1:]) if pool_split.is_image and a.extractor ==
+                 'identity' else None)
+  validate.require(config.defense.name != 'augment' or image_shape is not None,
+                   'defense.name', "not 'augment' unless ami.extractor is 'identity' on an "
+                   'image dataset (augmentation needs the image behind the features)',
+                   config.defense.name)
+  configured = defenses.configure(
+      config.defense, num_classes=state['num_classes'], image_shape=image_shape,
+      value_range=(0.0, float(a.feature_scale)), batch_size=int(a.batch_size),
+      num_examples=int(a.batch_size), local_steps=1, rounds=1)
+  state['defense'] = None if configured.params['defense'] == 'none' else configured.hooks
+  state['defense_params'] = configured.params
   state['num_clipped'] = int(clipped)
   state['clipped_fraction'] = int(clipped) / every.size
   if clipped:
@@ -209,7 +258,15 @@ def point_key(key: jax.Array, mechanism: str, epsilon: float | None) -> jax.Arra
 
 
 def craft_targets(key, config, state, randomize, ldp: bool):
-  """Crafts (and calibrates, rescales) one neuron per target; returns (neurons, report)."""
+  """Crafts one neuron per target with the paper's rule, and its calibrated variant.
+
+  Returns:
+    (neurons, report, calibrated, predicted): `neurons` decide with the paper's rule
+    (member iff v > 0 with the crafted bias); `calibrated` are the same neurons with the
+    bias shifted by `ami.calibrate_bias` on held-out adversary data (None unless
+    `ami.calibrated_variant`); `predicted` the calibration's predicted Adv per target
+    (NaN without the variant). Both are rescaled by `ami.rescale` (decisions unchanged).
+  """
   a = config.ami
   t_x = jnp.asarray(state['target_x'])
   num_targets, d = t_x.shape
@@ -235,17 +292,21 @@ def craft_targets(key, config, state, randomize, ldp: bool):
       learning_rate=float(a.learning_rate), max_steps=max_steps, class_weights=weights,
       stop_when_separated=bool(a.stop_when_separated))
   predicted = jnp.full((num_targets,), jnp.nan)
-  if a.calibrate:
+  calibrated = None
+  if a.calibrated_variant:
     v_pos = jax.vmap(ami.chosen_value)(neurons, copies(k_vpos, a.copies) if ldp
                                        else t_x[:, None, :])
     held_r = (jnp.stack([randomize(jax.random.fold_in(k_vneg, t), held)
                          for t in range(num_targets)]) if ldp
               else jnp.broadcast_to(held, (num_targets,) + held.shape))
     v_neg = jax.vmap(ami.chosen_value)(neurons, held_r)
-    neurons, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
+    calibrated, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
         neurons, v_pos, v_neg, int(a.batch_size))
-  neurons = jax.vmap(ami.rescale)(neurons, jnp.concatenate([pos, negs], axis=1))
-  return neurons, report, predicted
+  rows = jnp.concatenate([pos, negs], axis=1)
+  neurons = jax.vmap(ami.rescale)(neurons, rows)
+  if calibrated is not None:
+    calibrated = jax.vmap(ami.rescale)(calibrated, rows)
+  return neurons, report, calibrated, predicted
 
 
 def play(key, config, state, neurons, mechanism, epsilon, randomize):
@@ -254,22 +315,30 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   enc = state['encoding']
   d = state['pool_x'].shape[1]
   n = int(a.num_trials)
-  chunk = int(config.game.chunk_size)
+  opts = runner.options(config)
   extra = {}
   if a.decision_path == 'gradient':
     return _play_literal(key, config, state, neurons, mechanism, epsilon, randomize)
+  defense = state.get('defense')
+  if mechanism == 'none' and defense is not None:
+    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize,
+                         defense=defense)
+    args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
+            ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   if mechanism == 'none':
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
     fn = _cached_partial(ami.fast_trial_no_ldp, batch_size=int(a.batch_size))
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=(v_t, v_p)), extra
+    return runner.run_trials(fn, key, n, **opts, args=(v_t, v_p)), extra
   p_one = ami.bit_probabilities(mechanism, epsilon, d, enc)
   if p_one is None:
-    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize)
+    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize,
+                         defense=defense)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
     extra['sampler_tv_per_trial'] = 0.0
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   channel = ami.channel_from_bit_probs(p_one, enc.group_sizes())
   sizes = enc.group_sizes()
   t_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['target_x']), enc.int_bits,
@@ -277,12 +346,12 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   p_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['pool_x']), enc.int_bits,
                                               enc.frac_bits, True)[0], sizes)
   fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), xor=channel.xor,
-                       encoding=enc)
+                       encoding=enc, defense=defense)
   args = (neurons, ami.GameSide(codes=t_codes), ami.GameSide(codes=p_codes),
           tuple(jnp.asarray(t) for t in channel.thresholds))
   # Total-variation bound between the simulated and the exact client, per trial.
   extra['sampler_tv_per_trial'] = channel.tv_per_feature * d * int(a.batch_size)
-  return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+  return runner.run_trials(fn, key, n, **opts, args=args), extra
 
 
 @functools.lru_cache(maxsize=32)
@@ -312,17 +381,40 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
   pool = ami.GameSide(x=jnp.asarray(state['pool_x']), y=jnp.asarray(state['pool_y']))
   fn = _cached_partial(ami.literal_trial, batch_size=int(a.batch_size), loss_fn=loss_fn,
                        chosen_index=CHOSEN_INDEX,
-                       mechanism=None if mechanism == 'none' else randomize)
-  out = runner.run_trials(fn, key, int(a.num_trials), chunk_size=int(config.game.chunk_size),
+                       mechanism=None if mechanism == 'none' else randomize,
+                       defense=state.get('defense'))
+  out = runner.run_trials(fn, key, int(a.num_trials), **runner.options(config),
                           args=(params, targets, pool, None))
   agree = float(np.mean(out['decision'] == out['decision_fast']))
   return out, {'fast_path_agreement': agree}
 
 
+def certified_rows(key, config, state) -> np.ndarray:
+  """Indices into the game pool of the certificate's q non-target samples.
+
+  Hoeffding's inequality needs samples independent of the bounded function v: the
+  pool is data that neither crafting nor calibration saw (both use only the adversary's
+  part), so its rows are. `ami.certified_samples` of them at random without
+  replacement (0 = the whole pool: the most q the dataset allows).
+  """
+  n_pool = len(state['pool_x'])
+  q = int(config.ami.certified_samples) or n_pool
+  validate.require(q <= n_pool, 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({n_pool} examples)', q)
+  if q == n_pool:
+    return np.arange(n_pool)
+  return np.sort(data_lib.rng_from_key(key).choice(n_pool, q, replace=False))
+
+
 def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, dict]:
-  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws."""
+  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws.
+
+  p = `ami.certified_draws` randomized copies of the target; q = `certified_rows`
+  pool samples (never seen by crafting or calibration), each randomized once.
+  """
   a = config.ami
-  held = jnp.asarray(state['heldout_x'])
+  held = jnp.asarray(state['pool_x'][certified_rows(jax.random.fold_in(key, 1 << 20), config,
+                                                    state)])
   low, high = enc.min_value, enc.max_value
   out, draws, certified_count, deltas = {}, {}, 0, []
   for t in range(neurons.w.shape[0]):
@@ -339,6 +431,7 @@ def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, di
     if t == 0:
       out = {f'certified_{k}': v for k, v in res.items()}
       draws = {'target': v_t, 'other': v_x}
+  out['certified_q'] = int(held.shape[0])
   out['certified_fraction'] = certified_count / neurons.w.shape[0]
   out['certified_delta_star_median'] = float(np.median(deltas))
   return out, draws
@@ -353,7 +446,20 @@ def _utility(key, config, state, randomize):
 
 
 def run_game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
-  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials)."""
+  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials).
+
+  Besides the attack's metrics: `compile_s` (tracing + XLA compilation, or persistent-cache
+  loads, during the point) and `run_s` (the rest of its wall time).
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _game_point(key, config, state, mechanism, epsilon, workdir)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
   a = config.ami
   enc = state['encoding']
   d = state['pool_x'].shape[1]
@@ -361,7 +467,8 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   randomize = ami.mechanism_fn(mechanism, epsilon, d, enc)
   k_craft, k_game, k_cert, k_util = (jax.random.fold_in(key, i) for i in range(4))
   t0 = time.perf_counter()
-  neurons, report, predicted = craft_targets(k_craft, config, state, randomize, ldp)
+  neurons, report, calibrated, predicted = craft_targets(k_craft, config, state, randomize,
+                                                         ldp)
   jax.block_until_ready(neurons)
   craft_s = time.perf_counter() - t0
   t0 = time.perf_counter()
@@ -369,6 +476,11 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   game_s = time.perf_counter() - t0
   m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
   m.update(extra)
+  if calibrated is not None:
+    # Our extension, reported beside the paper's rule on the very same trials (same key:
+    # same batches and randomization), so the difference is the calibration alone.
+    out_c, _ = play(k_game, config, state, calibrated, mechanism, epsilon, randomize)
+    m.update(calibrated_metrics(out_c))
   m['trials_per_s'] = int(a.num_trials) / max(game_s, 1e-9)
   m['craft_s'] = craft_s
   steps = np.asarray(report.steps)
@@ -377,8 +489,8 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   m['craft_separated_fraction'] = float(np.mean(np.asarray(report.separated)))
   m['craft_train_tpr'] = float(np.mean(np.asarray(report.train_tpr)))
   m['craft_train_tnr'] = float(np.mean(np.asarray(report.train_tnr)))
-  m['calibrated_predicted_adv'] = float(np.nanmean(np.asarray(predicted))) if a.calibrate \
-      else math.nan
+  m['calibrated_predicted_adv'] = (float(np.nanmean(np.asarray(predicted)))
+                                   if a.calibrated_variant else math.nan)
   per_target = [metrics_lib.tpr_tnr_adv(out['decision'][out['target'] == t],
                                         out['b'][out['target'] == t])['adv']
                 for t in range(neurons.w.shape[0])]
@@ -402,11 +514,59 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   return m, int(a.num_trials)
 
 
+def ensure_draws(key, config, state, mechanism: str, epsilon: float, workdir: str) -> bool:
+  """Recomputes the draws of a stored point whose `draws/` file is missing or unreadable.
+
+  The point's crafting and certification keys are those `run_game_point` used, so the
+  recomputed values are the ones the stored metrics came from (never another point's).
+  Returns True when the file had to be recomputed.
+  """
+  draws, reason = ami_figures.load_draws(workdir, mechanism, epsilon)
+  if draws is not None:
+    return False
+  logging.warning('%s: recomputing the draws of %s eps=%g from the point\'s keys', reason,
+                  mechanism, epsilon)
+  d = state['pool_x'].shape[1]
+  randomize = ami.mechanism_fn(mechanism, epsilon, d, state['encoding'])
+  neurons, _, _, _ = craft_targets(jax.random.fold_in(key, 0), config, state, randomize, True)
+  _, draws = certify_point(jax.random.fold_in(key, 2), config, state, neurons, randomize,
+                           state['encoding'])
+  ami_figures.draws_store(workdir).save(ami_figures.draw_params(mechanism, epsilon), draws)
+  return True
+
+
+CALIBRATED_SUFFIX = '_calibrated'
+
+
+def calibrated_metrics(out) -> dict:
+  """The calibrated variant's rates, named `<rate>_calibrated` (`_ci_low/_ci_high` after).
+
+  E.g. `adv_calibrated`, `adv_calibrated_ci_low`, `tpr_calibrated`, `auc_calibrated`.
+  """
+  m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
+  named = {}
+  for k, v in m.items():
+    base, sep, tail = k.partition('_ci_')
+    named[f'{base}{CALIBRATED_SUFFIX}{sep}{tail}'] = v
+  named[f'auc{CALIBRATED_SUFFIX}'] = metrics_lib.roc_auc(out['score'], out['b'])
+  return named
 
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
-  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials)."""
+  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials).
+
+  `compile_s` and `run_s` as in `run_game_point`.
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _dp_point(key, config, epsilon, delta, num_neurons)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _dp_point(key, config, epsilon, delta, num_neurons):
   a = config.ami
   kw = dict(epsilon=epsilon, delta=delta, num_neurons=num_neurons, signal=float(a.dp_signal),
             rule=a.dp_rule)
@@ -439,14 +599,19 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
   a = config.ami
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   epsilons = tuple(float(e) for e in a.epsilons)
+  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
+  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
+  progress.plan(sum(1 if m == 'none' else len(epsilons) for m in mechanisms) + len(dp_points))
   for mechanism in mechanisms:
     for epsilon in ((None,) if mechanism == 'none' else epsilons):
-      params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon}
+      params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon,
+                **state['defense_params']}
+      # Keyed by (mechanism, epsilon) only: defenses are compared on the same trials.
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
-  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
-  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
+      if mechanism != 'none':  # a resumed point's figure data must be its own
+        ensure_draws(k, config, state, mechanism, epsilon, store.workdir)
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}

@@ -35,7 +35,9 @@ def test_config_builds_with_its_sections(name, arg):
   config = module.get_config(arg)
   assert config.dataset == name
   assert config.smoke == (arg == 'smoke')
-  assert config.game.chunk_size > 0
+  # None: the runner sizes chunks by bytes; an integer is an explicit override.
+  assert config.game.chunk_size is None or config.game.chunk_size > 0
+  assert config.game.batch_bytes is None
   for section in _base.EXPERIMENTS:
     assert (section in config) == (section in SECTIONS[name]), section
   assert 'python -m experiments.' in module.__doc__
@@ -43,7 +45,9 @@ def test_config_builds_with_its_sections(name, arg):
 
 def test_smoke_shrinks_the_game():
   from configs import digits
-  assert digits.get_config('smoke').game.chunk_size < digits.get_config().game.chunk_size
+  smoke, full = digits.get_config('smoke'), digits.get_config()
+  assert smoke.ami.num_trials < full.ami.num_trials
+  assert smoke.ldp_audit.num_trials < full.ldp_audit.num_trials
 
 
 def test_arg_parsing():
@@ -51,3 +55,25 @@ def test_arg_parsing():
   assert _base.parse_arg(None) == {}
   from configs import npz
   assert npz.get_config('path=/x.npz').data.path == '/x.npz'
+
+
+def test_python_m_configs_lists_every_config_and_its_sections():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from configs import __main__ as listing  # pylint: disable=g-import-not-at-top
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  proc = subprocess.run([sys.executable, '-m', 'configs'], cwd=repo, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for name in listing.config_names():
+    assert f'{name}.py' in proc.stdout
+  assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
+  digits = listing.describe('digits')
+  assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit']
+  assert 'dishonest_mia' in digits['experiments']
+  one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
+                       text=True, timeout=120, check=False)
+  assert one.returncode == 0 and 'num_trials' in one.stdout
+  bad = subprocess.run([sys.executable, '-m', 'configs', 'nope'], cwd=repo,
+                       capture_output=True, text=True, timeout=120, check=False)
+  assert bad.returncode == 2 and 'no config' in bad.stderr

@@ -162,3 +162,55 @@ def test_input_mechanism_validation(mechanism, field, value):
   with pytest.raises(ConfigError) as err:
     ldp_audit.validate_config(config)
   assert err.value.field == f'ldp_audit.{field}'
+
+
+def test_figures_read_on_their_own(smoke_run, monkeypatch):
+  from fl_privacy.pipelines import ldp_audit_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(smoke_run, 'results.json'), encoding='utf-8') as f:
+    stored = json.load(f)['points']
+  with figure_checks.capture(monkeypatch) as found:
+    ldp_audit_figures.draw_figures(stored, str(smoke_run))
+  assert set(found) == {'fig2_ldp_sgd'}
+  assert found['fig2_ldp_sgd'] == []
+
+
+def test_log_shows_eps_emp_per_point(tmp_path):
+  # The Gaussian audit needs no data and runs in seconds; the log line of every saved point
+  # carries the experiment's headline columns, the end of the run its table.
+  proc = _run(tmp_path / 'run', '--config.ldp_audit.mechanism=gaussian',
+              '--config.ldp_audit.num_trials=1000', '--config.ldp_audit.epsilons=(1.0,4.0)')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  saved = [l for l in proc.stderr.splitlines() if 'saved mechanism=gaussian' in l]
+  assert len(saved) == 2 and all('eps_emp [95% lower]' in l for l in saved)
+  table = proc.stdout.splitlines()
+  assert any(l.startswith('Input mechanism audit') for l in table)
+  assert sum(l.startswith('gaussian') for l in table) == 2
+
+
+def test_projected_and_literal_white_box_paths_agree_within_intervals():
+  # The default white-box path is the projected shortcut; on the same crafted pairs the
+  # literal Algorithm 1 must give the same outcome rates: the two paths' 95% intervals
+  # overlap for FP, FN and accuracy (a gap beyond that has probability < 0.3% per rate).
+  import jax  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(REPO))
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import ldp_audit  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  assert config.ldp_audit.white_box_path == 'projected'
+  config.ldp_audit.num_trials = 10_000
+  state = ldp_audit.prepare(config)
+  setup = ldp_audit.build_ldp_sgd_setup(config, state['dataset'], jax.random.key(0))
+  for crafter, eps in (('gradient_flip', 1.0), ('benign', 4.0)):
+    params = {'mechanism': 'ldp_sgd', 'crafter': crafter, 'distinguisher': 'white_box',
+              'epsilon': eps}
+    rates = {}
+    for path in ('projected', 'literal'):
+      config.ldp_audit.white_box_path = path
+      rates[path], n = ldp_audit.ldp_sgd_point(config, setup, params,
+                                               jax.random.key(len(path)), 0.95)
+      assert n == 10_000
+    a, b = rates['projected'], rates['literal']
+    for rate in ('fp', 'fn', 'acc'):
+      assert a[f'{rate}_ci_low'] <= b[f'{rate}_ci_high'], (crafter, rate, a[rate], b[rate])
+      assert b[f'{rate}_ci_low'] <= a[f'{rate}_ci_high'], (crafter, rate, a[rate], b[rate])
