@@ -11,7 +11,8 @@ Every experiment uses this config when `--config` is not given.
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
 `dishonest`, `ldp_audit` (each documented in configs/_<experiment>.py, with the
-result to expect on this dataset).
+result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
+ami and dishonest clients run, default none).
 """
 
 from configs import _base
