@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from configs import digits
+from fl_privacy import data as data_lib
 from fl_privacy import validate
 from fl_privacy.pipelines import ami as ami_pipeline
 
@@ -52,7 +54,11 @@ def test_smoke_results_schema_and_sanity(smoke_run):
   assert none['adv'] >= 0.8 and none['tpr'] == 1.0
   high = next(p['metrics'] for p in games if p['params']['epsilon'] == 9.0)
   assert 'certified_delta_star' in high and high['certified_range'] > 0
-  assert high['certified_q'] == 717  # the whole game pool (digits)
+  # q is the whole game pool (certified_samples = 0), recomputed from the config's roles.
+  config = digits.get_config('smoke')
+  splits = data_lib.load(config.data)
+  pool = ami_pipeline.roles(jax.random.fold_in(jax.random.key(config.seed), 1), config, splits)
+  assert high['certified_q'] == len(pool['pool'])
   dp = [p for p in results['points'] if p['params']['part'] == 'dp_averaging']
   assert dp and all(p['metrics']['rounds_closed_form'] >= 1 for p in dp)
   for name in ('ami_vs_epsilon', 'neuron_histograms', 'certified', 'dp_rounds'):

@@ -1,0 +1,21 @@
+"""Passive server-side membership inference from recorded FedAvg rounds (FedMIA and baselines).
+
+- `fedmia`: FedMIA's per-round Gaussian test against the non-target clients with its outlier
+  filters (Zhu et al., CVPR 2025, Eqs. 8-12).
+- `scores`: the attacks of the paper's Table 1 (single-round, best-round, series, FedMIA), each
+  client as target, with aligned or public-code non-member scoring.
+- `evaluate`: pooled metrics with intervals (AUC by DeLong, TPR at low FPR by Clopper-Pearson).
+
+The measurements come from `fl.queries.measure` / `fl.recording.train_recorded`.
+"""
+
+from __future__ import annotations
+
+from fl_privacy.attacks.passive import evaluate
+from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import scores
+from fl_privacy.attacks.passive.fedmia import FILTERS
+from fl_privacy.attacks.passive.scores import ATTACKS
+from fl_privacy.attacks.passive.scores import SCORINGS
+
+__all__ = ['ATTACKS', 'FILTERS', 'SCORINGS', 'evaluate', 'fedmia', 'scores']
