@@ -38,7 +38,8 @@ def test_results_schema(smoke):
   assert {(p['params']['M'], p['params']['optimizer']) for p in points} == {
       (1, 'sgd'), (4, 'sgd'), (1, 'adam'), (4, 'adam')}
   for p in points:
-    assert set(p['params']) == {'M', 'optimizer', 'num_batches', 'epochs'}
+    assert set(p['params']) == {'M', 'optimizer', 'num_batches', 'epochs', 'defense'}
+    assert p['params']['defense'] == 'none'
     assert p['n_trials'] == runs
     m = p['metrics']
     assert m['n_in'] == m['n_out'] == runs // 2
