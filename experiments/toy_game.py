@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from experiments import common
+from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.eval import runner
 
@@ -44,8 +45,8 @@ def run_game(key, p: float, num_trials: int, chunk_size: int):
 def sweep(config, state, store, key) -> None:
   num_trials = int(config.toy.num_trials)
   chunk_size = int(config.game.chunk_size)
-  for i, p in enumerate(state['ps']):
-    point_key = jax.random.fold_in(key, i)
+  for p in state['ps']:
+    point_key = report.point_key(key, {'p': p})
     common.run_point(store, {'p': p},
                      lambda k=point_key, p=p: run_game(k, p, num_trials,
                                                        chunk_size))

@@ -11,7 +11,6 @@ setting (`run_dp_point`), then writes the figures (`fl_privacy.pipelines.ami_fig
 from __future__ import annotations
 
 import functools
-import io
 import math
 import os
 import time
@@ -35,7 +34,7 @@ from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
-from fl_privacy.report import atomic
+from fl_privacy import report
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import run_point
 
@@ -205,9 +204,8 @@ def prepare(config) -> dict[str, Any]:
 
 
 def point_key(key: jax.Array, mechanism: str, epsilon: float | None) -> jax.Array:
-  """A key that depends only on (mechanism, epsilon), not on the sweep's order or subset."""
-  k = jax.random.fold_in(key, ami.MECHANISMS.index(mechanism))
-  return jax.random.fold_in(k, 0 if epsilon is None else int(round(epsilon * 1e6)))
+  """`report.point_key` of (mechanism, epsilon): not of the sweep's order or subset."""
+  return report.point_key(key, {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon})
 
 
 def craft_targets(key, config, state, randomize, ldp: bool):
@@ -393,7 +391,8 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   if ldp:
     cert, draws = certify_point(k_cert, config, state, neurons, randomize, enc)
     m.update(cert)
-    _save_draws(workdir, mechanism, epsilon, draws)
+    ami_figures.draws_store(workdir).save(ami_figures.draw_params(mechanism, epsilon),
+                                             draws)
   cert_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   m.update(_utility(k_util, config, state, None if not ldp else randomize))
@@ -403,12 +402,7 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   return m, int(a.num_trials)
 
 
-def _save_draws(workdir, mechanism, epsilon, draws):
-  os.makedirs(os.path.join(workdir, 'draws'), exist_ok=True)
-  buf = io.BytesIO()
-  np.savez(buf, target=draws['target'], other=draws['other'])
-  atomic.atomic_write_bytes(os.path.join(workdir, 'draws', f'{mechanism}_eps{epsilon:g}.npz'),
-                            buf.getvalue())
+
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
@@ -451,14 +445,12 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
-  k_dp = jax.random.fold_in(key, 99)
   dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
   dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}
-    k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k_dp, int(epsilon * 1e6)),
-                                              int(round(-math.log10(delta) * 1e3))), k_neurons)
+    k = report.point_key(key, params)
     run_point(store, params, lambda k=k, e=epsilon, dl=delta, kn=k_neurons: run_dp_point(
         k, config, float(e), float(dl), int(kn)))
   ami_figures.make_figures(store.points, store.workdir, config)

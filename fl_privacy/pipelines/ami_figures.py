@@ -6,10 +6,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from fl_privacy import report
 from fl_privacy.attacks import ami
 from fl_privacy.report import figures
 
@@ -62,39 +61,49 @@ def make_figures(points, workdir, config) -> None:
   _dp_figure(points, workdir, plt, float(config.ami.dp_deltas[0]))
 
 
+def draws_store(workdir: str) -> report.ArtifactStore:
+  """`<workdir>/draws/`: v(M(t)) ('target') and v(M(x)) ('other') of target 0 per LDP point."""
+  return report.ArtifactStore(workdir, 'draws')
+
+
+def draw_params(mechanism: str, epsilon: float) -> dict:
+  """The params the draws of a game point are stored under."""
+  return {'mechanism': mechanism, 'epsilon': float(epsilon)}
+
+
 def _histograms(points, workdir, plt) -> None:
   """Fig. 10: v of randomized target vs non-target draws, at up to 4 epsilons per mechanism."""
-  folder = os.path.join(workdir, 'draws')
-  if not os.path.isdir(folder):
-    return
+  store = draws_store(workdir)
   found = {}
-  for name in os.listdir(folder):
-    mech, _, eps = name[:-4].partition('_eps')
-    if mech in ami.MECHANISMS and name.endswith('.npz'):
-      found.setdefault(mech, []).append((float(eps), name))
+  for point in points:
+    p = point['params']
+    if p.get('part') != 'game' or p.get('mechanism') in (None, 'none'):
+      continue
+    draws = store.load(draw_params(p['mechanism'], float(p['epsilon'])))
+    if draws is not None:
+      found.setdefault(p['mechanism'], []).append((float(p['epsilon']), draws))
   if not found:
     return
   rows = sorted(found)
   picks = {}
   for mech in rows:
-    available = sorted(found[mech])
+    available = sorted(found[mech], key=lambda e: e[0])
     chosen = []
     for want in (1.0, 3.0, 5.0, 10.0):  # the paper's Fig. 10 panels
       best = min(available, key=lambda e: abs(e[0] - want))
-      if best not in chosen:
+      if all(best[0] != c[0] for c in chosen):
         chosen.append(best)
     picks[mech] = chosen
   cols = max(len(v) for v in picks.values())
   fig, axes = plt.subplots(len(rows), cols, figsize=(3 * cols, 2.6 * len(rows)),
                            squeeze=False)
   for i, mech in enumerate(rows):
-    for j, (eps, name) in enumerate(picks[mech]):
+    for j, (eps, z) in enumerate(picks[mech]):
       ax = axes[i][j]
-      with np.load(os.path.join(folder, name)) as z:
-        ax.hist(z['other'], bins=50, alpha=0.6, color='tab:blue', density=True,
-                label='non-target M(x)')
-        ax.hist(z['target'], bins=50, alpha=0.6, color='tab:red', density=True,
-                label='target M(t)')
+      ax.hist(z['other'], bins=50, alpha=0.6, color='tab:blue', density=True,
+              label='non-target M(x)')
+      ax.hist(z['target'], bins=50, alpha=0.6, color='tab:red', density=True,
+              label='target M(t)')
       ax.axvline(0, color='green', ls=':')
       ax.set_title(f'{mech}, eps = {eps:g}', fontsize=8)
     for j in range(len(picks[mech]), cols):

@@ -30,6 +30,7 @@ from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
+from fl_privacy import report
 from fl_privacy.pipelines import dishonest_mia_figures
 from fl_privacy.report import atomic
 from fl_privacy.report import run_point
@@ -171,8 +172,8 @@ def chunk_size(config, pool, num_examples: int) -> int:
 
 
 def point_key(key, p: dict):
-  """Runs depend on (J, E) only, so M and optimizers are compared on the same runs."""
-  return jax.random.fold_in(jax.random.fold_in(key, p['num_batches']), p['epochs'])
+  """`report.point_key` of (J, E) only: M and optimizers are compared on the same runs."""
+  return report.point_key(key, {'num_batches': p['num_batches'], 'epochs': p['epochs']})
 
 
 def simulate(config, state, p: dict, key) -> dict[str, np.ndarray]:

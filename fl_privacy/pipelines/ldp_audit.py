@@ -14,9 +14,7 @@ Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 
 from absl import logging
 import jax
@@ -133,8 +131,8 @@ def prepare(config) -> dict:
 
 
 def _stream(key: jax.Array, name: str) -> jax.Array:
-  """An independent key for a named purpose (stable under sweep changes)."""
-  return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+  """An independent key for a named purpose (`report.point_key` of {'stream': name})."""
+  return report.point_key(key, {'stream': name})
 
 
 def _epsilons(config) -> tuple[float, ...]:
@@ -383,7 +381,7 @@ def sweep(config, state, store, key) -> None:
   vc = float(vc) if vc is not None else 1.0 - 0.05 / len(todo)
   setup = {}
   for params in todo:
-    point_key = _stream(key, json.dumps(params, sort_keys=True))
+    point_key = report.point_key(key, params)
 
     def compute(params=params, point_key=point_key):
       if mechanism != 'ldp_sgd':
