@@ -5,11 +5,14 @@
   (Theorem 1, Eqs. 9-10) and `ami.dp_averaging` (Appendix E, DP-SGD noise averaged over
   rounds and neurons).
 - `dishonest`: the 2M+1 ReLU detector of the dishonest-server paper (perfect MI).
+- `passive`: passive server-side MI from recorded rounds (FedMIA and the baselines of its
+  Table 1).
 - `audit`: crafters and distinguishers that lower-bound LDP epsilon (the LDP-audit paper).
 """
 
 from fl_privacy.attacks import ami
 from fl_privacy.attacks import audit
 from fl_privacy.attacks import dishonest
+from fl_privacy.attacks import passive
 
-__all__ = ['ami', 'audit', 'dishonest']
+__all__ = ['ami', 'audit', 'dishonest', 'passive']

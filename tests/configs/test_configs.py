@@ -9,13 +9,13 @@ from configs import _base
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
 SECTIONS = {
-    'digits': ('ami', 'dishonest', 'ldp_audit'),
-    'npz': ('ami', 'dishonest', 'ldp_audit'),
+    'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
+    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
     'mnist': ('dishonest', 'ldp_audit'),
     'fashion_mnist': ('ldp_audit',),
     'svhn_cropped': ('ldp_audit',),
-    'cifar10': ('ami', 'dishonest', 'ldp_audit'),
-    'cifar100': ('dishonest',),
+    'cifar10': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
+    'cifar100': ('dishonest', 'fedmia'),
     'celeba': ('ami', 'dishonest'),
     'imagenette': ('ami',),
 }

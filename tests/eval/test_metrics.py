@@ -151,3 +151,52 @@ def test_hypervolume_maximize_flips_orientation():
       pytest.approx(metrics.hypervolume(flipped, (1.0, 1.0))))
   assert metrics.hypervolume([[2.0, 0.5]], (1.0, 1.0)) == 0.0
   assert metrics.hypervolume(np.zeros((0, 2)), (1.0, 1.0)) == 0.0
+
+
+def _delong_variance_direct(scores, labels):
+  """O(n_pos * n_neg) DeLong variance straight from the definition (independent check)."""
+  s = np.asarray(scores, dtype=np.float64)
+  y = np.asarray(labels).astype(bool)
+  pos, neg = s[y], s[~y]
+  psi = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+  v10, v01 = psi.mean(axis=1), psi.mean(axis=0)
+  return psi.mean(), np.var(v10, ddof=1) / len(pos) + np.var(v01, ddof=1) / len(neg)
+
+
+@pytest.mark.parametrize('seed,ties', itertools.product(range(4), (False, True)))
+def test_auc_interval_matches_sklearn_and_direct_delong(seed, ties):
+  rng = np.random.default_rng(seed)
+  n = 300
+  labels = rng.integers(0, 2, n)
+  scores = rng.normal(size=n) + 0.7 * labels
+  if ties:
+    scores = np.round(scores, 1)
+  auc, low, high = metrics.auc_interval(scores, labels)
+  assert auc == pytest.approx(skm.roc_auc_score(labels, scores), abs=1e-12)
+  direct_auc, var = _delong_variance_direct(scores, labels)
+  assert auc == pytest.approx(direct_auc, abs=1e-12)
+  half = 1.959963984540054 * math.sqrt(var)
+  assert low == pytest.approx(max(0.0, auc - half), abs=1e-10)
+  assert high == pytest.approx(min(1.0, auc + half), abs=1e-10)
+
+
+def test_auc_interval_width_agrees_with_bootstrap():
+  rng = np.random.default_rng(7)
+  labels = np.r_[np.ones(200), np.zeros(400)].astype(int)
+  scores = rng.normal(size=600) + 0.8 * labels
+  _, low, high = metrics.auc_interval(scores, labels)
+  pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+  boot = []
+  for _ in range(400):
+    idx = np.r_[rng.choice(pos, pos.size), rng.choice(neg, neg.size)]
+    boot.append(skm.roc_auc_score(labels[idx], scores[idx]))
+  # The bootstrap sd estimates DeLong's sd; 400 resamples give it to about +-4%.
+  assert (high - low) / 2 == pytest.approx(1.96 * np.std(boot), rel=0.15)
+
+
+def test_auc_interval_edges():
+  assert metrics.auc_interval([1, 2, 3, 4], [0, 0, 1, 1]) == (1.0, 1.0, 1.0)
+  auc, low, high = metrics.auc_interval(np.zeros(10), np.r_[np.ones(5), np.zeros(5)])
+  assert auc == 0.5 and low == high == 0.5
+  with pytest.raises(ValueError):
+    metrics.auc_interval([1, 2], [1, 1])

@@ -1,0 +1,127 @@
+"""The `fedmia` config section: passive server-side MI under defenses and non-IID data.
+
+Used by `python -m experiments.fedmia` (FedMIA, Zhu et al., CVPR 2025, arXiv:2402.06289;
+SEED-NOTES section 3). The dataset configs call `section(dataset, smoke)`; every field is
+documented in `section`'s docstring. Expected results: BUILD.md ("FedMIA").
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Every attack of Table 1, the optimistic best-round variants, and FedMIA with each filter.
+ATTACKS = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm',
+           'blackbox_loss_best_round', 'grad_cosine_best_round', 'grad_diff_best_round',
+           'grad_norm_best_round', 'loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii',
+           'fedmia_i@paper', 'fedmia_ii@paper', 'fedmia_i@none', 'fedmia_ii@none')
+# The six attacks of the paper's Figs. 4 and 6, scored in the sweeps.
+SWEEP_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
+                 'fedmia_ii')
+
+
+def _defenses(smoke: bool) -> ml_collections.ConfigDict:
+  """Three strengths per defense (weakest first), the public code's parameterisations."""
+  d = ml_collections.ConfigDict()
+  if smoke:
+    d.update_noise = (0.1,)
+    d.sparsify = (0.9,)
+    return d
+  d.update_noise = (0.01, 0.1, 0.5)      # sigma of N(0, sigma^2) per parameter (code: 0.01-0.5)
+  d.update_dp = (0.5, 1.0, 2.0)          # noise multiplier z (clip `dp_clip`)
+  d.sparsify = (0.5, 0.9, 0.99)          # fraction p of |Delta| entries zeroed per large tensor
+  d.quantize = (8, 4, 2)                 # bits b: 2^b bins per tensor
+  d.mixup = (0.2, 0.5, 1.0)              # alpha of Beta(alpha, alpha)
+  d.augment = (1, 2, 4)                  # cumulative level (crop; + h-flip; + v-flip/rot.; + jitter)
+  d.sampling = (0.8, 0.5, 0.2)           # fraction p of minibatches trained
+  d.augment_sampling = (0.8, 0.5, 0.2)   # sampling p with augmentation `augment_sampling_level`
+  return d
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `fedmia` section for `dataset`.
+
+  Fields:
+    models: model names (`fl_privacy.models.MODELS`); a result param. Paper: AlexNet
+      ('alexnet_cifar') and ResNet-18-GN ('resnet18_gn'); digits: an MLP.
+    hidden: hidden widths of 'mlp'.
+    num_clients: K of the main setting (>= 3: FedMIA needs two non-target clients).
+    per_client: examples per client (None: the whole train split, split evenly or by
+      Dirichlet). Paper: 5,000 (CIFAR-100: all 50,000 training images).
+    num_rounds: T. Paper: 300.
+    record_every: rounds between recordings (must divide num_rounds); the record_every-th,
+      2 record_every-th, ... rounds are measured. Paper: 10.
+    local_epochs: E of the main setting. Paper: 1.
+    batch_size: B. Paper: 100; digits: 32.
+    optimizer: client optimizer (`fl.optimizers.OPTIMIZERS`); 'momentum' is SGD with
+      `momentum`. Paper: SGD, lr 0.1, momentum 0.9, weight decay 5e-4.
+    learning_rate, momentum, weight_decay: as above.
+    lr_schedule: 'cosine' (cosine annealing over rounds, the paper), 'exponential' (lr
+      lr_decay^t, the paper's Table 3), or 'constant'.
+    lr_decay: the exponential schedule's factor (0.99).
+    attacks: attacks scored on the main setting (`fl_privacy.attacks.passive.ATTACKS`, FedMIA
+      optionally `@leave_one_out|paper|none`).
+    outlier_filter: FedMIA's filter when the name gives none: 'leave_one_out' (default, ours),
+      'paper' (Eqs. 8-9, cannot fire with <= 10 shadows), 'none'.
+    nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity)
+      and/or 'public_code' (non-members redrawn per client and round, as the authors' code).
+    single_round: 1-based round of the single-round attacks; must be recorded.
+    sweep_attacks, sweep_scoring: attacks and scorings of the sweeps (non-IID, K, E, defenses).
+    betas: Dirichlet beta of the label skew; inf = IID (the main setting). Paper: inf, 10, 1,
+      0.1.
+    client_counts: K values of the clients sweep (besides num_clients). Paper: 2-20.
+    epoch_counts: E values of the local-epochs sweep (besides local_epochs). Paper: 1-9.
+    defenses: name -> strengths (`fl_privacy.defenses`), trained at the main setting:
+      update_noise sigma >= 0, update_dp z >= 0, sparsify p in (0, 1), quantize bits >= 1,
+      mixup alpha > 0, augment level 1-4, sampling p in (0, 1), augment_sampling p in (0, 1).
+    dp_clip, dp_delta: update_dp's clipping norm C and the delta of its epsilon.
+    augment_sampling_level: augmentation level combined with sampling.
+    mixup_public_code: True trains on unmixed inputs with mixed labels, as the authors' code.
+    chunk_size: queries per measurement chunk (memory ~ chunk x parameters; results do not
+      depend on it).
+  """
+  cifar = dataset in ('cifar10', 'cifar100')
+  s = ml_collections.ConfigDict()
+  s.models = ('alexnet_cifar', 'resnet18_gn') if dataset == 'cifar100' else (
+      ('alexnet_cifar',) if cifar else ('mlp',))
+  s.hidden = (128,)
+  s.num_clients = 10
+  s.per_client = 5000 if cifar else None
+  s.num_rounds = 300 if cifar else 60
+  s.record_every = 10 if cifar else 5
+  s.local_epochs = 1
+  s.batch_size = 100 if cifar else 32
+  s.optimizer = 'momentum'
+  s.learning_rate = 0.1
+  s.momentum = 0.9
+  s.weight_decay = 5e-4
+  s.lr_schedule = 'cosine'
+  s.lr_decay = 0.99
+  s.attacks = ATTACKS
+  s.outlier_filter = 'leave_one_out'
+  s.nonmember_scoring = ('aligned', 'public_code')
+  s.single_round = s.num_rounds
+  s.sweep_attacks = SWEEP_ATTACKS
+  s.sweep_scoring = ('aligned',)
+  s.betas = (float('inf'), 10.0, 1.0, 0.1)
+  s.client_counts = (5, 20)
+  s.epoch_counts = (2, 4)
+  s.defenses = _defenses(smoke)
+  s.dp_clip = 1.0
+  s.dp_delta = 1e-5
+  s.augment_sampling_level = 2
+  s.mixup_public_code = False
+  s.chunk_size = 256 if cifar else 512
+  if smoke:
+    s.models = ('mlp',)
+    s.hidden = (32,)
+    s.num_clients = 4
+    s.per_client = None
+    s.num_rounds = 4
+    s.record_every = 2
+    s.batch_size = 32
+    s.single_round = 4
+    s.betas = (float('inf'), 1.0)
+    s.client_counts = ()
+    s.epoch_counts = ()
+    s.chunk_size = 512
+  return s

@@ -1,0 +1,136 @@
+"""Metrics of the passive attacks: pooled over targets, with intervals and per-target extremes.
+
+`evaluate(recording, owner, attack, ...)` turns a recording into the metrics the FedMIA
+pipeline stores: AUC with DeLong's 95% interval, log-AUC, TPR at 1% and 0.1% FPR with
+Clopper-Pearson intervals on the member count above the threshold, the numbers of members and
+non-members, the smallest and largest per-target AUC and TPR@0.1% FPR, and for FedMIA the
+fraction of shadow values the outlier filter removed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import stats
+
+FPRS = {'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3}
+
+
+def score_metrics(scores: np.ndarray, labels: np.ndarray,
+                  target: np.ndarray | None = None) -> dict[str, float]:
+  """AUC (DeLong interval), log-AUC, TPR at low FPR (Clopper-Pearson), counts, per-target range.
+
+  Args:
+    scores: [N] final scores, higher = member.
+    labels: [N] 1 member, 0 non-member.
+    target: optional [N] target client of each entry, for per-target extremes.
+
+  Returns:
+    Flat dict of metrics.
+  """
+  labels = np.asarray(labels).astype(bool)
+  n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+  auc, low, high = metrics_lib.auc_interval(scores, labels)
+  m = {'auc': auc, 'auc_ci_low': low, 'auc_ci_high': high,
+       'log_auc': metrics_lib.log_auc(scores, labels), 'n_pos': n_pos, 'n_neg': n_neg}
+  for name, fpr in FPRS.items():
+    tpr = metrics_lib.tpr_at_fpr(scores, labels, fpr)
+    # The TPR is a count of members above a threshold: its interval is that count's.
+    m.update(stats.rate(name, int(round(tpr * n_pos)), n_pos))
+  if target is not None:
+    per_auc, per_tpr = [], []
+    for k in np.unique(target):
+      sel = target == k
+      if labels[sel].all() or not labels[sel].any():
+        continue
+      per_auc.append(metrics_lib.roc_auc(scores[sel], labels[sel]))
+      per_tpr.append(metrics_lib.tpr_at_fpr(scores[sel], labels[sel], 1e-3))
+    if per_auc:
+      m.update(auc_target_min=min(per_auc), auc_target_max=max(per_auc),
+               **{'tpr_at_fpr_1e-3_target_min': min(per_tpr),
+                  'tpr_at_fpr_1e-3_target_max': max(per_tpr)})
+  return m
+
+
+def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
+             scoring: str = 'aligned', single_index: int = -1,
+             default_filter: str = 'leave_one_out',
+             rng: np.random.Generator | None = None) -> dict[str, Any]:
+  """Metrics of `attack` on a recording (see `scores` for the attacks and scorings).
+
+  Args:
+    recording: `fl.recording.train_recorded`'s arrays.
+    owner: [Q] owning client of each query (-1 test).
+    attack: a name of `scores.ATTACKS`, optionally `fedmia_*@<filter>`.
+    scoring: 'aligned' or 'public_code'.
+    single_index: index among the recorded rounds for single-round attacks (-1: last).
+    default_filter: FedMIA's filter when the name gives none.
+    rng: numpy Generator (public_code draws).
+
+  Returns:
+    `score_metrics` plus `round` (1-based round of a single-round attack: the chosen one for
+    `*_best_round`), `filter_removed_fraction` (FedMIA: removed / examined shadow values, else
+    NaN) and `filter_owner_removed_fraction` (aligned FedMIA: how often the shadow that owns a
+    non-member query was removed; the filter's job).
+  """
+  base, _ = scores_lib.parse(attack, default_filter)
+  pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
+                                          default_filter=default_filter, rng=rng)
+  per_round, labels, target = pooled['scores'], pooled['labels'], pooled['target']
+  rounds = np.asarray(recording['rounds'])
+  extra: dict[str, Any] = {}
+  if base in scores_lib.BEST_ROUND:
+    # The authors' choice (`mia_attack_auto.py`): the round with the best TPR@0.1% FPR on the
+    # evaluation data itself, first one on ties. Optimistic by construction.
+    tprs = [metrics_lib.tpr_at_fpr(per_round[t], labels, 1e-3) for t in range(len(rounds))]
+    index = int(np.argmax(tprs))
+    final = per_round[index]
+    extra['round'] = int(rounds[index]) + 1
+  elif base in scores_lib.SINGLE:
+    index = single_index % len(rounds)
+    final = per_round[index]
+    extra['round'] = int(rounds[index]) + 1
+  else:
+    final = per_round.mean(axis=0)
+    extra['round'] = int(rounds[-1]) + 1
+  m = score_metrics(final, labels, target)
+  m.update(extra)
+  m['filter_removed_fraction'] = (pooled['removed'] / pooled['examined']
+                                  if pooled['examined'] else math.nan)
+  m['filter_owner_removed_fraction'] = (pooled['owner_removed'] / pooled['owner_examined']
+                                        if pooled['owner_examined'] else math.nan)
+  return m
+
+
+def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
+                 scoring: str = 'aligned', default_filter: str = 'leave_one_out',
+                 rng: np.random.Generator | None = None) -> dict[str, list]:
+  """TPR@0.1% FPR (with interval) and AUC after each recorded round (Fig. 5a of the paper).
+
+  Multi-round attacks use the rounds recorded so far (Eqs. 5 and 12 with T = that round);
+  single-round attacks use that round alone.
+  """
+  base, _ = scores_lib.parse(attack, default_filter)
+  pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
+                                          default_filter=default_filter, rng=rng)
+  per_round, labels = pooled['scores'], pooled['labels']
+  multi = base in scores_lib.SERIES or base in scores_lib.FEDMIA
+  out = {'round': [], 'tpr_at_fpr_1e-3': [], 'tpr_at_fpr_1e-3_ci_low': [],
+         'tpr_at_fpr_1e-3_ci_high': [], 'auc': []}
+  n_pos = int(labels.sum())
+  cumulative = np.zeros(per_round.shape[1])
+  for i, t in enumerate(np.asarray(recording['rounds'])):
+    cumulative += per_round[i]
+    final = cumulative / (i + 1) if multi else per_round[i]
+    tpr = metrics_lib.tpr_at_fpr(final, labels, 1e-3)
+    r = stats.rate('tpr_at_fpr_1e-3', int(round(tpr * n_pos)), n_pos)
+    out['round'].append(int(t) + 1)
+    for k, v in r.items():
+      out[k].append(v)
+    out['auc'].append(metrics_lib.roc_auc(final, labels))
+  return out

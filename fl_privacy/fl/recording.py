@@ -1,0 +1,147 @@
+"""FedAvg training that records what a passive server measures every few rounds.
+
+`train_recorded` runs `rounds.run` in segments: the `record_every - 1` plain rounds before a
+recorded round in one jitted scan, then the recorded round itself, whose K uploads come back
+(as the server saw them, after the `upload` hook) and go through `queries.measure` at that
+round's global model w_t. It then evaluates the new global model w_{t+1} on the test split.
+Keys depend only on the global round index, so the segmented run equals one `rounds.run`.
+
+Recorded rounds are the `record_every`-th, 2 `record_every`-th, ..., `num_rounds`-th round
+(1-based), as the FedMIA code records rounds 10, 20, ..., 300; their 0-based indices are
+`recorded_rounds(...)`.
+
+The result is a dict of numpy arrays (the FedMIA paper's I_k^t measured on every query):
+`loss`, `cos`, `diff` [R, K, Q] float32, `grad_sq` [R, Q], `rounds` [R] (0-based index t of
+each recorded round), `test_correct` [R] and `num_test` (correct test predictions of
+w_{t+1}), `test_loss` [R]. A caller stores it (the pipeline writes one .npz per training
+atomically), so re-scoring never retrains.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fl_privacy.fl import client
+from fl_privacy.fl import losses
+from fl_privacy.fl import queries
+from fl_privacy.fl import rounds
+
+ARRAYS = ('loss', 'cos', 'diff', 'grad_sq', 'rounds', 'test_correct', 'num_test', 'test_loss')
+
+
+def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
+  """0-based indices of the recorded rounds: record_every - 1, 2 record_every - 1, ..."""
+  if record_every < 1 or num_rounds % record_every:
+    raise ValueError(f'record_every ({record_every}) must divide num_rounds ({num_rounds})')
+  return np.arange(record_every - 1, num_rounds, record_every)
+
+
+def _evaluate(apply_fn, params, x, y, batch: int = 4096):
+  """(correct predictions, summed cross-entropy) of `params` on (x, y), in batches."""
+  correct, total = 0, 0.0
+  for i in range(0, len(x), batch):
+    logits = apply_fn(params, x[i:i + batch])
+    correct += int(jnp.sum(jnp.argmax(logits, -1) == y[i:i + batch]))
+    total += float(jnp.sum(losses.per_example_cross_entropy(logits, y[i:i + batch])))
+  return correct, total
+
+
+_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks')
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ('num_rounds',))
+def _plain(params, clients, key, first, *, apply_fn, optimizer, epochs, batch_size, hooks,
+           num_rounds):
+  """Rounds first .. first + num_rounds - 1, nothing observed. Module-level and keyed on its
+  static arguments, so trainings of the same shapes and settings compile once."""
+  final, _ = rounds.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
+                        num_rounds=num_rounds, first_round=first, optimizer=optimizer,
+                        epochs=epochs, batch_size=batch_size, hooks=hooks)
+  return final
+
+
+def _keep_upload(key, t, k, global_params, upload):
+  del key, t, k, global_params
+  return upload
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _observed(params, clients, key, t, *, apply_fn, optimizer, epochs, batch_size, hooks):
+  """Round t, returning (w_{t+1}, the K uploads [K, ...] the server received)."""
+  zeros = jax.tree_util.tree_map(
+      lambda a: jnp.zeros((clients.num_clients,) + a.shape, a.dtype), params)
+  final, log = rounds.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
+                          num_rounds=1, first_round=t, optimizer=optimizer, epochs=epochs,
+                          batch_size=batch_size, hooks=hooks, observe=_keep_upload,
+                          init=zeros)
+  return final, log.observed
+
+
+def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: Any,
+                   clients: rounds.ClientData, query_x, query_y, *, key, num_rounds: int,
+                   record_every: int, optimizer, epochs: int, batch_size: int,
+                   hooks: client.ClientHooks | None = None, test_x=None, test_y=None,
+                   chunk_size: int = 256,
+                   progress: Callable[[int, dict], None] | None = None) -> dict[str, np.ndarray]:
+  """Trains FedAvg for `num_rounds` rounds and measures the queries at every recorded round.
+
+  The FedMIA paper's observation set {I_k^t} (Sect. 3.2) restricted to the recorded rounds,
+  measured as `queries.measure` does (Eq. 7 and the baselines' measurements).
+
+  Args:
+    apply_fn: `apply_fn(params, x) -> logits` (hashable, e.g. `model.apply`).
+    params: Initial global parameters w_0.
+    clients: `rounds.ClientData` (padded unequal shards allowed).
+    query_x: Query inputs [Q, ...] (float, as the model takes them).
+    query_y: Query labels [Q].
+    key: Run key (`rounds.run` derives every client's round key from it).
+    num_rounds: T; `record_every` must divide it.
+    record_every: Rounds between recordings.
+    optimizer: optax transformation or `t -> optax` (per-round schedule, t the global round);
+      a static argument of the jitted rounds: pass the same object to reuse compilations.
+    epochs: Local epochs E.
+    batch_size: B.
+    hooks: The clients' `ClientHooks` (a defense), None for plain FedAvg.
+    test_x, test_y: Test split for the accuracy after each recorded round (optional).
+    chunk_size: Queries per `measure` chunk.
+    progress: Optional `progress(recorded_index, {'round', 'test_accuracy'})` callback.
+
+  Returns:
+    The dict of numpy arrays described in the module docstring.
+  """
+  recorded = recorded_rounds(num_rounds, record_every)
+  static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
+                batch_size=int(batch_size), hooks=hooks)
+  clients = rounds.ClientData(*(None if a is None else jax.tree_util.tree_map(jnp.asarray, a)
+                                for a in clients))
+  qx, qy = jnp.asarray(query_x), jnp.asarray(query_y)
+  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'test_correct', 'test_loss')}
+  done = 0
+  for i, t in enumerate(recorded):
+    if t > done:
+      params = _plain(params, clients, key, jnp.int32(done), num_rounds=int(t - done), **static)
+    global_t = params
+    params, uploads = _observed(params, clients, key, jnp.int32(t), **static)
+    m = queries.measure(apply_fn, global_t, uploads, qx, qy, chunk_size=chunk_size)
+    for name in ('loss', 'cos', 'diff', 'grad_sq'):
+      out[name].append(np.asarray(getattr(m, name), np.float32))
+    if test_x is not None:
+      correct, total = _evaluate(apply_fn, params, jnp.asarray(test_x), jnp.asarray(test_y))
+      out['test_correct'].append(correct)
+      out['test_loss'].append(total / len(test_x))
+    done = int(t) + 1
+    if progress is not None:
+      acc = (out['test_correct'][-1] / len(test_x)) if test_x is not None else float('nan')
+      progress(i, {'round': int(t), 'test_accuracy': acc})
+  result = {name: np.stack(out[name]) for name in ('loss', 'cos', 'diff', 'grad_sq')}
+  result['rounds'] = recorded.astype(np.int32)
+  num_test = 0 if test_x is None else len(test_x)
+  result['test_correct'] = np.asarray(out['test_correct'] or [0] * len(recorded), np.int64)
+  result['test_loss'] = np.asarray(out['test_loss'] or [np.nan] * len(recorded), np.float64)
+  result['num_test'] = np.asarray(num_test, np.int64)
+  return result

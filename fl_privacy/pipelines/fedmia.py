@@ -1,0 +1,336 @@
+"""The FedMIA pipeline (Zhu et al., CVPR 2025, arXiv:2402.06289), as library code.
+
+`python -m experiments.fedmia` hands `prepare` and `sweep` to `experiments.common.main`; the
+script's docstring says how to run it and what it writes. One *training* is a FedAvg run of
+`fedmia.num_rounds` rounds under one setting (model, Dirichlet beta, K, E, defense and
+strength); `fl.recording.train_recorded` measures every query (train split + test split)
+against every client's upload at the recorded rounds and the arrays go to the artifact store
+(`<workdir>/recorded/*.npz`, atomic), so re-scoring or resuming never retrains. The attacks
+(`fl_privacy.attacks.passive`) then score the recording; each (attack, scoring) is one results
+point with params `attack, defense, defense_param, beta, num_clients, local_epochs, model,
+nonmember_scoring`.
+
+Trainings: the main setting (IID, K = num_clients, E = local_epochs, no defense) scored with
+every attack and both scorings; the non-IID (betas), clients (client_counts), local-epochs
+(epoch_counts) and defense sweeps, each varying one thing from the main setting, scored with
+`sweep_attacks` and `sweep_scoring`.
+
+Keys: the partition depends on (beta, K) only and the clients' training keys on (beta, K, E)
+only (`report.point_key` of those params), and every model starts from the same w_0, so a
+defense is compared with the undefended run on the same data, shuffles and initialisation
+(common random numbers). The public-code scoring draws its permutations from a Generator keyed
+by the point's params.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fl_privacy import data as data_lib
+from fl_privacy import models as models_lib
+from fl_privacy import validate
+from fl_privacy.attacks import passive
+from fl_privacy.attacks.passive import evaluate as evaluate_lib
+from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.eval import stats
+from fl_privacy.fl import optimizers as optimizers_lib
+from fl_privacy.fl import recording as recording_lib
+from fl_privacy.fl import rounds as rounds_lib
+from fl_privacy.pipelines import fedmia_defenses as defenses_wiring
+from fl_privacy.pipelines import fedmia_figures
+from fl_privacy.pipelines import fedmia_tables
+from fl_privacy.report import ArtifactStore
+from fl_privacy.report import atomic
+from fl_privacy.report import point_key
+from fl_privacy.report import run_point
+
+LR_SCHEDULES = ('cosine', 'exponential', 'constant')
+RECORDED = 'recorded'
+ROUNDS_JSON = 'rounds.json'
+ROUND_CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
+                       'fedmia_ii')
+
+
+def _attack_names(config, field: str) -> tuple[str, ...]:
+  names = validate._get(config, field)  # pylint: disable=protected-access
+  names = (names,) if isinstance(names, str) else tuple(names)
+  allowed = (f'a subset of {passive.ATTACKS} (FedMIA optionally @' +
+             '|'.join(passive.FILTERS) + ')')
+  validate.require(len(names) > 0, field, allowed, names)
+  for n in names:
+    try:
+      scores_lib.parse(n)
+    except ValueError:
+      raise validate.ConfigError(field, allowed, n) from None
+  return names
+
+
+def validate_static(config) -> None:
+  """Checks every field that does not need the data (before anything is loaded or written)."""
+  data_lib.validate_data_config(config.data)
+  s = config.fedmia
+  validate.subset_of(config, 'fedmia.models', models_lib.MODELS)
+  validate.positive(config, 'fedmia.hidden', integer=True) if len(s.hidden) else None
+  for field in ('fedmia.num_clients', 'fedmia.client_counts'):
+    value = validate._get(config, field)  # pylint: disable=protected-access
+    for k in ((value,) if isinstance(value, int) else tuple(value)):
+      validate.require(isinstance(k, int) and not isinstance(k, bool) and k >= 3, field,
+                       'integers >= 3 (FedMIA needs two non-target clients)', value)
+  if s.per_client is not None:
+    validate.positive(config, 'fedmia.per_client', integer=True)
+  t = validate.positive(config, 'fedmia.num_rounds', integer=True)
+  every = validate.positive(config, 'fedmia.record_every', integer=True)
+  validate.require(t % every == 0, 'fedmia.record_every',
+                   f'a divisor of num_rounds = {t}', every)
+  single = s.single_round
+  validate.require(isinstance(single, int) and 1 <= single <= t and single % every == 0,
+                   'fedmia.single_round', f'a recorded round (a multiple of {every} in '
+                   f'[{every}, {t}])', single)
+  validate.positive(config, 'fedmia.local_epochs', integer=True)
+  if len(s.epoch_counts):
+    validate.positive(config, 'fedmia.epoch_counts', integer=True)
+  validate.positive(config, 'fedmia.batch_size', integer=True)
+  validate.one_of(config, 'fedmia.optimizer', optimizers_lib.OPTIMIZERS)
+  validate.positive(config, 'fedmia.learning_rate')
+  validate.in_range(config, 'fedmia.momentum', 0.0, 1.0, high_inclusive=False)
+  validate.in_range(config, 'fedmia.weight_decay', 0.0, math.inf)
+  validate.one_of(config, 'fedmia.lr_schedule', LR_SCHEDULES)
+  validate.in_range(config, 'fedmia.lr_decay', 0.0, 1.0, low_inclusive=False)
+  _attack_names(config, 'fedmia.attacks')
+  _attack_names(config, 'fedmia.sweep_attacks')
+  validate.one_of(config, 'fedmia.outlier_filter', passive.FILTERS)
+  validate.subset_of(config, 'fedmia.nonmember_scoring', passive.SCORINGS)
+  validate.subset_of(config, 'fedmia.sweep_scoring', passive.SCORINGS)
+  betas = tuple(s.betas)
+  validate.require(len(betas) > 0, 'fedmia.betas', 'non-empty, each > 0 (inf = IID)', betas)
+  for b in betas:
+    validate.require(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0,
+                     'fedmia.betas', 'numbers > 0 (inf = IID)', betas)
+  defenses_wiring.validate_config(config)
+  validate.positive(config, 'fedmia.chunk_size', integer=True)
+
+
+def trainings(config) -> list[dict]:
+  """Every training of the sweep, main setting first, each once.
+
+  Each is a dict with the training params (`model, beta, num_clients, local_epochs, defense,
+  defense_param`) plus `sweep` (which sweep it belongs to; the main setting is 'main').
+  """
+  s = config.fedmia
+  out = []
+
+  def add(sweep, **kw):
+    base = dict(model=None, beta=math.inf, num_clients=int(s.num_clients),
+                local_epochs=int(s.local_epochs), defense='none', defense_param=None)
+    base.update(kw)
+    key = {k: v for k, v in base.items()}
+    if all(key != {k: o[k] for k in key} for o in out):
+      out.append(dict(base, sweep=sweep))
+
+  for model in s.models:
+    add('main', model=model)
+    for beta in s.betas:
+      add('noniid', model=model, beta=float(beta))
+    for k in s.client_counts:
+      add('clients', model=model, num_clients=int(k))
+    for e in s.epoch_counts:
+      add('epochs', model=model, local_epochs=int(e))
+    for name, values in s.defenses.items():
+      for v in values:
+        add('defenses', model=model, defense=str(name), defense_param=float(v))
+  return out
+
+
+def training_params(tr: dict) -> dict:
+  return {k: tr[k] for k in ('model', 'beta', 'num_clients', 'local_epochs', 'defense',
+                             'defense_param')}
+
+
+def make_model(config, name: str, num_classes: int):
+  kw = {'hidden': tuple(config.fedmia.hidden)} if name == 'mlp' else {}
+  return models_lib.make(name, num_classes, field='fedmia.models', **kw)
+
+
+def make_optimizer(config):
+  """`t -> optax`: the paper's SGD (momentum 0.9, weight decay 5e-4) with the lr schedule."""
+  s = config.fedmia
+  lr0, total, schedule = float(s.learning_rate), int(s.num_rounds), s.lr_schedule
+  kw = {'momentum': float(s.momentum)} if s.optimizer in ('sgd', 'momentum') else {}
+  if s.optimizer == 'sgd' and not s.momentum:
+    kw = {}
+
+  def lr(t):
+    if schedule == 'cosine':  # PyTorch's CosineAnnealingLR over the rounds (eta_min 0).
+      return lr0 * 0.5 * (1.0 + jnp.cos(jnp.pi * t / total))
+    if schedule == 'exponential':
+      return lr0 * float(s.lr_decay) ** t
+    return lr0
+
+  def optimizer(t):
+    return optimizers_lib.make(s.optimizer, lr(t), weight_decay=float(s.weight_decay),
+                               field='fedmia.optimizer', **kw)
+  return optimizer
+
+
+def prepare(config) -> dict:
+  """Validates the config and loads the data; writes nothing."""
+  validate_static(config)
+  splits = data_lib.load(config.data)
+  validate.require('train' in splits and 'test' in splits, 'data.name',
+                   'a dataset with train and test splits', config.data.name)
+  train, test = splits['train'], splits['test']
+  s = config.fedmia
+  counts = (int(s.num_clients),) + tuple(int(k) for k in s.client_counts)
+  for k in counts:
+    need = k * (int(s.per_client) if s.per_client is not None else 1)
+    validate.require(need <= len(train), 'fedmia.per_client' if s.per_client else
+                     'fedmia.num_clients', f'K x per_client <= {len(train)} training examples',
+                     s.per_client if s.per_client else k)
+  defenses_wiring.validate_data(config, train)
+  models = {name: make_model(config, name, train.num_classes) for name in s.models}
+  for name, model in models.items():
+    try:
+      jax.eval_shape(model.init, jax.random.key(0),
+                     jax.ShapeDtypeStruct((1,) + train.x.shape[1:], jnp.float32))
+    except Exception as e:  # pylint: disable=broad-except
+      raise validate.ConfigError('fedmia.models', f'a model that takes {train.x.shape[1:]} '
+                                 'inputs', name) from e
+  return dict(train=train, test=test, models=models, trainings=trainings(config),
+              optimizer=make_optimizer(config))
+
+
+def partition(config, state, key, beta: float, num_clients: int) -> list[np.ndarray]:
+  """Client shards (indices into the train split): IID for beta = inf, else Dirichlet."""
+  s = config.fedmia
+  train = state['train']
+  k = point_key(key, {'partition': 1, 'beta': beta, 'num_clients': num_clients})
+  per_client = None if s.per_client is None else int(s.per_client)
+  if math.isinf(beta):
+    return data_lib.iid_partition(k, len(train), num_clients, per_client)
+  return data_lib.dirichlet_partition(k, train.y, num_clients, beta, per_client)
+
+
+def queries(state, shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(x, y, owner) of every query: the train split (owner = its client, -1 if unassigned) then
+  the test split (owner -1)."""
+  train, test = state['train'], state['test']
+  owner = np.full(len(train) + len(test), -1, np.int32)
+  for k, idx in enumerate(shards):
+    owner[idx] = k
+  x = np.concatenate([data_lib.to_float(train.x), data_lib.to_float(test.x)])
+  y = np.concatenate([train.y, test.y]).astype(np.int32)
+  return x, y, owner
+
+
+def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
+  """Trains one setting and returns its recording (plus `owner` and timing)."""
+  s = config.fedmia
+  train, test = state['train'], state['test']
+  beta, num_clients, epochs = tr['beta'], tr['num_clients'], tr['local_epochs']
+  shards = partition(config, state, key, beta, num_clients)
+  xf = data_lib.to_float(train.x)
+  clients = rounds_lib.pad_clients([xf[i] for i in shards], [train.y[i] for i in shards])
+  qx, qy, owner = queries(state, shards)
+  model = state['models'][tr['model']]
+  init = model.init(point_key(key, {'init': 1, 'model': tr['model']}), qx[:1])
+  run_key = point_key(key, {'train': 1, 'beta': beta, 'num_clients': num_clients,
+                            'local_epochs': epochs})
+  hooks = defenses_wiring.hooks(config, tr['defense'], tr['defense_param'], train)
+  t0 = time.perf_counter()
+
+  def progress(i, info):
+    logging.log_every_n_seconds(logging.INFO, '%s: round %d, test accuracy %.3f', 10,
+                                describe(tr), info['round'] + 1, info['test_accuracy'])
+
+  rec = recording_lib.train_recorded(
+      model.apply, init, clients, qx, qy, key=run_key, num_rounds=int(s.num_rounds),
+      record_every=int(s.record_every), optimizer=state['optimizer'], epochs=int(epochs),
+      batch_size=int(s.batch_size), hooks=hooks, test_x=data_lib.to_float(test.x),
+      test_y=test.y, chunk_size=int(s.chunk_size), progress=progress)
+  rec['owner'] = owner
+  rec['train_seconds'] = np.asarray(time.perf_counter() - t0)
+  rec['client_sizes'] = np.asarray([len(i) for i in shards], np.int64)
+  return rec
+
+
+def describe(tr: dict) -> str:
+  return (f'{tr["model"]} beta={tr["beta"]} K={tr["num_clients"]} E={tr["local_epochs"]} '
+          f'{tr["defense"]}' + ('' if tr['defense_param'] is None else
+                                f'={tr["defense_param"]:g}'))
+
+
+def point_params(tr: dict, attack: str, scoring: str) -> dict:
+  return dict(attack=attack, defense=tr['defense'], defense_param=tr['defense_param'],
+              beta=tr['beta'], num_clients=tr['num_clients'], local_epochs=tr['local_epochs'],
+              model=tr['model'], nonmember_scoring=scoring)
+
+
+def attack_plan(config, tr: dict) -> list[tuple[str, str]]:
+  s = config.fedmia
+  if tr['sweep'] == 'main':
+    return [(a, sc) for sc in s.nonmember_scoring for a in s.attacks]
+  return [(a, sc) for sc in s.sweep_scoring for a in s.sweep_attacks]
+
+
+def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str) -> dict:
+  """The results metrics of one (training, attack, scoring)."""
+  s = config.fedmia
+  params = point_params(tr, attack, scoring)
+  rng = data_lib.rng_from_key(point_key(key, params))
+  recorded = list(np.asarray(rec['rounds']) + 1)
+  m = evaluate_lib.evaluate(rec, rec['owner'], attack, scoring=scoring,
+                            single_index=recorded.index(int(s.single_round)),
+                            default_filter=s.outlier_filter, rng=rng)
+  n_test = int(rec['num_test'])
+  correct = int(rec['test_correct'][-1])
+  acc = stats.rate('test_accuracy', correct, n_test)
+  m.update(acc)
+  m['test_error'] = 1.0 - acc['test_accuracy']
+  m['dp_epsilon'] = defenses_wiring.epsilon(config, tr['defense'], tr['defense_param'])
+  m['train_seconds'] = float(rec['train_seconds'])
+  return m
+
+
+def sweep(config, state, store, key) -> None:
+  """Runs every training (resuming from the artifacts) and scores it, then writes the tables,
+  `rounds.json` and the figures.
+
+  Args:
+    config: the validated config.
+    state: what `prepare` returned.
+    store: the run's `fl_privacy.report.ResultsStore`.
+    key: the run's PRNG key.
+  """
+  artifacts = ArtifactStore(store.workdir, RECORDED)
+  main_records = {}
+  for tr in state['trainings']:
+    plan = attack_plan(config, tr)
+    todo = [(a, sc) for a, sc in plan if store.get(point_params(tr, a, sc)) is None]
+    need_record = bool(todo) or tr['sweep'] == 'main'
+    if not need_record:
+      continue
+    tp = training_params(tr)
+    rec = artifacts.load(tp)
+    if rec is None:
+      logging.info('training %s', describe(tr))
+      rec = record(config, state, key, tr)
+      artifacts.save(tp, rec)
+    if tr['sweep'] == 'main':
+      main_records[tr['model']] = rec
+    for attack, scoring in plan:
+      run_point(store, point_params(tr, attack, scoring),
+                lambda a=attack, sc=scoring: (point_metrics(config, key, rec, tr, a, sc),
+                                              int(len(rec['owner']) * rec['loss'].shape[1])))
+  curves = fedmia_figures.round_curves(config, key, main_records)
+  atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
+                           fedmia_tables.dumps(curves))
+  fedmia_tables.write(config, store.points, store.workdir)
+  fedmia_figures.save_all(config, key, store.points, main_records, curves, store.workdir)

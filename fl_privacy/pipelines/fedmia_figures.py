@@ -1,0 +1,243 @@
+"""Figures of the FedMIA pipeline (`fl_privacy.pipelines.fedmia`).
+
+- `fedmia_roc.png`: ROC curves of the main setting on log-log axes, aligned (solid) and
+  public-code (dashed) scoring.
+- `fedmia_noniid.png`: TPR@0.1% FPR against Dirichlet beta (the paper's Fig. 4).
+- `fedmia_rounds.png`: TPR@0.1% FPR against the number of rounds (Fig. 5a).
+- `fedmia_clients_epochs.png`: TPR@0.1% FPR against K and against E (Fig. 5b, d).
+- `fedmia_defenses.png`: test error against TPR@0.1% FPR for each defense (Fig. 6).
+Error bars are 95% Clopper-Pearson intervals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fl_privacy import data as data_lib
+from fl_privacy.attacks.passive import evaluate as evaluate_lib
+from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.pipelines import fedmia_tables
+from fl_privacy.report import figures
+from fl_privacy.report import point_key
+
+CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
+                 'fedmia_ii')
+MULTI = ('loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii')
+_COLOURS = {'blackbox_loss': 'tab:gray', 'grad_cosine': 'tab:olive', 'grad_diff': 'tab:brown',
+            'grad_norm': 'tab:pink', 'loss_series': 'tab:blue', 'avg_cosine': 'tab:green',
+            'fedmia_i': 'tab:purple', 'fedmia_ii': 'tab:red'}
+
+
+def _colour(attack: str) -> str:
+  return _COLOURS.get(scores_lib.parse(attack)[0].replace('_best_round', ''), 'k')
+
+
+def round_curves(config, key, records: dict) -> dict:
+  """{model: {scoring: {attack: curve}}} of `evaluate.rounds_curve` on the main recordings."""
+  s = config.fedmia
+  out = {}
+  for model, rec in records.items():
+    out[model] = {}
+    for scoring in s.nonmember_scoring:
+      attacks = CURVE_ATTACKS if scoring == 'aligned' else MULTI
+      out[model][scoring] = {}
+      for a in attacks:
+        rng = data_lib.rng_from_key(point_key(key, {'curve': a, 'model': model,
+                                                   'scoring': scoring}))
+        out[model][scoring][a] = evaluate_lib.rounds_curve(
+            rec, rec['owner'], a, scoring=scoring, default_filter=s.outlier_filter, rng=rng)
+  return out
+
+
+def _plt():
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _legend_outside(ax, **kw):
+  ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, borderaxespad=0, **kw)
+
+
+def roc_figure(config, key, records: dict):
+  """Log-log ROC of every main-setting attack (Table 1's attacks)."""
+  plt = _plt()
+  s = config.fedmia
+  models = list(records)
+  fig, axes = plt.subplots(1, max(1, len(models)), figsize=(6.5 * max(1, len(models)), 4.6),
+                           squeeze=False)
+  recorded = None
+  for ax, model in zip(axes[0], models):
+    rec = records[model]
+    recorded = list(np.asarray(rec['rounds']) + 1)
+    single = recorded.index(int(s.single_round))
+    floor = None
+    for attack in (a for a in s.attacks if '@' not in a and not a.endswith('_best_round')):
+      for scoring, style in (('aligned', '-'), ('public_code', '--')):
+        if scoring not in s.nonmember_scoring:
+          continue
+        base, _ = scores_lib.parse(attack)
+        if scoring == 'public_code' and base not in MULTI:
+          continue  # one round: the public code's redraw only reorders non-members
+        rng = data_lib.rng_from_key(point_key(key, {'roc': attack, 'model': model,
+                                                   'scoring': scoring}))
+        pooled = scores_lib.pooled_round_scores(rec, rec['owner'], attack, scoring=scoring,
+                                                default_filter=s.outlier_filter, rng=rng)
+        final = scores_lib.combine_rounds(pooled['scores'], attack, single_index=single)
+        fpr, tpr, _ = metrics_lib.roc_curve(final, pooled['labels'])
+        floor = 1.0 / max(1, int((pooled['labels'] == 0).sum()))
+        ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), style, color=_colour(attack),
+                lw=1.2, label=f'{scores_lib.label(attack, s.outlier_filter)}'
+                f'{" (public code)" if scoring == "public_code" else ""}')
+    if floor is not None:
+      grid = np.logspace(math.log10(floor), 0, 50)
+      ax.plot(grid, grid, ':', color='k', lw=0.8, label='chance')
+      ax.set_xlim(floor, 1)
+      ax.set_ylim(floor, 1)
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel('false positive rate (non-members flagged, fraction)')
+    ax.set_ylabel('true positive rate (members flagged, fraction)')
+    ax.set_title(f'{model}: ROC, round {s.single_round} for single-round attacks, '
+                 f'{len(recorded)} rounds averaged', fontsize=8)
+    _legend_outside(ax)
+  return fig
+
+
+def _errorbar(ax, x, ms, attack, label, **kw):
+  y = np.array([100 * float(m['tpr_at_fpr_1e-3']) for m in ms])
+  lo = np.array([100 * float(m['tpr_at_fpr_1e-3_ci_low']) for m in ms])
+  hi = np.array([100 * float(m['tpr_at_fpr_1e-3_ci_high']) for m in ms])
+  ax.errorbar(x, y, yerr=[y - lo, hi - y], marker='o', ms=3, capsize=2, lw=1,
+              color=_colour(attack), label=label, **kw)
+
+
+def noniid_figure(config, points):
+  plt = _plt()
+  s = config.fedmia
+  idx = fedmia_tables._index(points)  # pylint: disable=protected-access
+  fig, axes = plt.subplots(1, len(s.models), figsize=(6.5 * len(s.models), 4), squeeze=False)
+  betas = sorted({float(b) for b in s.betas}, reverse=True)
+  for ax, model in zip(axes[0], s.models):
+    pos = np.arange(len(betas))
+    for i, a in enumerate(s.sweep_attacks):
+      ms = [fedmia_tables._get(idx, config, model, a, beta=b) for b in betas]  # pylint: disable=protected-access
+      keep = [j for j, m in enumerate(ms) if m is not None]
+      if keep:
+        _errorbar(ax, pos[keep] + 0.08 * (i - len(s.sweep_attacks) / 2),
+                  [ms[j] for j in keep], a, scores_lib.label(a, s.outlier_filter), ls='none')
+    ax.set_xticks(pos)
+    ax.set_xticklabels(['IID (inf)' if math.isinf(b) else f'{b:g}' for b in betas])
+    ax.set_xlabel('Dirichlet concentration beta (smaller = more label skew)')
+    ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
+    ax.set_title(f'{model}: non-IID data (Fig. 4), aligned scoring', fontsize=9)
+    _legend_outside(ax)
+  return fig
+
+
+def rounds_figure(config, curves: dict):
+  plt = _plt()
+  models = list(curves) or ['(none)']
+  fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
+  for ax, model in zip(axes[0], models):
+    for scoring, style in (('aligned', '-'), ('public_code', '--')):
+      for a, c in curves.get(model, {}).get(scoring, {}).items():
+        y = 100 * np.asarray(c['tpr_at_fpr_1e-3'])
+        lo = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_low'])
+        hi = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_high'])
+        ax.plot(c['round'], y, style, marker='o', ms=2.5, lw=1, color=_colour(a),
+                label=f'{scores_lib.label(a, config.fedmia.outlier_filter)}'
+                f'{" (public code)" if scoring == "public_code" else ""}')
+        if scoring == 'aligned':
+          ax.fill_between(c['round'], lo, hi, color=_colour(a), alpha=0.12, lw=0)
+    ax.set_xlabel('communication round (multi-round attacks use every recorded round so far)')
+    ax.set_ylabel('TPR at 0.1% FPR (%)')
+    ax.set_title(f'{model}: attack strength over rounds (Fig. 5a); bands: 95% CI (aligned)',
+                 fontsize=9)
+    _legend_outside(ax)
+  return fig
+
+
+def clients_epochs_figure(config, points):
+  plt = _plt()
+  s = config.fedmia
+  idx = fedmia_tables._index(points)  # pylint: disable=protected-access
+  fig, axes = plt.subplots(len(s.models), 2, figsize=(12, 4 * len(s.models)), squeeze=False)
+  ks = sorted({int(s.num_clients), *map(int, s.client_counts)})
+  es = sorted({int(s.local_epochs), *map(int, s.epoch_counts)})
+  for row, model in zip(axes, s.models):
+    for ax, values, field, xlabel in ((row[0], ks, 'k', 'number of clients K'),
+                                      (row[1], es, 'e', 'local epochs E')):
+      for a in s.sweep_attacks:
+        ms = [fedmia_tables._get(idx, config, model, a, **{field: v}) for v in values]  # pylint: disable=protected-access
+        keep = [j for j, m in enumerate(ms) if m is not None]
+        if keep:
+          _errorbar(ax, [values[j] for j in keep], [ms[j] for j in keep], a,
+                    scores_lib.label(a, s.outlier_filter))
+      ax.set_xticks(values)
+      ax.set_xlabel(xlabel)
+      ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
+      ax.set_title(f'{model}: {xlabel} (Fig. 5{"b" if field == "k" else "d"}), aligned',
+                   fontsize=9)
+    _legend_outside(row[1])
+  fig.tight_layout()
+  return fig
+
+
+def defenses_figure(config, points):
+  plt = _plt()
+  s = config.fedmia
+  idx = fedmia_tables._index(points)  # pylint: disable=protected-access
+  attacks = list(s.sweep_attacks)
+  cols = 3
+  rows_ = -(-len(attacks) // cols) * len(s.models)
+  fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False)
+  names = list(s.defenses.keys())
+  cmap = plt.get_cmap('tab10')
+  flat = []
+  for model in s.models:
+    for a in attacks:
+      flat.append((model, a))
+  handles = {}
+  for ax, (model, a) in zip(axes.reshape(-1), flat):
+    base = fedmia_tables._get(idx, config, model, a)  # pylint: disable=protected-access
+    if base is not None:
+      h = ax.plot([100 * float(base['test_error'])], [100 * float(base['tpr_at_fpr_1e-3'])],
+                  marker='*', ms=10, color='k', ls='none', label='no defense')[0]
+      handles.setdefault('no defense', h)
+    for i, name in enumerate(names):
+      pts = []
+      for v in s.defenses[name]:
+        m = fedmia_tables._get(idx, config, model, a, defense=name, param=float(v))  # pylint: disable=protected-access
+        if m is not None:
+          pts.append((100 * float(m['test_error']), 100 * float(m['tpr_at_fpr_1e-3'])))
+      if pts:
+        pts.sort()
+        h = ax.plot(*zip(*pts), marker='o', ms=3, lw=1, color=cmap(i % 10), label=name)[0]
+        handles.setdefault(name, h)
+    ax.set_xlabel('test error (%)')
+    ax.set_ylabel('TPR at 0.1% FPR (%)')
+    ax.set_title(f'{model}: {scores_lib.label(a, s.outlier_filter)}', fontsize=8)
+  for ax in axes.reshape(-1)[len(flat):]:
+    ax.axis('off')
+  fig.legend(list(handles.values()), list(handles), loc='upper center', ncol=min(5, len(handles)),
+             fontsize=8, bbox_to_anchor=(0.5, 1.0))
+  fig.tight_layout(rect=(0, 0, 1, 0.93))
+  return fig
+
+
+def save_all(config, key, points, records: dict, curves: dict, workdir: str) -> None:
+  """Writes the five figures (those whose data exist; the main ROC needs `records`)."""
+  plt = _plt()
+  makers = [('fedmia_noniid', lambda: noniid_figure(config, points)),
+            ('fedmia_rounds', lambda: rounds_figure(config, curves)),
+            ('fedmia_clients_epochs', lambda: clients_epochs_figure(config, points)),
+            ('fedmia_defenses', lambda: defenses_figure(config, points))]
+  if records:
+    makers.insert(0, ('fedmia_roc', lambda: roc_figure(config, key, records)))
+  for name, make in makers:
+    fig = make()
+    figures.save(fig, workdir, name)
+    plt.close(fig)

@@ -1,0 +1,230 @@
+"""Tables of the FedMIA pipeline: `table1.md` (attacks, sweeps) and `table2.md` (defenses)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.report import atomic
+from fl_privacy.report import json_safe
+
+TABLE1 = 'table1.md'
+TABLE2 = 'table2.md'
+
+# Table 1 of the paper, AlexNet on CIFAR-100: (TPR % at 0.1% FPR, AUC), scored as its code does.
+PAPER_ALEXNET_CIFAR100 = {
+    'blackbox_loss': (0.18, 0.58), 'grad_cosine': (7.26, 0.78), 'grad_norm': (0.14, 0.51),
+    'loss_series': (25.3, 0.82), 'avg_cosine': (54.66, 0.85), 'grad_diff': (20.52, 0.61),
+    'fedmia_i': (53.78, 0.90), 'fedmia_ii': (66.98, 0.89),
+}
+# The paper's ordering claims at low FPR: (winner, losers).
+ORDERING = (('fedmia_ii', ('grad_cosine', 'avg_cosine')),
+            ('fedmia_i', ('blackbox_loss', 'loss_series')))
+
+
+def dumps(obj: Any) -> str:
+  return json.dumps(json_safe(obj), indent=1) + '\n'
+
+
+def _f(v) -> float:
+  return float(v)
+
+
+def _is_inf(v) -> bool:
+  return isinstance(v, str) and v == 'inf' or (isinstance(v, float) and math.isinf(v))
+
+
+def _pct(m: dict, name: str) -> str:
+  return (f'{100 * _f(m[name]):.2f} [{100 * _f(m[name + "_ci_low"]):.2f}, '
+          f'{100 * _f(m[name + "_ci_high"]):.2f}]')
+
+
+def _auc(m: dict) -> str:
+  return f'{_f(m["auc"]):.3f} [{_f(m["auc_ci_low"]):.3f}, {_f(m["auc_ci_high"]):.3f}]'
+
+
+def _index(points: list[dict]) -> dict:
+  out = {}
+  for p in points:
+    q = p['params']
+    beta = math.inf if _is_inf(q['beta']) else _f(q['beta'])
+    key = (q['model'], q['attack'], q['defense'], q['defense_param'], beta,
+           int(q['num_clients']), int(q['local_epochs']), q['nonmember_scoring'])
+    out[key] = p['metrics']
+  return out
+
+
+def _get(idx, config, model, attack, *, scoring='aligned', defense='none', param=None,
+         beta=math.inf, k=None, e=None):
+  s = config.fedmia
+  k = int(s.num_clients) if k is None else k
+  e = int(s.local_epochs) if e is None else e
+  return idx.get((model, attack, defense, param, beta, k, e, scoring))
+
+
+def _ordering_lines(idx, config, model) -> list[str]:
+  lines = []
+  for scoring in ('aligned', 'public_code'):
+    for winner, losers in ORDERING:
+      w = _get(idx, config, model, winner, scoring=scoring)
+      if w is None:
+        continue
+      for loser in losers:
+        l = _get(idx, config, model, loser, scoring=scoring)
+        if l is None:
+          continue
+        a, b = _f(w['tpr_at_fpr_1e-3']), _f(l['tpr_at_fpr_1e-3'])
+        separated = _f(w['tpr_at_fpr_1e-3_ci_low']) > _f(l['tpr_at_fpr_1e-3_ci_high'])
+        verdict = ('holds (intervals disjoint)' if separated else
+                   'holds (intervals overlap)' if a > b else 'does not hold')
+        lines.append(f'- {scoring}: {scores_lib.label(winner)} {100 * a:.2f}% vs '
+                     f'{scores_lib.label(loser)} {100 * b:.2f}% at 0.1% FPR: {verdict}')
+  return lines
+
+
+def table1(config, points: list[dict]) -> str:
+  """Markdown: Table 1 (main setting, both scorings, the paper's numbers) and the sweeps."""
+  s = config.fedmia
+  idx = _index(points)
+  lines = [f'# FedMIA on {config.dataset}', '',
+           f'K = {s.num_clients} clients, T = {s.num_rounds} rounds recorded every '
+           f'{s.record_every}, E = {s.local_epochs}, B = {s.batch_size}, {s.optimizer} lr '
+           f'{s.learning_rate} ({s.lr_schedule}), weight decay {s.weight_decay}. Each client is '
+           'the target in turn; members = its data, non-members = the test split and the other '
+           "clients' data, pooled. Rates in % with 95% Clopper-Pearson intervals; AUC with "
+           "DeLong's 95% interval. Single-round attacks at round "
+           f'{s.single_round}; "best round" picks the round on the evaluation data (optimistic). '
+           f'FedMIA without a suffix uses the {s.outlier_filter.replace("_", "-")} filter.', '']
+  for model in s.models:
+    first = next((m for (mo, a, d, p, b, k, e, sc), m in idx.items() if mo == model and
+                  d == 'none' and math.isinf(b) and k == s.num_clients and
+                  e == s.local_epochs), None)
+    if first is None:
+      continue
+    lines += [f'## Table 1: {model}, IID, no defense', '',
+              f'{int(first["n_pos"])} members, {int(first["n_neg"])} non-members (pooled over '
+              f'targets); test accuracy {_pct(first, "test_accuracy")}.', '',
+              '| Attack | TPR@0.1% FPR (aligned) | TPR@1% FPR (aligned) | AUC (aligned) | '
+              'TPR@0.1% FPR (public code) | AUC (public code) | inflation of TPR@0.1% (x) | '
+              'per-target TPR@0.1% (aligned, min-max) | paper: AlexNet CIFAR-100 TPR@0.1% / '
+              'AUC |',
+              '|---|---|---|---|---|---|---|---|---|']
+    for attack in s.attacks:
+      a = _get(idx, config, model, attack)
+      p = _get(idx, config, model, attack, scoring='public_code')
+      if a is None and p is None:
+        continue
+      base, filt = scores_lib.parse(attack, s.outlier_filter)
+      paper = PAPER_ALEXNET_CIFAR100.get(base) if filt in (None, 'paper') else None
+      paper_cell = f'{paper[0]:.2f} / {paper[1]:.2f}' if paper else ''
+      infl = ''
+      if a is not None and p is not None:
+        ta, tp = _f(a['tpr_at_fpr_1e-3']), _f(p['tpr_at_fpr_1e-3'])
+        infl = f'{tp / ta:.1f}' if ta > 0 else ('inf' if tp > 0 else '1.0')
+      rng = (f'{100 * _f(a["tpr_at_fpr_1e-3_target_min"]):.1f}-'
+             f'{100 * _f(a["tpr_at_fpr_1e-3_target_max"]):.1f}'
+             if a is not None and 'tpr_at_fpr_1e-3_target_min' in a else '')
+      lines.append(
+          f'| {scores_lib.label(attack, s.outlier_filter)} | '
+          f'{_pct(a, "tpr_at_fpr_1e-3") if a else ""} | '
+          f'{_pct(a, "tpr_at_fpr_1e-2") if a else ""} | {_auc(a) if a else ""} | '
+          f'{_pct(p, "tpr_at_fpr_1e-3") if p else ""} | {_auc(p) if p else ""} | {infl} | '
+          f'{rng} | {paper_cell} |')
+    fm = [_get(idx, config, model, f'fedmia_ii@{f}') or _get(idx, config, model, 'fedmia_ii')
+          for f in ('paper', 'leave_one_out')]
+    lines += ['', 'Outlier filter: fraction of shadow values removed '
+              '(FedMIA-II, aligned): ' + ', '.join(
+                  f'{f} {_f(m["filter_removed_fraction"]):.4f} (owner of a non-member query '
+                  f'removed: {_f(m["filter_owner_removed_fraction"]):.3f})'
+                  for f, m in zip(('paper', 'leave-one-out'), fm) if m is not None), '']
+    lines += ["### The paper's ordering at 0.1% FPR", ''] + _ordering_lines(idx, config, model)
+    lines += ['']
+    lines += _sweep_tables(config, idx, model)
+  return '\n'.join(lines) + '\n'
+
+
+def _sweep_tables(config, idx, model) -> list[str]:
+  s = config.fedmia
+  attacks = list(s.sweep_attacks)
+  head = ('| setting | test acc. | ' + ' | '.join(scores_lib.label(a, s.outlier_filter)
+                                                   for a in attacks) + ' |')
+  sep = '|' + '---|' * (len(attacks) + 2)
+  out = []
+  sweeps = (
+      ('Non-IID (Fig. 4): Dirichlet beta', [dict(beta=b) for b in
+                                             sorted(set(float(b) for b in s.betas),
+                                                    reverse=True)]),
+      ('Clients (Fig. 5b): K', [dict(k=k) for k in sorted({int(s.num_clients),
+                                                           *map(int, s.client_counts)})]),
+      ('Local epochs (Fig. 5d): E', [dict(e=e) for e in sorted({int(s.local_epochs),
+                                                                *map(int, s.epoch_counts)})]),
+  )
+  for title, settings in sweeps:
+    if len(settings) < 2:
+      continue
+    out += [f'### {title}, TPR@0.1% FPR (aligned) [95% CI]', '', head, sep]
+    for st in settings:
+      row = [_get(idx, config, model, a, **st) for a in attacks]
+      if all(r is None for r in row):
+        continue
+      acc = next((r for r in row if r is not None), None)
+      name = ', '.join(f'{k}={v}' for k, v in st.items())
+      out.append(f'| {name} | {100 * _f(acc["test_accuracy"]):.1f} | ' +
+                 ' | '.join(_pct(r, 'tpr_at_fpr_1e-3') if r else '' for r in row) + ' |')
+    out.append('')
+  return out
+
+
+def table2(config, points: list[dict]) -> str:
+  """Markdown: hypervolume of each defense's (test error, TPR@0.1% FPR) front (Fig. 6)."""
+  s = config.fedmia
+  idx = _index(points)
+  lines = [f'# FedMIA defenses on {config.dataset}', '',
+           'Hypervolume (Eq. 13, reference (1, 1), both objectives minimised) of each '
+           "defense's front of (test error, TPR@0.1% FPR) over its strengths plus the "
+           'undefended run, per attack, aligned scoring. Larger = better privacy-utility '
+           'trade-off for the defender.', '']
+  attacks = list(s.sweep_attacks)
+  for model in s.models:
+    lines += [f'## {model}', '',
+              '| defense | ' + ' | '.join(scores_lib.label(a, s.outlier_filter)
+                                         for a in attacks) + ' |',
+              '|' + '---|' * (len(attacks) + 1)]
+    none_row = [_get(idx, config, model, a) for a in attacks]
+    lines.append('| none (undefended point alone) | ' + ' | '.join(
+        f'{metrics_lib.hypervolume([[_f(m["test_error"]), _f(m["tpr_at_fpr_1e-3"])]], (1, 1)):.4f}'
+        if m else '' for m in none_row) + ' |')
+    details = ['', '| defense | strength | test acc. [95% CI] | DP epsilon | ' +
+               ' | '.join(f'TPR@0.1% {scores_lib.label(a, s.outlier_filter)}'
+                          for a in attacks) + ' |', '|' + '---|' * (len(attacks) + 4)]
+    for name in s.defenses.keys():
+      values = [float(v) for v in s.defenses[name]]
+      cells = []
+      for a, base in zip(attacks, none_row):
+        pts = [] if base is None else [[_f(base['test_error']), _f(base['tpr_at_fpr_1e-3'])]]
+        for v in values:
+          m = _get(idx, config, model, a, defense=name, param=v)
+          if m is not None:
+            pts.append([_f(m['test_error']), _f(m['tpr_at_fpr_1e-3'])])
+        cells.append(f'{metrics_lib.hypervolume(pts, (1, 1)):.4f}' if len(pts) > 1 else '')
+      lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+      for v in values:
+        row = [_get(idx, config, model, a, defense=name, param=v) for a in attacks]
+        ref = next((r for r in row if r is not None), None)
+        if ref is None:
+          continue
+        eps = _f(ref['dp_epsilon'])
+        details.append(f'| {name} | {v:g} | {_pct(ref, "test_accuracy")} | '
+                       f'{"inf" if math.isinf(eps) else f"{eps:.3g}"} | ' +
+                       ' | '.join(_pct(r, 'tpr_at_fpr_1e-3') if r else '' for r in row) + ' |')
+    lines += details + ['']
+  return '\n'.join(lines) + '\n'
+
+
+def write(config, points: list[dict], workdir: str) -> None:
+  atomic.atomic_write_text(os.path.join(workdir, TABLE1), table1(config, points))
+  atomic.atomic_write_text(os.path.join(workdir, TABLE2), table2(config, points))

@@ -1,0 +1,82 @@
+"""`fl.queries.measure` equals a plain per-example, per-client loop."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fl_privacy import models
+from fl_privacy.fl import losses
+from fl_privacy.fl import queries
+
+
+def _setup(num_clients=3, num_queries=7):
+  model = models.MLP(hidden=(6,), num_classes=4)
+  key = jax.random.key(0)
+  x = jax.random.normal(jax.random.fold_in(key, 1), (num_queries, 5))
+  y = jax.random.randint(jax.random.fold_in(key, 2), (num_queries,), 0, 4)
+  params = model.init(jax.random.fold_in(key, 3), x[:1])
+  uploads = jax.tree_util.tree_map(
+      lambda p: 0.1 * jax.random.normal(jax.random.fold_in(key, 4), (num_clients,) + p.shape),
+      params)
+  # Client 1 uploads a zero update: its cosines must be 0, not NaN.
+  uploads = jax.tree_util.tree_map(lambda u: u.at[1].set(0.0), uploads)
+  return model, params, uploads, x, y
+
+
+def _loop(model, params, uploads, x, y):
+  def flat(tree):
+    return np.concatenate([np.ravel(np.asarray(a, np.float64))
+                           for a in jax.tree_util.tree_leaves(tree)])
+
+  num_clients = jax.tree_util.tree_leaves(uploads)[0].shape[0]
+  out = {n: np.zeros((num_clients, len(x))) for n in ('loss', 'cos', 'diff')}
+  grad_sq = np.zeros(len(x))
+  for q in range(len(x)):
+    g = flat(jax.grad(lambda p: losses.cross_entropy(model.apply(p, x[q:q + 1]),
+                                                     y[q:q + 1]))(params))
+    grad_sq[q] = g @ g
+    for k in range(num_clients):
+      u = jax.tree_util.tree_map(lambda a: a[k], uploads)
+      d = flat(u)
+      local = jax.tree_util.tree_map(jnp.subtract, params, u)
+      out['loss'][k, q] = float(losses.cross_entropy(model.apply(local, x[q:q + 1]),
+                                                     y[q:q + 1]))
+      nd = np.linalg.norm(d)
+      out['cos'][k, q] = 0.0 if nd == 0 else (g @ d) / (np.linalg.norm(g) * nd)
+      out['diff'][k, q] = d @ d - (d - g) @ (d - g)
+  return out, grad_sq
+
+
+@pytest.mark.parametrize('chunk_size', [1, 3, 7, 100])
+def test_measure_equals_per_example_loop(chunk_size):
+  model, params, uploads, x, y = _setup()
+  got = queries.measure_numpy(model.apply, params, uploads, x, y, chunk_size=chunk_size)
+  want, grad_sq = _loop(model, params, uploads, x, y)
+  for name in ('loss', 'cos', 'diff'):
+    np.testing.assert_allclose(getattr(got, name), want[name], rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(got.grad_sq, grad_sq, rtol=2e-5)
+  assert np.all(got.cos[1] == 0.0)
+  assert got.loss.shape == (3, 7) and got.grad_sq.shape == (7,)
+
+
+def test_measure_chunk_size_does_not_change_results():
+  model, params, uploads, x, y = _setup(num_clients=4, num_queries=11)
+  a = queries.measure_numpy(model.apply, params, uploads, x, y, chunk_size=2)
+  b = queries.measure_numpy(model.apply, params, uploads, x, y, chunk_size=11)
+  for u, v in zip(a, b):
+    np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+
+
+def test_member_gradient_aligns_with_its_update():
+  """A one-step SGD update on (x, y) has cosine 1 with that example's gradient (the sign of
+  Delta = w_t - w_local)."""
+  model, params, _, x, y = _setup()
+  g = jax.grad(lambda p: losses.cross_entropy(model.apply(p, x[:1]), y[:1]))(params)
+  uploads = jax.tree_util.tree_map(lambda a: 0.5 * a[None], g)
+  got = queries.measure_numpy(model.apply, params, uploads, x[:1], y[:1], chunk_size=1)
+  assert got.cos[0, 0] == pytest.approx(1.0, abs=1e-5)
+  # ||D||^2 - ||D - g||^2 = 0.25 |g|^2 - 0.25 |g|^2.
+  assert abs(got.diff[0, 0]) <= 1e-4 * got.grad_sq[0]

@@ -1,0 +1,78 @@
+"""`fl.recording.train_recorded`: segments equal one run; padded clients record as unpadded."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fl_privacy import models
+from fl_privacy.fl import losses
+from fl_privacy.fl import queries
+from fl_privacy.fl import recording
+from fl_privacy.fl import rounds
+
+MODEL = models.MLP(hidden=(8,), num_classes=3)
+OPT = optax.sgd(0.2, momentum=0.9)
+
+
+def _data(num_clients=3, per_client=8, dim=4):
+  rng = np.random.default_rng(0)
+  xs = [rng.normal(size=(per_client, dim)).astype(np.float32) for _ in range(num_clients)]
+  ys = [rng.integers(0, 3, per_client).astype(np.int32) for _ in range(num_clients)]
+  qx = rng.normal(size=(10, dim)).astype(np.float32)
+  qy = rng.integers(0, 3, 10).astype(np.int32)
+  params = MODEL.init(jax.random.key(1), qx[:1])
+  return xs, ys, qx, qy, params
+
+
+def test_recorded_rounds():
+  np.testing.assert_array_equal(recording.recorded_rounds(12, 4), [3, 7, 11])
+  with pytest.raises(ValueError):
+    recording.recorded_rounds(10, 4)
+
+
+def test_segments_equal_one_run():
+  xs, ys, qx, qy, params = _data()
+  clients = rounds.pad_clients(xs, ys)
+  key = jax.random.key(5)
+  got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, key=key, num_rounds=6,
+                                 record_every=3, optimizer=OPT, epochs=1, batch_size=4,
+                                 test_x=qx, test_y=qy, chunk_size=4)
+  # One scan over all rounds, keeping (w_t, uploads) of the recorded rounds 2 and 5.
+  loss_fn = losses.make_loss_fn(MODEL.apply)
+  kept = {}
+  p = params
+  for t in range(6):
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape), params)
+    new, log = rounds.run(loss_fn, p, clients, key=key, num_rounds=1, first_round=t,
+                          optimizer=OPT, epochs=1, batch_size=4,
+                          observe=lambda k, tt, c, g, u: u, init=zeros)
+    kept[t] = (p, log.observed)
+    p = new
+  whole, _ = rounds.run(loss_fn, params, clients, key=key, num_rounds=6, optimizer=OPT,
+                        epochs=1, batch_size=4)
+  np.testing.assert_allclose(jax.tree_util.tree_leaves(p)[0],
+                             jax.tree_util.tree_leaves(whole)[0], rtol=1e-5, atol=1e-6)
+  for i, t in enumerate((2, 5)):
+    want = queries.measure_numpy(MODEL.apply, *kept[t], qx, qy, chunk_size=10)
+    for name in ('loss', 'cos', 'diff'):
+      np.testing.assert_allclose(got[name][i], getattr(want, name), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got['grad_sq'][i], want.grad_sq, rtol=1e-4)
+  final_correct = int(np.sum(np.argmax(MODEL.apply(p, qx), -1) == qy))
+  assert got['test_correct'][-1] == final_correct and int(got['num_test']) == 10
+  assert got['loss'].shape == (2, 3, 10) and list(got['rounds']) == [2, 5]
+
+
+def test_padded_clients_record_as_unpadded():
+  xs, ys, qx, qy, params = _data()
+  full = rounds.ClientData(x=np.stack(xs), y=np.stack(ys), mask=np.ones((3, 8), np.float32))
+  padded = rounds.pad_clients(xs, ys, capacity=13)
+  kw = dict(key=jax.random.key(2), num_rounds=4, record_every=2, optimizer=OPT, epochs=2,
+            batch_size=3, chunk_size=5)
+  a = recording.train_recorded(MODEL.apply, params, full, qx, qy, **kw)
+  b = recording.train_recorded(MODEL.apply, params, padded, qx, qy, **kw)
+  for name in ('loss', 'cos', 'diff', 'grad_sq'):
+    np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6)
