@@ -2,7 +2,7 @@
 
 Every `configs/<dataset>.py` calls `build(...)`, which returns one ConfigDict with
 `data`, `game`, `seed` and one section per experiment that applies to the dataset
-(`ami`, `dishonest`, `ldp_audit`, `fedmia`), each built by `configs/_<experiment>.py`.
+(`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`), each built by `configs/_<experiment>.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Iterable
 import ml_collections
 
 # Which experiment sections each dataset config carries.
-EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia')
+EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel')
 
 
 def parse_arg(arg: str | None) -> dict[str, str | bool]:

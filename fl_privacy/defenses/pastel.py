@@ -301,7 +301,7 @@ def available_layers(apply_fn: Callable, variables: Any, x: jnp.ndarray) -> tupl
 def dense_layers(variables: Any) -> tuple[str, ...]:
   """Top-level layers with a 2-D `kernel` (Dense), in parameter order (the default layers)."""
   return tuple(name for name, sub in variables['params'].items()
-               if hasattr(sub, 'keys') and 'kernel' in sub and jnp.ndim(sub['kernel']) == 2)
+               if hasattr(sub, 'keys') and 'kernel' in sub and len(sub['kernel'].shape) == 2)
 
 
 def mean_jsd(apply_fn: Callable, loss_fn: Callable, variables: Any, x, y, vx, vy, *,

@@ -37,7 +37,7 @@ def _tensor_paths(params: Any) -> list[tuple]:
 def last_layer_name(variables: Any) -> str:
   """The last top-level layer with a 2-D kernel (the classifier of the fl-privacy models)."""
   names = [n for n, sub in variables['params'].items()
-           if hasattr(sub, 'keys') and 'kernel' in sub and jnp.ndim(sub['kernel']) == 2]
+           if hasattr(sub, 'keys') and 'kernel' in sub and len(sub['kernel'].shape) == 2]
   if not names:
     raise ValueError('the model has no Dense layer')
   return names[-1]
@@ -78,7 +78,8 @@ def make_feature_fn(apply_fn: Callable, *, last_layer: str | None = None
 
 def features(feature_fn: Callable, variables: Any, x: np.ndarray, y: np.ndarray, *,
              chunk_size: int = 256) -> dict[str, np.ndarray]:
-  """`feature_fn` over `x` in chunks (the last chunk padded so one program serves all).
+  """`feature_fn` over `x` in chunks of exactly `chunk_size` rows (the last one wraps around to
+  real rows), so one compiled program serves every call whatever its number of rows.
 
   Returns:
     {group: float32 [N, d_g]}.
@@ -86,7 +87,7 @@ def features(feature_fn: Callable, variables: Any, x: np.ndarray, y: np.ndarray,
   n = len(y)
   if n == 0:
     raise ValueError('no examples')
-  chunk = min(chunk_size, n)
+  chunk = int(chunk_size)
   parts: dict[str, list[np.ndarray]] = {}
   for start in range(0, n, chunk):
     stop = min(start + chunk, n)
