@@ -235,7 +235,8 @@ def make(apply_fn: Callable, *, weight: float, layers: Sequence[str],
 
   Args:
     apply_fn: The model's `apply`.
-    weight: lambda >= 0 (the paper's Eq. 5 is 1).
+    weight: lambda >= 0 (the paper's Eq. 5 is 1); a Python number, or a traced scalar so
+      that one compiled training serves every lambda.
     layers: Layer names (top-level submodules), non-empty.
     representation: One of `REPRESENTATIONS`.
     temperature: tau > 0 of the `activation` representation.
@@ -244,7 +245,8 @@ def make(apply_fn: Callable, *, weight: float, layers: Sequence[str],
   Returns:
     `ClientHooks` whose `loss` reads the held-out rows from the client's `aux`.
   """
-  if weight < 0:
+  static_weight = isinstance(weight, (int, float))
+  if static_weight and weight < 0:
     raise ValueError(f'weight must be >= 0 (got {weight})')
   if representation not in REPRESENTATIONS:
     raise ValueError(f'representation must be one of {REPRESENTATIONS} (got {representation!r})')
@@ -253,11 +255,12 @@ def make(apply_fn: Callable, *, weight: float, layers: Sequence[str],
   if temperature <= 0:
     raise ValueError(f'temperature must be > 0 (got {temperature})')
   layers = tuple(layers)
-  weight = float(weight)
+  # A traced weight (one compiled program for every lambda) always computes the term.
+  skip = static_weight and float(weight) == 0.0
 
   def loss(key, loss_fn, params, x, y, mask, aux):
     ce = loss_fn(params, x, y, mask) if mask is not None else loss_fn(params, x, y)
-    if weight == 0.0:
+    if skip:
       return ce
     reg = regulariser(key, apply_fn, loss_fn, params, x, y, mask, aux, layers=layers,
                       representation=representation, temperature=temperature,

@@ -51,6 +51,7 @@ from fl_privacy.attacks.passive import whitebox
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import pastel_dp
 from fl_privacy.eval import stats
+from fl_privacy.fl import client as client_lib
 from fl_privacy.fl import losses
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import queries
@@ -290,58 +291,91 @@ def _optimizer(name: str, learning_rate: float):
   return optimizers_lib.make(name, learning_rate, field='pastel.optimizer')
 
 
+@functools.lru_cache(maxsize=None)
+def _hook_factory(kind: str, apply_fn, layers: tuple, representation: str, temperature: float,
+                  batch_size: int, clip_norm: float):
+  """`strength -> ClientHooks` of one kind, cached: a static argument of the jitted rounds.
+
+  The strength (lambda, or the DP noise multiplier) is traced, so every lambda of PASTEL, and
+  every epsilon of a DP mechanism, reuses one compiled training (wdp and cdp share one: they
+  are the same mechanism at different noise).
+  """
+  if kind == 'pastel':
+    return lambda w: pastel_lib.make(apply_fn, weight=w, layers=layers,
+                                     representation=representation, temperature=temperature,
+                                     heldout_batch_size=batch_size)
+  if kind == 'ldp':
+    return lambda z: client_lib.ClientHooks(grad=pastel_dp.dp_sgd_grad(clip_norm, z,
+                                                                       batch_size))
+  if kind == 'server_dp':
+    return lambda z: client_lib.ClientHooks(aggregate=pastel_dp.central_dp_aggregate(clip_norm,
+                                                                                     z))
+  raise ValueError(f'unknown hook kind {kind!r}')
+
+
 def training_setup(config, state, split: dict, tr: dict):
-  """(hooks, optimizer, dp info) of one training."""
+  """(hook factory, its strength, optimizer, DP info) of one training.
+
+  The factory is None for `none`; the strength is lambda for `pastel` and the calibrated noise
+  multiplier for the DP baselines.
+  """
   s = _s(config)
   lr = s.learning_rate if tr['optimizer'] == s.optimizer else s.ablation_learning_rate
   opt = _optimizer(tr['optimizer'], float(lr))
   info = dict(noise_multiplier=math.nan, dp_epsilon=math.nan, dp_epsilon_per_round=math.nan)
+  apply_fn, b = state['model'].apply, int(s.batch_size)
   if tr['defense'] == 'none':
-    return None, opt, info
+    return None, 0.0, opt, info
   if tr['defense'] == 'pastel':
-    hooks = pastel_lib.make(state['model'].apply, weight=tr['strength'], layers=state['layers'],
-                            representation=s.pastel_representation,
-                            temperature=float(s.pastel_temperature),
-                            heldout_batch_size=int(s.batch_size))
-    return hooks, opt, info
-  hooks, dp = pastel_dp.make(tr['defense'], target_epsilon=tr['strength'],
-                             delta=float(s.dp_delta), num_rounds=int(s.num_rounds),
-                             clip_norm=float(s.clip_norm),
-                             update_clip_norm=float(s.update_clip_norm),
-                             epochs=int(s.local_epochs), batch_size=int(s.batch_size),
-                             num_examples=min(len(m) for m in split['members']))
+    factory = _hook_factory('pastel', apply_fn, tuple(state['layers']),
+                            s.pastel_representation, float(s.pastel_temperature), b, 0.0)
+    return factory, float(tr['strength']), opt, info
+  _, dp = pastel_dp.make(tr['defense'], target_epsilon=tr['strength'],
+                         delta=float(s.dp_delta), num_rounds=int(s.num_rounds),
+                         clip_norm=float(s.clip_norm),
+                         update_clip_norm=float(s.update_clip_norm),
+                         epochs=int(s.local_epochs), batch_size=b,
+                         num_examples=min(len(m) for m in split['members']))
   info.update({k: dp[k] for k in info})
-  return hooks, opt, info
+  if tr['defense'] == 'ldp':
+    factory = _hook_factory('ldp', apply_fn, (), '', 1.0, b, float(s.clip_norm))
+  else:
+    factory = _hook_factory('server_dp', apply_fn, (), '', 1.0, b, float(s.update_clip_norm))
+  return factory, dp['noise_multiplier'], opt, info
 
 
-_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks')
+_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hook_factory')
+
+
+def _server_view(key, t, k, global_params, upload):
+  """What the server keeps of client k in round t: its upload and the global model w_t."""
+  del key, t, k
+  return upload, global_params
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ('num_rounds',))
-def _plain(params, clients, key, first, *, apply_fn, optimizer, epochs, batch_size, hooks,
-           num_rounds):
-  """Rounds first .. first + num_rounds - 1 (nothing observed)."""
-  final, _ = rounds_lib.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
-                            num_rounds=num_rounds, first_round=first, optimizer=optimizer,
-                            epochs=epochs, batch_size=batch_size, hooks=hooks)
-  return final
+def _segment(params, clients, key, first, strength, *, apply_fn, optimizer, epochs, batch_size,
+             hook_factory, num_rounds):
+  """Rounds first .. first + num_rounds - 1 in one program.
 
-
-def _keep_upload(key, t, k, global_params, upload):
-  del key, t, k, global_params
-  return upload
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def _observed(params, clients, key, t, *, apply_fn, optimizer, epochs, batch_size, hooks):
-  """Round t: (w_{t+1}, the K uploads the server received)."""
+  Returns (w_{first + num_rounds}, the last round's K uploads, that round's w_t): the default
+  `reduce` keeps only the last round's observations, so nothing accumulates over rounds.
+  """
+  hooks = None if hook_factory is None else hook_factory(strength)
   zeros = jax.tree_util.tree_map(
       lambda a: jnp.zeros((clients.num_clients,) + a.shape, a.dtype), params)
   final, log = rounds_lib.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
-                              num_rounds=1, first_round=t, optimizer=optimizer, epochs=epochs,
-                              batch_size=batch_size, hooks=hooks, observe=_keep_upload,
-                              init=zeros)
-  return final, log.observed
+                              num_rounds=num_rounds, first_round=first, optimizer=optimizer,
+                              epochs=epochs, batch_size=batch_size, hooks=hooks,
+                              observe=_server_view, init=(zeros, zeros))
+  uploads, globals_ = log.observed
+  return final, uploads, jax.tree_util.tree_map(lambda a: a[0], globals_)
+
+
+@functools.lru_cache(maxsize=None)
+def _feature_fn(apply_fn, last_layer):
+  # One jitted program per model, shared by every training.
+  return whitebox.make_feature_fn(apply_fn, last_layer=last_layer)
 
 
 @functools.partial(jax.jit, static_argnames=('apply_fn',))
@@ -356,8 +390,9 @@ def count_correct(apply_fn, params, x: np.ndarray, y: np.ndarray, batch: int = 1
   for start in range(0, n, batch):
     idx = np.arange(start, start + batch) % n
     stop = min(start + batch, n)
-    hits = np.asarray(jnp.argmax(apply_fn(params, jnp.asarray(x[idx])), -1) == y[idx])
-    total += int(hits[:stop - start].sum())
+    keep = np.arange(batch) < stop - start
+    total += int(_correct(apply_fn, params, jnp.asarray(x[idx]),
+                          jnp.asarray(np.where(keep, y[idx], -1))))
   return total
 
 
@@ -377,7 +412,7 @@ def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np
   s = _s(config)
   model = state['model']
   apply_fn = model.apply
-  hooks, opt, info = training_setup(config, state, split, tr)
+  factory, strength, opt, info = training_setup(config, state, split, tr)
   clients = client_data(state, split)
   clients = rounds_lib.ClientData(*(None if a is None else jax.tree_util.tree_map(jnp.asarray, a)
                                     for a in clients))
@@ -386,12 +421,12 @@ def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np
   params = model.init(point_key(key, {'role': 'init'}), jnp.asarray(x_train[:1]))
   run_key = point_key(key, {'role': 'training'})
   static = dict(apply_fn=apply_fn, optimizer=opt, epochs=int(s.local_epochs),
-                batch_size=int(s.batch_size), hooks=hooks)
+                batch_size=int(s.batch_size), hook_factory=factory)
   t_total, every = int(s.num_rounds), int(s.record_every)
   recorded = list(range(every - 1, t_total, every))
   attacked = recorded[-int(s.attack_snapshots):]
-  feature_fn = whitebox.make_feature_fn(
-      apply_fn, last_layer=whitebox.last_layer_name(params) if s.attack_last_layer_grad else None)
+  feature_fn = _feature_fn(
+      apply_fn, whitebox.last_layer_name(params) if s.attack_last_layer_grad else None)
   chunk = int(s.feature_chunk_size)
   g_rows, l_rows = rows['global'], rows['local']
   last_locals = []
@@ -401,9 +436,10 @@ def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np
   g_snaps, l_snaps, fm, acc_rounds, upload_norms = [], [], [], [], []
   t = 0
   for r in recorded:
-    if r > t:
-      params = _plain(params, clients, run_key, t, num_rounds=r - t, **static)
-    new_params, uploads = _observed(params, clients, run_key, r, **static)
+    # Rounds t .. r in one program; `params` becomes w_r, the recorded round's global model.
+    new_params, uploads, params = _segment(params, clients, run_key, t,
+                                           jnp.float32(strength), num_rounds=r + 1 - t,
+                                           **static)
     norms = jax.vmap(lambda u: pastel_dp._global_norm(u))(uploads)
     upload_norms.append(np.asarray(norms))
     acc_rounds.append(count_correct(apply_fn, new_params, x_test, y_test) / len(y_test))

@@ -17,6 +17,7 @@ baseline of the experiment is the loss threshold (`loss_scores`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -178,28 +179,34 @@ def train_and_score(key, train: dict[str, np.ndarray], train_labels: np.ndarray,
   for g in groups:
     a, b = _standardise(np.asarray(train[g], np.float64), np.asarray(evaluate[g], np.float64))
     tr[g], ev[g] = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  fit = _fitter(groups, hidden, embed, int(steps), float(learning_rate), float(weight_decay))
+  return np.asarray(fit(key, tr, jnp.asarray(train_labels, jnp.float32), ev), np.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def _fitter(groups: tuple[str, ...], hidden: int, embed: int, steps: int, learning_rate: float,
+            weight_decay: float):
+  """A jitted `fit(key, train, labels, evaluate) -> logits`, one per attack configuration."""
   net = AttackNet(groups=groups, hidden=hidden, embed=embed)
-  params = net.init(key, {g: v[:1] for g, v in tr.items()})
   opt = (optax.adamw(learning_rate, weight_decay=weight_decay) if weight_decay > 0
          else optax.adam(learning_rate))
-  labels = jnp.asarray(train_labels, jnp.float32)
 
   @jax.jit
-  def fit(params, tr):
+  def fit(key, tr, labels, ev):
+    params = net.init(key, {g: v[:1] for g, v in tr.items()})
+
     def loss(p):
       return jnp.mean(optax.sigmoid_binary_cross_entropy(net.apply(p, tr), labels))
 
     def step(carry, _):
       p, s = carry
-      g = jax.grad(loss)(p)
-      u, s = opt.update(g, s, p)
+      u, s = opt.update(jax.grad(loss)(p), s, p)
       return (optax.apply_updates(p, u), s), None
 
     (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)
-    return params
+    return net.apply(params, ev)
 
-  params = fit(params, tr)
-  return np.asarray(net.apply(params, ev), np.float64)
+  return fit
 
 
 def loss_scores(feats: dict[str, np.ndarray]) -> np.ndarray:
