@@ -199,7 +199,7 @@ def loss_hist_figure(config, losses: dict):
       vals = np.log10(np.maximum(np.asarray(v[key], np.float64), floor))
       ax.hist(vals, bins=bins, density=True, alpha=0.5, color=colour, label=label)
     ax.set_xlabel(f'log10 cross-entropy loss (nats; below {floor:g} drawn at {floor:g})')
-    ax.set_title(name)
+    ax.set_title(_name(_training(v['params'])))
   axes[0][0].set_ylabel('density')
   handles, labels = axes[0][0].get_legend_handles_labels()
   fig.legend(handles, labels, loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
