@@ -150,7 +150,9 @@ def _standardise(train: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.n
   """Scales each feature by the training rows' mean and std (no evaluation data leaks in)."""
   mean = train.mean(axis=0, keepdims=True)
   std = train.std(axis=0, keepdims=True)
-  std = np.where(std > 0, std, 1.0)
+  # Near-constant features (a saturated softmax column: std ~1e-40 in float32) would blow up
+  # to inf after division; they carry no information, so they are only centred.
+  std = np.where(std > 1e-6, std, 1.0)
   return (train - mean) / std, (other - mean) / std
 
 
@@ -180,7 +182,10 @@ def train_and_score(key, train: dict[str, np.ndarray], train_labels: np.ndarray,
     a, b = _standardise(np.asarray(train[g], np.float64), np.asarray(evaluate[g], np.float64))
     tr[g], ev[g] = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
   fit = _fitter(groups, hidden, embed, int(steps), float(learning_rate), float(weight_decay))
-  return np.asarray(fit(key, tr, jnp.asarray(train_labels, jnp.float32), ev), np.float64)
+  scores = np.asarray(fit(key, tr, jnp.asarray(train_labels, jnp.float32), ev), np.float64)
+  if not np.all(np.isfinite(scores)):
+    raise FloatingPointError('the attack model diverged (non-finite scores)')
+  return scores
 
 
 @functools.lru_cache(maxsize=None)
