@@ -25,7 +25,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     optimizer: the clients' optimizer (paper: 'adagrad'), fresh each round.
     learning_rate: its step size (digits: AdaGrad 0.1, 0.97 test accuracy undefended).
     ablation_optimizer: a second optimizer for `none` and `pastel` (at
-      `ablation_pastel_weight`), separating the regulariser from AdaGrad; None to skip.
+      `ablation_pastel_weight`), separating the regulariser from AdaGrad; 'none' to skip.
     ablation_learning_rate: its step size (momentum SGD 0.01, momentum 0.9).
     ablation_pastel_weight: lambda of the ablation's `pastel` training (1, the paper's Eq. 5).
     defenses: subset of ('none', 'pastel', 'wdp', 'ldp', 'cdp').
@@ -104,7 +104,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.defenses = ('none', 'pastel', 'cdp')
     s.pastel_weights = (1.0,)
     s.epsilons = (4.0,)
-    s.ablation_optimizer = None
+    s.ablation_optimizer = 'none'
     s.attacks = ('nasr_whitebox', 'loss_threshold')
     s.attack_steps = 50
   return s
