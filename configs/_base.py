@@ -2,7 +2,9 @@
 
 Every `configs/<dataset>.py` calls `build(...)`, which returns one ConfigDict with
 `data`, `game`, `seed` and one section per experiment that applies to the dataset
-(`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`), each built by `configs/_<experiment>.py`.
+(`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`), each built by `configs/_<experiment>.py`,
+plus the `defense` section (configs/_defense.py) when an experiment that honours it (`ami`,
+`dishonest`) is present.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import ml_collections
 
 # Which experiment sections each dataset config carries.
 EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel')
+# Experiments whose clients run the `defense` section's defense.
+DEFENDED = ('ami', 'dishonest')
 
 
 def parse_arg(arg: str | None) -> dict[str, str | bool]:
@@ -79,4 +83,6 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
       raise ValueError(f'unknown experiment section {name!r}; known: {EXPERIMENTS}')
     module = importlib.import_module(f'configs._{name}')
     config[name] = module.section(dataset, smoke)
+  if any(name in DEFENDED for name in experiments):
+    config.defense = importlib.import_module('configs._defense').section(dataset, smoke)
   return config

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fl_privacy.fl import local, losses
+from fl_privacy.fl import client, local, losses
 from fl_privacy.models import crafting
 
 # The Flower CNN's dense layers: the detector's first and second hidden layers and the output.
@@ -176,6 +176,9 @@ class Game:
     epsilon: the detector's bias.
     threshold: xi.
     layers: the three dense layers the detector occupies.
+    hooks: the client's defense (`fl.client.ClientHooks`, e.g. from `fl_privacy.defenses`);
+      None trains plain FedAvg. The server observes w_t - upload, so an `upload` hook changes
+      what it sees; an `aggregate` hook acts after the upload and cannot.
   """
   model: Any
   num_components: int
@@ -186,6 +189,7 @@ class Game:
   epsilon: float = 1e-3
   threshold: float = 0.1
   layers: tuple[str, str, str] = FC_LAYERS
+  hooks: client.ClientHooks | None = None
 
   @property
   def num_examples(self) -> int:
@@ -193,9 +197,13 @@ class Game:
 
 
 def loss_fn_for(model) -> Callable:
-  """Mean cross-entropy of `model` as a function of its parameter collection."""
-  def loss_fn(params, x, y):
-    return losses.cross_entropy(model.apply({'params': params}, x), y)
+  """Mean cross-entropy of `model` as a function of its parameter collection.
+
+  Takes an optional row mask and soft labels (what hooks such as sampling or mixup hand it);
+  without a mask it is the plain batch mean, bit for bit.
+  """
+  def loss_fn(params, x, y, mask=None):
+    return losses.cross_entropy(model.apply({'params': params}, x), y, mask)
   return loss_fn
 
 
@@ -245,7 +253,7 @@ def play(game: Game, init_key: jax.Array, train_key: jax.Array, x_pool: jax.Arra
   Args:
     game: the configuration.
     init_key: key of the random trunk the server sends (Section 2.2, step 1).
-    train_key: key of the client's minibatch shuffling.
+    train_key: the client's key (minibatch shuffling and the defense's hooks).
     x_pool: [P, ...] float inputs.
     y_pool: [P] int labels.
     client_idx: [N] pool indices of the client's data, N = `game.num_examples`.
@@ -271,8 +279,14 @@ def play(game: Game, init_key: jax.Array, train_key: jax.Array, x_pool: jax.Arra
 
     x, y = x_pool[client_idx], y_pool[client_idx]
     loss_fn = loss_fn_for(game.model)
-    trained = local.fedavg(loss_fn, params, x, y, key=train_key, optimizer=game.optimizer,
-                           epochs=game.epochs, batch_size=game.batch_size)
+    hooks = client.IDENTITY if game.hooks is None else game.hooks
+    upload, trained = local.client_update(loss_fn, params, x, y, key=train_key, hooks=hooks,
+                                          optimizer=game.optimizer, epochs=game.epochs,
+                                          batch_size=game.batch_size)
+    if hooks.upload is not client.IDENTITY.upload:
+      # What the server receives: w_t - upload (without an upload hook it reads w_local
+      # itself, which w_t - (w_t - w_local) need not equal to the last bit).
+      trained = client.apply_update(params, upload)
     simulated = server_step(loss_fn, params, x_t, y_t, game.optimizer)
     delta = delta_statistic(detector_bias({'params': trained}, layers=game.layers),
                             detector_bias({'params': simulated}, layers=game.layers),

@@ -17,6 +17,7 @@ import numpy as np
 
 from fl_privacy.mechanisms import bitrand
 from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import registry
 
 # The public code's sign bit + 5 integer + 4 fractional bits; 5-bit groups keep the per-group
 # inverse-CDF tables at 32 x 31 thresholds.
@@ -194,17 +195,14 @@ def bit_probabilities(mechanism: str, epsilon: float, num_features: int,
 
 def mechanism_fn(mechanism: str, epsilon: float | None, num_features: int,
                  encoding: Encoding) -> Callable[[Array, Array], Array]:
-  """The client's randomizer `(key, x) -> x'` from `fl_privacy.mechanisms` (exact draws)."""
-  kw = dict(int_bits=encoding.int_bits, frac_bits=encoding.frac_bits,
-            sign_bit=encoding.sign_bit, honour_sign=encoding.honour_sign,
-            num_features=num_features)
+  """The client's randomizer `(key, x) -> x'` from `mechanisms.registry` (exact draws)."""
+  if mechanism not in MECHANISMS:
+    raise ValueError(f'mechanism must be one of {MECHANISMS} (got {mechanism!r})')
   if mechanism == 'none':
-    return lambda key, x: jnp.asarray(x, jnp.float32)
-  if mechanism == 'bitrand':
-    return lambda key, x: bitrand.randomize(key, x, epsilon, **kw)
-  if mechanism == 'ome':
-    return lambda key, x: ome.randomize(key, x, epsilon, **kw)
-  raise ValueError(f'mechanism must be one of {MECHANISMS} (got {mechanism!r})')
+    return registry.as_float(registry.randomizer('none'))
+  return registry.randomizer(mechanism, epsilon=epsilon, int_bits=encoding.int_bits,
+                             frac_bits=encoding.frac_bits, sign_bit=encoding.sign_bit,
+                             honour_sign=encoding.honour_sign, num_features=num_features)
 
 
 def sample_codes(key: Array, codes: Array, thresholds: Sequence[Array],

@@ -1,4 +1,4 @@
-"""Mechanisms as optax-style (init, update) pairs, chosen by config name.
+"""Mechanisms as optax-style (init, update) pairs, chosen by config name (`registry`).
 
 A `Mechanism` bundles a stateless randomizer `randomize(key, x) -> x'` (what a jitted game
 calls with its own fold_in keys) and the stateful pair `init(key) -> MechanismState`,
@@ -21,12 +21,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from fl_privacy import validate
 from fl_privacy.mechanisms import bitrand
-from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import registry
 
-MECHANISMS = ('none', 'bitrand', 'ome', 'gaussian')
+# The input mechanisms of `mechanisms.registry` (LDP-SGD randomizes gradients, not inputs).
+MECHANISMS = registry.INPUT_MECHANISMS
 
 
 class MechanismState(NamedTuple):
@@ -80,9 +80,9 @@ def bitrand_transform(epsilon: float, *, int_bits: int = 5, frac_bits: int = 4,
   """BitRand on real features [..., d] (Eq. (23) of the AMI paper); see `bitrand.randomize`."""
   bitrand.check_epsilon(epsilon)
   bitrand.check_rng_bits(rng_bits)
-  fn = lambda key, x: bitrand.randomize(
-      key, x, epsilon, int_bits=int_bits, frac_bits=frac_bits, sign_bit=sign_bit,
-      honour_sign=honour_sign, num_features=num_features, alpha=alpha, rng_bits=rng_bits)
+  fn = registry.randomizer('bitrand', epsilon=epsilon, int_bits=int_bits, frac_bits=frac_bits,
+                           sign_bit=sign_bit, honour_sign=honour_sign,
+                           num_features=num_features, alpha=alpha, rng_bits=rng_bits)
   return _stateful('bitrand', _per_leaf(fn))
 
 
@@ -92,9 +92,9 @@ def ome_transform(epsilon: float, *, alpha: float = ome.DEFAULT_ALPHA, int_bits:
   """OME on real features [..., d] (Eq. (22) of the AMI paper); see `ome.randomize`."""
   bitrand.check_epsilon(epsilon)
   bitrand.check_rng_bits(rng_bits)
-  fn = lambda key, x: ome.randomize(
-      key, x, epsilon, alpha, int_bits=int_bits, frac_bits=frac_bits, sign_bit=sign_bit,
-      honour_sign=honour_sign, num_features=num_features, rng_bits=rng_bits)
+  fn = registry.randomizer('ome', epsilon=epsilon, alpha=alpha, int_bits=int_bits,
+                           frac_bits=frac_bits, sign_bit=sign_bit, honour_sign=honour_sign,
+                           num_features=num_features, rng_bits=rng_bits)
   return _stateful('ome', _per_leaf(fn))
 
 
@@ -102,13 +102,9 @@ def gaussian_transform(sigma: float | None = None, *, epsilon: float | None = No
                        delta: float | None = None, sensitivity: float = 1.0) -> Mechanism:
   """Adds N(0, sigma^2) to every entry; sigma given, or `gaussian.sigma_for(epsilon, delta,
   sensitivity)` (Appendix E of the AMI paper; a DP guarantee only for epsilon < 1)."""
-  if sigma is None:
-    validate.require(epsilon is not None and delta is not None, 'sigma',
-                     'given, or epsilon and delta given', sigma)
-    sigma = gaussian.sigma_for(epsilon, delta, sensitivity)
-  validate.require(sigma >= 0, 'sigma', 'a number >= 0', sigma)
   # add_noise already draws leaf i with fold_in(key, i)
-  return _stateful('gaussian', lambda key, x: gaussian.add_noise(key, x, sigma))
+  return _stateful('gaussian', registry.randomizer('gaussian', sigma=sigma, epsilon=epsilon,
+                                                   delta=delta, sensitivity=sensitivity))
 
 
 def make(name: str, **kwargs: Any) -> Mechanism:
@@ -119,7 +115,7 @@ def make(name: str, **kwargs: Any) -> Mechanism:
   Raises:
     ConfigError: naming field 'mechanism' for an unknown name.
   """
-  validate.require(name in MECHANISMS, 'mechanism', f'one of {MECHANISMS}', name)
+  registry.spec(name, 'mechanism', MECHANISMS)
   if name == 'none':
     return identity_transform()
   builders = {'bitrand': bitrand_transform, 'ome': ome_transform,

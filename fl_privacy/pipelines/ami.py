@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models
 from fl_privacy import validate
 from fl_privacy.attacks import ami
@@ -40,6 +41,10 @@ from fl_privacy.report import run_point
 
 
 DECISION_PATHS = ('fast', 'gradient')
+# Defenses the AMI client can run: those acting on the batch it trains on (`data`, `batch`
+# hooks). The input mechanisms stay in `ami.mechanisms`; update and DP defenses act on what
+# the attack does not read on its fast path (see BUILD.md, "Defenses").
+AMI_DEFENSES = ('none', 'mixup', 'augment', 'sampling')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
 
@@ -100,6 +105,10 @@ def validate_config(config) -> None:
   weights = config.ami.extractor_weights
   validate.require(not weights or os.path.isfile(weights), 'ami.extractor_weights',
                    "'' or an existing .npz file", weights)
+  name = defenses.validate_section(config.defense)
+  validate.require(name in AMI_DEFENSES, 'defense.name',
+                   f'one of {AMI_DEFENSES} for experiments.ami (the client applies the defense '
+                   'to the batch it trains on; LDP mechanisms go in ami.mechanisms)', name)
 
 
 def _features(dataset, config, key) -> np.ndarray:
@@ -187,6 +196,19 @@ def prepare(config) -> dict[str, Any]:
   }
   every = np.concatenate([state['target_x'], state['pool_x'], state['crafting_x']])
   _, clipped = fixed_point.encode(jnp.asarray(every), a.int_bits, a.frac_bits, True)
+  pool_split = splits[a.pool_split]
+  image_shape = (tuple(pool_split.x.shape[1:]) if pool_split.is_image and a.extractor ==
+                 'identity' else None)
+  validate.require(config.defense.name != 'augment' or image_shape is not None,
+                   'defense.name', "not 'augment' unless ami.extractor is 'identity' on an "
+                   'image dataset (augmentation needs the image behind the features)',
+                   config.defense.name)
+  configured = defenses.configure(
+      config.defense, num_classes=state['num_classes'], image_shape=image_shape,
+      value_range=(0.0, float(a.feature_scale)), batch_size=int(a.batch_size),
+      num_examples=int(a.batch_size), local_steps=1, rounds=1)
+  state['defense'] = None if configured.params['defense'] == 'none' else configured.hooks
+  state['defense_params'] = configured.params
   state['num_clipped'] = int(clipped)
   state['clipped_fraction'] = int(clipped) / every.size
   if clipped:
@@ -258,6 +280,13 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   extra = {}
   if a.decision_path == 'gradient':
     return _play_literal(key, config, state, neurons, mechanism, epsilon, randomize)
+  defense = state.get('defense')
+  if mechanism == 'none' and defense is not None:
+    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize,
+                         defense=defense)
+    args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
+            ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
+    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
   if mechanism == 'none':
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
@@ -265,7 +294,8 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
     return runner.run_trials(fn, key, n, chunk_size=chunk, args=(v_t, v_p)), extra
   p_one = ami.bit_probabilities(mechanism, epsilon, d, enc)
   if p_one is None:
-    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize)
+    fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize,
+                         defense=defense)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
     extra['sampler_tv_per_trial'] = 0.0
@@ -277,7 +307,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   p_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['pool_x']), enc.int_bits,
                                               enc.frac_bits, True)[0], sizes)
   fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), xor=channel.xor,
-                       encoding=enc)
+                       encoding=enc, defense=defense)
   args = (neurons, ami.GameSide(codes=t_codes), ami.GameSide(codes=p_codes),
           tuple(jnp.asarray(t) for t in channel.thresholds))
   # Total-variation bound between the simulated and the exact client, per trial.
@@ -312,7 +342,8 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
   pool = ami.GameSide(x=jnp.asarray(state['pool_x']), y=jnp.asarray(state['pool_y']))
   fn = _cached_partial(ami.literal_trial, batch_size=int(a.batch_size), loss_fn=loss_fn,
                        chosen_index=CHOSEN_INDEX,
-                       mechanism=None if mechanism == 'none' else randomize)
+                       mechanism=None if mechanism == 'none' else randomize,
+                       defense=state.get('defense'))
   out = runner.run_trials(fn, key, int(a.num_trials), chunk_size=int(config.game.chunk_size),
                           args=(params, targets, pool, None))
   agree = float(np.mean(out['decision'] == out['decision_fast']))
@@ -441,7 +472,9 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
   epsilons = tuple(float(e) for e in a.epsilons)
   for mechanism in mechanisms:
     for epsilon in ((None,) if mechanism == 'none' else epsilons):
-      params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon}
+      params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon,
+                **state['defense_params']}
+      # Keyed by (mechanism, epsilon) only: defenses are compared on the same trials.
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models
 from fl_privacy import validate
 from fl_privacy.attacks import dishonest
@@ -78,6 +79,7 @@ def validate_static(config) -> None:
   validate.one_of(config, 'dishonest.split', SPLITS)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
   validate.positive(config, 'game.chunk_size', integer=True)
+  defenses.validate_section(config.defense)
 
 
 def grid_points(config) -> list[dict]:
@@ -176,15 +178,33 @@ def point_key(key, p: dict):
   return report.point_key(key, {'num_batches': p['num_batches'], 'epochs': p['epochs']})
 
 
+def defense_for(config, state, p: dict) -> defenses.Configured:
+  """The `defense` section built for point `p` (one client, one round of E J steps)."""
+  s = config.dishonest
+  pool = state['pool']
+  return defenses.configure(config.defense, num_classes=pool.num_classes,
+                            image_shape=pool.x.shape[1:], value_range=(0.0, 1.0),
+                            batch_size=int(s.batch_size),
+                            num_examples=p['num_batches'] * int(s.batch_size),
+                            local_steps=p['num_batches'] * p['epochs'], rounds=1)
+
+
+def point_params(config, state, p: dict) -> dict:
+  """A results point's params: the grid point and the defense with its parameters."""
+  return {**p, **defense_for(config, state, p).params}
+
+
 def simulate(config, state, p: dict, key) -> dict[str, np.ndarray]:
   """All runs of one point through `eval.runner.run_trials` (one trial = one run)."""
   s = config.dishonest
   pool = state['pool']
+  defense = defense_for(config, state, p)
   game = dishonest.Game(model=state['model'], num_components=p['M'],
                         num_batches=p['num_batches'], epochs=p['epochs'],
                         batch_size=int(s.batch_size),
                         optimizer=make_optimizer(config, p['optimizer']),
-                        epsilon=float(s.epsilon), threshold=float(s.threshold))
+                        epsilon=float(s.epsilon), threshold=float(s.threshold),
+                        hooks=None if defense.params['defense'] == 'none' else defense.hooks)
   x = jnp.asarray(data_lib.to_float(pool.x))
   y = jnp.asarray(pool.y)
   with jax.default_matmul_precision('highest'):
@@ -263,6 +283,12 @@ def point_metrics(out: dict[str, np.ndarray]) -> dict[str, float]:
   m.update(stats.rate('acc', correct, len(member)))
   finite = np.where(np.isinf(delta), np.finfo(np.float64).max, delta)
   m['auc'] = metrics_lib.roc_auc(finite, member)
+  m.update(stats.rate('tpr', int(np.sum(decision & member)), int(np.sum(member))))
+  for target, name in ((1e-2, 'tpr_at_fpr_1e-2'), (0.1, 'tpr_at_fpr_1e-1')):
+    # TPR of the best Delta threshold with FPR <= target (over these runs: optimistic by the
+    # choice of threshold; the interval is Clopper-Pearson on the inside runs above it).
+    tpr = metrics_lib.tpr_at_fpr(finite, member, target)
+    m.update(stats.rate(name, int(round(tpr * np.sum(member))), int(np.sum(member))))
   m['delta_in_min'] = float(delta[member].min())
   m['delta_in_median'] = float(np.median(delta[member]))
   m['delta_out_max'] = float(delta[~member].max())
@@ -288,6 +314,7 @@ def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dic
   def compute():
     out = simulate(config, state, p, key)
     m = point_metrics(out)
+    m.update(defense_for(config, state, p).metrics)
     member = out['member'].astype(bool)
     decision = out['decision'].astype(bool)
     fps = [attribute(config, state['pool'], key, p, int(i), {k: v[i] for k, v in out.items()})
@@ -310,7 +337,7 @@ def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dic
                  m['fpr'], m['fnr'], m['auc'], m['out_delta_nonzero'])
     return m, int(config.dishonest.runs)
 
-  run_point(store, p, compute)
+  run_point(store, point_params(config, state, p), compute)
 
 
 def _pct(metrics: dict, name: str) -> str:
@@ -324,7 +351,8 @@ def table_markdown(config, points: list[dict], decisions: dict) -> str:
   lines = [f'# Dishonest-server MI on {config.dataset} ({s.runs} runs per row, half inside)',
            '', f'B = {s.batch_size}, eps = {s.epsilon}, xi = {s.threshold}, '
            f'lr = {s.learning_rate}. Rates in %, [95% Clopper-Pearson interval]; '
-           'Delta: min over inside runs, max over outside runs.', '']
+           'Delta: min over inside runs, max over outside runs.',
+           f'Defense: {config.defense.name} (configs/_defense.py).', '']
 
   def table(title, rows):
     out = [f'## {title}', '',

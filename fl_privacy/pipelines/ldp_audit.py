@@ -36,6 +36,7 @@ from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ldp_sgd
 from fl_privacy.mechanisms import ome
+from fl_privacy.mechanisms import registry
 from fl_privacy.pipelines import ldp_audit_figures
 
 NAME = 'ldp_audit'
@@ -345,15 +346,9 @@ def input_point(config, mechanism: str, params: dict, key,
   bits = _pair_bits(s)
   probs = _bit_probabilities(mechanism, s, eps, bits)
   if_one, if_zero = audit.distinguishers.bit_log_ratios(probs[0], probs[1])
-  if mechanism == 'bitrand':
-
-    def randomize(k, b):
-      return bitrand.randomize_bits(k, b, eps, rng_bits=s.rng_bits)
-  else:
-
-    def randomize(k, b):
-      return ome.randomize_bits(k, b, eps, s.ome_alpha, rng_bits=s.rng_bits)
-  fn = game.bits_trial_fn(randomize)
+  extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
+  fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
+                                                  **extra))
   metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),

@@ -56,6 +56,8 @@ from fl_privacy.attacks.ami.game import GameSide
 from fl_privacy.attacks.ami.game import trial_roles
 from fl_privacy.attacks.ami.game import trial_batch
 from fl_privacy.attacks.ami.game import randomize_key
+from fl_privacy.attacks.ami.game import defense_key
+from fl_privacy.attacks.ami.game import apply_defense
 from fl_privacy.attacks.ami.game import fast_trial
 from fl_privacy.attacks.ami.game import precomputed_values
 from fl_privacy.attacks.ami.game import fast_trial_no_ldp
@@ -82,6 +84,8 @@ __all__ = [
     'Encoding',
     'FC1',
     'FC2',
+    'apply_defense',
+    'defense_key',
     'GameSide',
     'MECHANISMS',
     'balanced_class_weights',

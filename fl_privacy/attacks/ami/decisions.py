@@ -75,7 +75,8 @@ def decide_from_gradient(loss_fn: Callable, params: Any, x: Array, y: Array,
   return jnp.any(g_w != 0) | (g_b != 0)
 
 
-def decide_from_activation(neuron: CraftedNeuron, x: Array) -> tuple[Array, Array]:
+def decide_from_activation(neuron: CraftedNeuron, x: Array,
+                           mask: Array | None = None) -> tuple[Array, Array]:
   """Fast decision: member iff some row of the batch has v > 0.
 
   Equals `decide_from_gradient` unless every active row's backprop signal into the chosen
@@ -86,11 +87,15 @@ def decide_from_activation(neuron: CraftedNeuron, x: Array) -> tuple[Array, Arra
   Args:
     neuron: the crafted block.
     x: [B, d] the (randomized) batch.
+    mask: optional [B], 1 for the rows the client trains on (a defense's data sampling);
+      rows with mask 0 cannot activate anything.
 
   Returns:
     (decision, score) with score = max over rows of v, the soft version of the decision.
   """
   v = chosen_value(neuron, x)
+  if mask is not None:
+    v = jnp.where(mask > 0, v, -jnp.inf)
   score = jnp.max(v)
   return score > 0, score
 

@@ -91,10 +91,37 @@ def randomize_key(key: Array) -> Array:
   return jax.random.fold_in(key, 1)
 
 
+def defense_key(key: Array) -> Array:
+  """The key of a trial's defense hooks (fold_in(key, 2))."""
+  return jax.random.fold_in(key, 2)
+
+
+def apply_defense(key: Array, defense: Any, x: Array, y: Array | None
+                  ) -> tuple[Array, Array | None, Array | None]:
+  """The client's defense on the batch it trains on: its `data` then its `batch` hook.
+
+  `defense` is an `fl.client.ClientHooks` (from `fl_privacy.defenses`) or None (no defense:
+  returns the batch unchanged and mask None). The hooks get `fold_in(defense_key(key), 0)`
+  and `fold_in(defense_key(key), 1)`; labels default to zeros where the path carries none
+  (the fast path's decision reads only x).
+
+  Returns:
+    (x', y', mask) with mask [B] marking the rows the client trains on.
+  """
+  if defense is None:
+    return x, y, None
+  k = defense_key(key)
+  labels = jnp.zeros(x.shape[0], jnp.int32) if y is None else y
+  mask = jnp.ones(x.shape[0], jnp.float32)
+  x, labels, mask = defense.data(jax.random.fold_in(k, 0), x, labels, mask, None)
+  x, labels, mask = defense.batch(jax.random.fold_in(k, 1), x, labels, mask, None)
+  return x, labels, mask
+
+
 def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSide,
                pool: GameSide, thresholds: tuple, *, batch_size: int, xor: tuple = (),
                encoding: Encoding | None = None,
-               mechanism: Callable | None = None) -> dict:
+               mechanism: Callable | None = None, defense: Any = None) -> dict:
   """One LDP game trial on the fast path: randomize codes, decode, member iff max v > 0.
 
   The client's whole batch is randomized afresh in every trial (Fig. 3).
@@ -111,6 +138,7 @@ def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSi
     encoding: the fixed-point encoding (with the sign switch).
     mechanism: if given, `(key, x) -> x'` on `GameSide.x` replaces the code sampler (for
       channels `bit_probabilities` cannot tabulate); `thresholds` is then ignored.
+    defense: the client's defense hooks (`apply_defense`) on the randomized batch, or None.
 
   Returns:
     {'b', 'target', 'decision', 'score'}.
@@ -122,8 +150,9 @@ def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSi
     codes = sample_codes(randomize_key(key), rows.codes, thresholds, xor)
     sizes = tuple(int(np.log2(tab.shape[-1] + 1)) for tab in thresholds)
     x = codes_to_values(codes, sizes, encoding)
+  x, _, mask = apply_defense(key, defense, x, rows.y)
   neuron = _take(neurons, t, jax.tree.leaves(targets)[0].shape[0])
-  decision, score = decide_from_activation(neuron, x)
+  decision, score = decide_from_activation(neuron, x, mask)
   return {'b': b, 'target': t, 'decision': decision, 'score': score}
 
 
@@ -166,7 +195,7 @@ def neuron_from_params(params: Any, chosen_index: int, *, fc1: tuple = FC1,
 def literal_trial(key: Array, index: Array, params: Any, targets: GameSide, pool: GameSide,
                   thresholds: tuple | None, *, batch_size: int, loss_fn: Callable,
                   chosen_index: int, xor: tuple = (), encoding: Encoding | None = None,
-                  mechanism: Callable | None = None) -> dict:
+                  mechanism: Callable | None = None, defense: Any = None) -> dict:
   """One game trial exactly as Figs. 3-4 describe it: the client computes the gradient.
 
   The client randomizes its batch (by the code sampler when `thresholds` is given, by the
@@ -187,6 +216,9 @@ def literal_trial(key: Array, index: Array, params: Any, targets: GameSide, pool
     xor: `CodeChannel.xor`.
     encoding: fixed-point encoding (code sampler only).
     mechanism: `(key, x) -> x'` applied to the float batch (exact upstream mechanism).
+    defense: the client's defense hooks on the randomized batch (`apply_defense`), or None;
+      the loss is then the masked mean over the rows the client trains on (soft labels after
+      mixup).
 
   Returns:
     {'b', 'target', 'decision', 'decision_fast', 'score'}.
@@ -200,9 +232,14 @@ def literal_trial(key: Array, index: Array, params: Any, targets: GameSide, pool
     x = mechanism(randomize_key(key), rows.x)
   else:
     x = rows.x
+  x, y, mask = apply_defense(key, defense, x, rows.y)
   p = _take(params, t, jax.tree.leaves(targets)[0].shape[0])
-  decision = decide_from_gradient(loss_fn, p, x, rows.y, chosen_index)
-  fast, score = decide_from_activation(neuron_from_params(p, chosen_index), x)
+  if mask is None:
+    decision = decide_from_gradient(loss_fn, p, x, y, chosen_index)
+  else:
+    masked_loss = lambda q, xb, yb: loss_fn(q, xb, yb, mask)
+    decision = decide_from_gradient(masked_loss, p, x, y, chosen_index)
+  fast, score = decide_from_activation(neuron_from_params(p, chosen_index), x, mask)
   return {'b': b, 'target': t, 'decision': decision, 'decision_fast': fast, 'score': score}
 
 

@@ -1,0 +1,139 @@
+"""DP defenses: clipping bounds, noise scale (KS test), accounting equal to dp-accounting."""
+
+from __future__ import annotations
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats
+
+from fl_privacy import defenses
+from fl_privacy import models
+from fl_privacy.defenses import dp
+from fl_privacy.fl import local
+from fl_privacy.fl import losses
+from fl_privacy.mechanisms import gaussian
+
+
+def _per_example(seed=0, n=16):
+  rng = np.random.default_rng(seed)
+  # Norms spread from well below to well above C = 1.
+  return {'w': jnp.asarray(rng.normal(size=(n, 6, 5)) * rng.uniform(0.01, 0.5, (n, 1, 1)),
+                           jnp.float32),
+          'b': jnp.asarray(rng.normal(size=(n, 5)) * 0.05, jnp.float32)}
+
+
+def test_clipped_per_example_norms_at_most_c():
+  g = _per_example()
+  clipped, norms = gaussian.clip_per_example(g, 1.0)
+  after = np.asarray(gaussian.per_example_norms(clipped))
+  assert np.all(after <= 1.0 + 1e-5)
+  small = np.asarray(norms) <= 1.0
+  assert small.any() and (~small).any()
+  np.testing.assert_allclose(after[small], np.asarray(norms)[small], rtol=1e-6)
+  np.testing.assert_allclose(after[~small], 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_noise_free_private_gradient_is_the_masked_mean_of_clipped(jit):
+  g = _per_example()
+  mask = jnp.asarray([1.0] * 12 + [0.0] * 4)
+  hook = defenses.make('dp_sgd', clip_norm=1.0, noise_multiplier=0.0).grad
+  out = (jax.jit(hook) if jit else hook)(jax.random.key(0), g, mask)
+  clipped, _ = gaussian.clip_per_example(g, 1.0)
+  for k in g:
+    np.testing.assert_allclose(out[k], np.asarray(clipped[k])[:12].sum(0) / 12, rtol=1e-5,
+                               atol=1e-7)
+
+
+def _noise_samples(noise_multiplier, clip_norm, batch=8, size=4000):
+  # A zero per-example gradient isolates the noise: out = N(0, (sigma C)^2) / B per entry.
+  g = {'w': jnp.zeros((batch, size), jnp.float32)}
+  out = defenses.make('dp_sgd', clip_norm=clip_norm,
+                      noise_multiplier=noise_multiplier).grad(jax.random.key(7), g,
+                                                              jnp.ones(batch))
+  return np.asarray(out['w']) * batch
+
+
+def test_dp_sgd_noise_scale_by_ks_test():
+  sigma, c = 1.3, 0.7
+  x = _noise_samples(sigma, c)
+  scale = sigma * c
+  # n = 4,000: the KS test at level 1e-3 accepts the stated scale and rejects 2/3x and 3/2x.
+  assert stats.kstest(x, 'norm', args=(0, scale)).pvalue > 1e-3
+  assert stats.kstest(x, 'norm', args=(0, scale * 2 / 3)).pvalue < 1e-3
+  assert stats.kstest(x, 'norm', args=(0, scale * 3 / 2)).pvalue < 1e-3
+
+
+def test_update_dp_clips_then_noises():
+  delta = {'w': jnp.full((100,), 1.0)}  # norm 10
+  out = defenses.make('update_dp', clip_norm=2.0, noise_multiplier=0.0).upload(
+      jax.random.key(0), delta, None)
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(out['w'])), 2.0, rtol=1e-5)
+  big = {'w': jnp.zeros((5000,))}
+  noisy = defenses.make('update_dp', clip_norm=2.0, noise_multiplier=0.5).upload(
+      jax.random.key(1), big, None)
+  assert stats.kstest(np.asarray(noisy['w']), 'norm', args=(0, 1.0)).pvalue > 1e-3
+
+
+def test_central_dp_clips_each_upload_and_scales_noise_by_k():
+  k = 4
+  uploads = {'w': jnp.stack([jnp.full((10,), float(i + 1)) for i in range(k)])}
+  weights = jnp.asarray([100.0, 1.0, 0.0, 5.0])  # client 2 does not participate
+  hook = defenses.make('central_dp', clip_norm=1.0, noise_multiplier=0.0).aggregate
+  mean = hook(jax.random.key(0), uploads, weights)
+  # Each participant's update clipped to norm 1 (all point the same way), equal weights / 3.
+  np.testing.assert_allclose(np.asarray(mean['w']), np.full(10, 1 / np.sqrt(10)), rtol=1e-5)
+  zeros = {'w': jnp.zeros((k, 6000))}
+  noisy = defenses.make('central_dp', clip_norm=1.5, noise_multiplier=2.0).aggregate(
+      jax.random.key(1), zeros, jnp.ones(k))
+  assert stats.kstest(np.asarray(noisy['w']), 'norm', args=(0, 2.0 * 1.5 / k)).pvalue > 1e-3
+
+
+@pytest.mark.parametrize('q,steps', [(1.0, 1), (1.0, 10), (0.03125, 32), (0.01, 1000)])
+@pytest.mark.parametrize('accountant', ['rdp', 'pld'])
+def test_epsilon_equals_dp_accounting_called_directly(q, steps, accountant):
+  z, delta = 1.1, 1e-5
+  event = dp_accounting.GaussianDpEvent(z)
+  if q < 1:
+    event = dp_accounting.PoissonSampledDpEvent(q, event)
+  acc = (dp_accounting.rdp.RdpAccountant() if accountant == 'rdp'
+         else dp_accounting.pld.PLDAccountant())
+  acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+  assert dp.epsilon(z, delta=delta, sampling_rate=q, steps=steps,
+                    accountant=accountant) == pytest.approx(acc.get_epsilon(delta), rel=1e-12)
+
+
+@pytest.mark.parametrize('target', [1.0, 4.0, 8.0])
+def test_noise_multiplier_for_target_epsilon(target):
+  kw = dict(delta=1e-5, sampling_rate=32 / 1024, steps=32)
+  z = dp.noise_multiplier_for(target, **kw)
+  assert dp.epsilon(z, **kw) <= target
+  assert dp.epsilon(z * 0.99, **kw) > target * 0.999  # (near) the smallest such z
+
+
+def test_weak_dp_reports_per_round_and_composed():
+  eps = dp.weak_dp_epsilons(2.0, delta=1e-5, rounds=10)
+  assert eps['dp_epsilon_per_round'] == pytest.approx(dp.epsilon(2.0, delta=1e-5))
+  assert eps['dp_epsilon'] == pytest.approx(dp.epsilon(2.0, delta=1e-5, steps=10))
+  assert eps['dp_epsilon'] > eps['dp_epsilon_per_round']
+  assert dp.epsilon(0.0, delta=1e-5) == float('inf')
+
+
+def test_dp_sgd_trains_through_fedavg_under_jit():
+  model = models.MLP(hidden=(8,), num_classes=3)
+  x = jax.random.normal(jax.random.key(0), (24, 5))
+  y = jnp.arange(24) % 3
+  params = model.init(jax.random.key(1), x[:1])
+  loss_fn = losses.make_loss_fn(model.apply)
+  hooks = defenses.make('dp_sgd', clip_norm=1e-3, noise_multiplier=0.0)
+  out = jax.jit(lambda p: local.fedavg(loss_fn, p, x, y, key=jax.random.key(2),
+                                       optimizer=optax.sgd(1.0), epochs=1, batch_size=8,
+                                       hooks=hooks))(params)
+  # Every step moves the parameters by at most lr * C (the mean of clipped gradients).
+  moved = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in
+                      zip(jax.tree.leaves(out), jax.tree.leaves(params))))
+  assert 0 < moved <= 3 * 1e-3 + 1e-7
