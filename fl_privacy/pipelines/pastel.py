@@ -49,7 +49,7 @@ from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.attacks.passive import whitebox
 from fl_privacy.defenses import pastel as pastel_lib
-from fl_privacy.defenses import pastel_dp
+from fl_privacy.defenses import dp as dp_lib
 from fl_privacy.eval import stats
 from fl_privacy.fl import client as client_lib
 from fl_privacy.fl import losses
@@ -305,11 +305,10 @@ def _hook_factory(kind: str, apply_fn, layers: tuple, representation: str, tempe
                                      representation=representation, temperature=temperature,
                                      heldout_batch_size=batch_size)
   if kind == 'ldp':
-    return lambda z: client_lib.ClientHooks(grad=pastel_dp.dp_sgd_grad(clip_norm, z,
-                                                                       batch_size))
+    return lambda z: client_lib.ClientHooks(grad=dp_lib.dp_sgd_hook(clip_norm, z))
   if kind == 'server_dp':
-    return lambda z: client_lib.ClientHooks(aggregate=pastel_dp.central_dp_aggregate(clip_norm,
-                                                                                     z))
+    # `central_dp` and `weak_dp` are the same DP-FedAvg mechanism at different noise.
+    return lambda z: client_lib.ClientHooks(aggregate=dp_lib.central_dp_hook(clip_norm, z))
   raise ValueError(f'unknown hook kind {kind!r}')
 
 
@@ -330,18 +329,49 @@ def training_setup(config, state, split: dict, tr: dict):
     factory = _hook_factory('pastel', apply_fn, tuple(state['layers']),
                             s.pastel_representation, float(s.pastel_temperature), b, 0.0)
     return factory, float(tr['strength']), opt, info
-  _, dp = pastel_dp.make(tr['defense'], target_epsilon=tr['strength'],
-                         delta=float(s.dp_delta), num_rounds=int(s.num_rounds),
-                         clip_norm=float(s.clip_norm),
-                         update_clip_norm=float(s.update_clip_norm),
-                         epochs=int(s.local_epochs), batch_size=b,
-                         num_examples=min(len(m) for m in split['members']))
+  dp = dp_accounting(config, split, tr['defense'], tr['strength'])
   info.update({k: dp[k] for k in info})
   if tr['defense'] == 'ldp':
     factory = _hook_factory('ldp', apply_fn, (), '', 1.0, b, float(s.clip_norm))
   else:
     factory = _hook_factory('server_dp', apply_fn, (), '', 1.0, b, float(s.update_clip_norm))
   return factory, dp['noise_multiplier'], opt, info
+
+
+def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> dict:
+  """Noise multiplier and epsilons of one DP baseline (`defenses.dp`, dp-accounting RDP).
+
+  - `ldp` (DP-SGD): sigma for `target_epsilon` over E x J x T steps at sampling rate
+    q = B / n, n the smallest client's member count and J = ceil(n / B) (record level).
+  - `cdp` (DP-FedAvg): z for `target_epsilon` over T rounds (client level, every client in
+    every round).
+  - `wdp`: z for `target_epsilon` in ONE round (PASTEL's weak DP); `dp_epsilon` is its
+    composition over T rounds.
+
+  Returns:
+    {'noise_multiplier', 'dp_epsilon' (over the run), 'dp_epsilon_per_round' (nan for ldp)}.
+  """
+  s = _s(config)
+  delta, t = float(s.dp_delta), int(s.num_rounds)
+  if defense == 'ldp':
+    n, b = min(len(m) for m in split['members']), int(s.batch_size)
+    q = min(1.0, b / n)
+    steps = int(s.local_epochs) * math.ceil(n / b) * t
+    sigma = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, sampling_rate=q,
+                                        steps=steps)
+    return dict(noise_multiplier=sigma, dp_epsilon=dp_lib.dp_sgd_epsilon(
+        sigma, batch_size=b, num_examples=n, steps=steps, delta=delta),
+                dp_epsilon_per_round=math.nan, dp_steps=steps, dp_sampling_rate=q)
+  if defense == 'cdp':
+    z = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, steps=t)
+    return dict(noise_multiplier=z, dp_epsilon=dp_lib.epsilon(z, delta=delta, steps=t),
+                dp_epsilon_per_round=dp_lib.epsilon(z, delta=delta), dp_steps=t,
+                dp_sampling_rate=1.0)
+  if defense == 'wdp':
+    z = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, steps=1)
+    return dict(noise_multiplier=z, **dp_lib.weak_dp_epsilons(z, delta=delta, rounds=t),
+                dp_steps=t, dp_sampling_rate=1.0)
+  raise ValueError(f'not a DP baseline: {defense!r}')
 
 
 _STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hook_factory')
@@ -440,7 +470,7 @@ def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np
     new_params, uploads, params = _segment(params, clients, run_key, t,
                                            jnp.float32(strength), num_rounds=r + 1 - t,
                                            **static)
-    norms = jax.vmap(lambda u: pastel_dp._global_norm(u))(uploads)
+    norms = jax.vmap(dp_lib.global_norm)(uploads)
     upload_norms.append(np.asarray(norms))
     acc_rounds.append(count_correct(apply_fn, new_params, x_test, y_test) / len(y_test))
     if need_fedmia:

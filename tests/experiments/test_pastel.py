@@ -138,3 +138,41 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, override, field):
   assert f'config.{field}' in proc.stderr
   assert len(proc.stderr.strip().splitlines()[-1]) > 0
   assert not os.path.exists(workdir)
+
+
+def test_dp_accounting_equals_dp_accounting_called_directly():
+  import dp_accounting
+  from dp_accounting import rdp
+  from configs import digits
+  from fl_privacy.pipelines import pastel
+
+  config = digits.get_config()
+  split = {'members': [list(range(230)), list(range(229))]}
+  s = config.pastel
+
+  def direct(event):
+    acc = rdp.RdpAccountant()
+    acc.compose(event)
+    return acc.get_epsilon(s.dp_delta)
+
+  info = pastel.dp_accounting(config, split, 'ldp', 4.0)
+  steps = s.local_epochs * math.ceil(229 / s.batch_size) * s.num_rounds
+  assert info['dp_steps'] == steps and info['dp_sampling_rate'] == s.batch_size / 229
+  want = direct(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      s.batch_size / 229, dp_accounting.GaussianDpEvent(info['noise_multiplier'])), steps))
+  assert info['dp_epsilon'] == pytest.approx(want, rel=1e-9)
+  assert 3.9 < info['dp_epsilon'] <= 4.0 + 1e-6
+  info = pastel.dp_accounting(config, split, 'cdp', 1.0)
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  assert info['dp_epsilon'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
+  assert info['dp_epsilon'] == pytest.approx(1.0, abs=0.01)
+  info = pastel.dp_accounting(config, split, 'wdp', 1.0)
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  assert info['dp_epsilon_per_round'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, 1)), rel=1e-9)
+  assert info['dp_epsilon_per_round'] == pytest.approx(1.0, abs=0.01)
+  # Weak DP composes: T rounds of a 1-DP round spend far more than 1.
+  assert info['dp_epsilon'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
+  assert info['dp_epsilon'] > 5
