@@ -11,7 +11,8 @@ test split holds the non-members.
 Trainings. One training per (defense, strength, optimizer): `none`; `pastel` at each lambda;
 `wdp`, `ldp`, `cdp` at each target epsilon; and `none` and `pastel` (lambda
 `ablation_pastel_weight`) with `ablation_optimizer`, which separates the regulariser from
-AdaGrad. Every training starts from the same w_0 with the same client keys (shuffles), so
+AdaGrad. The DP baselines are `defenses.dp`'s mechanisms calibrated by `dp_accounting`. Every
+training starts from the same w_0 with the same client keys (shuffles), so
 defenses differ only by the defense (common random numbers). Rounds run in segments; at each
 recorded round t (every `record_every`-th) the server's view is kept: the K uploads
 (Delta_k, so client k's model is w_t - Delta_k) and the new global model w_{t+1}. At the last
