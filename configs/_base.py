@@ -13,6 +13,9 @@ import importlib
 from typing import Iterable
 
 import ml_collections
+from ml_collections import config_dict
+
+from fl_privacy import validate
 
 # Which experiment sections each dataset config carries.
 EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel')
@@ -20,23 +23,89 @@ EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel')
 DEFENDED = ('ami', 'dishonest')
 
 
-def parse_arg(arg: str | None) -> dict[str, str | bool]:
-  """Parses `configs/x.py:smoke,path=FILE` style arguments into a dict.
+# The arguments a dataset config accepts after `:` (`configs/x.py:smoke,path=FILE`), and
+# their types. Anything else is refused: a misspelt `smok` used to run the full job.
+ARGS = {'smoke': bool, 'path': str, 'data_dir': str}
+_TRUE = ('true', '1', 'yes')
+_FALSE = ('false', '0', 'no')
 
-  A bare word becomes `True` (e.g. `smoke`); `key=value` keeps the string value.
+
+class ConfigArgError(validate.ConfigError):
+  """A `--config=FILE:ARG` argument that is unknown or of the wrong type."""
+
+  def __init__(self, item: str, allowed: str, got):
+    super().__init__(f'arg {item}', allowed, got)
+    # One line that names what the user typed, not a config field (there is none yet).
+    self.args = (f'--config=FILE:{item}: must be {allowed} (got {got!r})',)
+
+
+_PLACEHOLDER = {'path': 'FILE', 'data_dir': 'DIR'}
+
+
+def _usage(allowed: dict[str, type]) -> str:
+  return ', '.join(f'{k}[=True|False]' if t is bool else f'{k}={_PLACEHOLDER.get(k, "VALUE")}'
+                   for k, t in allowed.items())
+
+
+def parse_arg(arg: str | None,
+              allowed: dict[str, type] | tuple[str, ...] | None = None) -> dict:
+  """Parses `configs/x.py:smoke,path=FILE` style arguments strictly, with types.
+
+  A bare word is a boolean flag set to True (`smoke`); `key=value` gives a value of
+  the key's type: booleans accept only true/false/1/0/yes/no (any case), so
+  `smoke=False` is False. Unknown keys, a bare word for a string key, an empty
+  value and a repeated key raise `ConfigArgError`.
+
+  Args:
+    arg: the text after `:` on the command line, or None.
+    allowed: key -> type (bool or str), or a tuple of keys of `ARGS`; default `ARGS`.
+
+  Returns:
+    The given keys with typed values.
+
+  Raises:
+    ConfigArgError: an argument that is unknown or mistyped.
+
+  >>> parse_arg('smoke,path=/a/b.npz')
+  {'smoke': True, 'path': '/a/b.npz'}
+  >>> parse_arg('smoke=False')
+  {'smoke': False}
+  >>> parse_arg('smok')
+  Traceback (most recent call last):
+  ...
+  configs._base.ConfigArgError: --config=FILE:smok: must be one of smoke[=True|False], path=FILE, data_dir=DIR (got 'smok')
   """
-  out: dict[str, str | bool] = {}
+  if allowed is None:
+    allowed = ARGS
+  elif not isinstance(allowed, dict):
+    allowed = {k: ARGS[k] for k in allowed}
+  usage = 'one of ' + _usage(allowed)
+  out: dict = {}
   if not arg:
     return out
   for item in arg.split(','):
     item = item.strip()
     if not item:
       continue
-    if '=' in item:
-      key, value = item.split('=', 1)
-      out[key.strip()] = value.strip()
+    key, sep, value = item.partition('=')
+    key, value = key.strip(), value.strip()
+    if key not in allowed:
+      raise ConfigArgError(item, usage, key)
+    if key in out:
+      raise ConfigArgError(item, f'given once ({usage})', item)
+    kind = allowed[key]
+    if kind is bool:
+      if not sep:
+        out[key] = True
+      elif value.lower() in _TRUE + _FALSE:
+        out[key] = value.lower() in _TRUE
+      else:
+        raise ConfigArgError(item, f'{key} or {key}=True|False', value)
     else:
-      out[item] = True
+      if not sep or not value:
+        raise ConfigArgError(
+            item, f'{key}={_PLACEHOLDER.get(key, "VALUE")} with a non-empty value', item)
+      out[key] = value
   return out
 
 
@@ -55,18 +124,32 @@ def data_section(name: str, **fields) -> ml_collections.ConfigDict:
 
 
 def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
-          experiments: Iterable[str], chunk_size: int = 1000) -> ml_collections.ConfigDict:
+          experiments: Iterable[str], chunk_size: int | None = None
+          ) -> ml_collections.ConfigDict:
   """Assembles a dataset config.
 
   Args:
     dataset: the config's dataset key (passed to every experiment's `section`).
-    arg: the string after `:` on the command line (`smoke`, `path=...`).
+    arg: the string after `:` on the command line (`smoke`, `path=...`); parsed strictly
+      by `parse_arg` (unknown or mistyped arguments raise `ConfigArgError`).
     data: the data section.
     experiments: names of the experiment sections this dataset supports.
-    chunk_size: trials per jitted chunk (`game.chunk_size`); memory scales with it.
+    chunk_size: trials per jitted chunk (`game.chunk_size`); None lets the runner size
+      chunks by bytes.
+
+  The `game` section (read by `fl_privacy.eval.runner.options`; none of its fields changes
+  a result, only speed and memory):
+    chunk_size: trials per jitted call, an explicit override; None (default) = 64 groups of
+      the byte-sized width (`eval/runner.py`). Memory is bounded by two chunks.
+    batch_bytes: working-set budget of one vmapped group of trials; None = the backend's
+      default (`runner.DEFAULT_BATCH_BYTES`: 8 MiB on CPU, the measured cache knee; 1 GiB on
+      accelerators) or `$FL_PRIVACY_BATCH_BYTES`.
+    compile_cache: directory of JAX's persistent compilation cache; None = `$FL_PRIVACY_
+      COMPILE_CACHE` or the user cache dir (`~/.cache/fl_privacy/jax`); 'workdir' = under
+      the run's workdir; '' = off.
   """
   opts = parse_arg(arg)
-  smoke = bool(opts.get('smoke', False))
+  smoke = opts.get('smoke', False)
   config = ml_collections.ConfigDict()
   config.dataset = dataset
   config.smoke = smoke
@@ -77,7 +160,9 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
   if opts.get('data_dir'):
     config.data.data_dir = str(opts['data_dir'])
   config.game = ml_collections.ConfigDict()
-  config.game.chunk_size = 250 if smoke else chunk_size
+  config.game.chunk_size = config_dict.placeholder(int) if chunk_size is None else chunk_size
+  config.game.batch_bytes = config_dict.placeholder(int)
+  config.game.compile_cache = config_dict.placeholder(str)
   for name in experiments:
     if name not in EXPERIMENTS:
       raise ValueError(f'unknown experiment section {name!r}; known: {EXPERIMENTS}')

@@ -18,8 +18,8 @@ from configs import _base
 
 
 def get_config(arg=None):
-  opts = _base.parse_arg(arg)
-  smoke = bool(opts.get('smoke', False))
+  opts = _base.parse_arg(arg, ('smoke',))
+  smoke = opts.get('smoke', False)
   config = ml_collections.ConfigDict()
   config.dataset = 'toy'
   config.smoke = smoke

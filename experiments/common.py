@@ -16,16 +16,28 @@ of this repository; fields are overridable as `--config.game.chunk_size=4096`),
 `--workdir` (default `./runs/<name>-<UTC timestamp>`), `--seed` (overrides
 `config.seed`; the stored config holds the seed actually used).
 
-Exit status: 0 on success; 2 with one line `error: ...` on stderr when the config
-is invalid (`ConfigError`), the data is unavailable (`DataUnavailableError`,
-`FileNotFoundError`) or the workdir holds results of another config
-(`ResumeError`); in the first two cases nothing is written. 130 on Ctrl-C, after a
-message naming the saved points and the workdir to resume with.
+Compilation: JAX's persistent compilation cache is enabled before `prepare`
+(`fl_privacy.eval.compile_cache`; `game.compile_cache`: None = the user cache dir
+or `$FL_PRIVACY_COMPILE_CACHE`, 'workdir' = `<workdir>/jax_cache`, '' = off), so
+a second run of an experiment loads its XLA programs instead of compiling them.
+
+Exit status: 0 on success (and for `--help`, which lists the flags and where the
+config fields are documented); 2 with one line `error: ...` on stderr, before any
+data is loaded or anything written, when the command line is wrong (a config file
+that does not exist, an unknown or mistyped `:arg`, an unknown override field or
+section, an override of the wrong type, an unknown flag, a config that lacks the
+experiment's section, a workdir that is a file or cannot be written), when the
+config is invalid (`ConfigError`), the data is unavailable or malformed
+(`DataUnavailableError`, `DataFileError`, `FileNotFoundError`) or the workdir
+holds results of another config (`ResumeError`). 130 on Ctrl-C, after a message
+naming the saved points and the workdir to resume with.
 """
 
 from __future__ import annotations
 
 import datetime
+import glob
+import importlib.util
 import os
 import sys
 from typing import Any, Callable
@@ -37,6 +49,7 @@ import jax
 from ml_collections import config_flags
 
 from fl_privacy import validate
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
@@ -66,15 +79,22 @@ EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
 
+# The config section each experiment reads (`experiments.<name>` -> `config.<section>`).
+SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'duplicates': 'dishonest',
+            'ldp_audit': 'ldp_audit', 'toy_game': 'toy'}
+_HELP_FLAGS = ('-h', '--help', '-help', '--helpshort', '--helpfull', '-?')
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
   """Errors that mean "bad config or missing data", reported as exit status 2."""
   errors: tuple[type[BaseException], ...] = (validate.ConfigError,
                                              FileNotFoundError)
   try:
+    from fl_privacy.data import DataFileError  # pylint: disable=g-import-not-at-top
     from fl_privacy.data import DataUnavailableError  # pylint: disable=g-import-not-at-top
   except ImportError:
     return errors
-  return errors + (DataUnavailableError,)
+  return errors + (DataUnavailableError, DataFileError)
 
 
 def _repo_path(value: str) -> str:
@@ -116,6 +136,173 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
   return out
 
 
+def _config_value(argv: list[str]) -> str:
+  """The (resolved) `--config` value of `argv`; the last one wins, as in absl."""
+  value = DEFAULT_CONFIG
+  for i, a in enumerate(argv):
+    if a == '--':
+      break
+    if a.startswith('--config='):
+      value = a[len('--config='):]
+    elif a == '--config' and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def load_config_file(path: str, arg: str | None):
+  """Loads `path`'s `get_config(arg)` as absl's config flag does (without overrides)."""
+  spec = importlib.util.spec_from_file_location(
+      '_fl_privacy_config_' + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _config_files() -> list[str]:
+  files = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', '*.py')))
+  return [f for f in files if not os.path.basename(f).startswith('_')]
+
+
+def _configs_with(section: str) -> list[str]:
+  """The repository's config files that carry `section`, as `configs/<name>.py`."""
+  out = []
+  for path in _config_files():
+    try:
+      config = load_config_file(path, None)
+    except Exception:  # pylint: disable=broad-except
+      continue  # a broken config is not a suggestion
+    if section in config:
+      out.append(os.path.relpath(path, REPO_ROOT))
+  return out
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+  """(`--config.a.b...` as typed, dotted path `a.b`) of every config override."""
+  out = []
+  for a in argv[1:]:
+    if a == '--':
+      break
+    for prefix in ('--config.', '--noconfig.'):
+      if a.startswith(prefix):
+        path = a[len(prefix):].split('=', 1)[0]
+        out.append((a, path))
+  return out
+
+
+def _check_override(config, typed: str, path: str, config_file: str) -> str | None:
+  """Why the override `typed` (dotted `path`) names no field of `config`, or None."""
+  node, walked = config, []
+  for part in path.split('.'):
+    name = part.split('[', 1)[0]  # `a.b[0]`: check the field `b`
+    keys = tuple(node.keys()) if hasattr(node, 'keys') else ()
+    if name not in keys:
+      where = 'config' + ''.join('.' + w for w in walked)
+      what = 'a section or field' if not walked else 'a field'
+      return str(validate.ConfigError(
+          '.'.join(walked + [name]),
+          f'{what} of {where} in {config_file} (one of {", ".join(sorted(keys))})',
+          typed))
+    node = node[name]
+    walked.append(name)
+  return None
+
+
+def check_command_line(name: str, argv: list[str]) -> str | None:
+  """Checks the command line before absl parses it; the one-line error, or None.
+
+  Catches what absl and ml_collections would report as a traceback (exit 1) or
+  not at all: a config file that does not exist, an unknown or mistyped
+  `:arg` (`configs._base.ConfigArgError`), a config without the experiment's
+  section, and an override of a field or section the config does not have.
+
+  Args:
+    name: the experiment (`SECTIONS` maps it to the section it reads).
+    argv: the command line after `resolve_config_arg`.
+  """
+  value = _config_value(argv)
+  path, _, arg = value.partition(':')
+  if not os.path.isfile(path):
+    files = ', '.join(os.path.relpath(f, REPO_ROOT) for f in _config_files())
+    return (f'--config={value}: must be an existing config file, e.g. one of {files} '
+            f'(got no such file {path!r})')
+  try:
+    config = load_config_file(path, arg or None)
+  except validate.ConfigError as e:
+    return str(e)
+  shown = os.path.relpath(path, REPO_ROOT) if path.startswith(REPO_ROOT) else path
+  section = SECTIONS.get(name)
+  if section is not None and section not in config:
+    carriers = ', '.join(_configs_with(section)) or 'none'
+    present = tuple(k for k in config.keys() if k in SECTIONS.values())
+    return str(validate.ConfigError(
+        section, f'present for experiments.{name}: {shown} has no {section!r} section; '
+        f'configs that carry one: {carriers}', f'sections {present}'))
+  for typed, dotted in _overrides(argv):
+    problem = _check_override(config, typed, dotted, shown)
+    if problem:
+      return problem
+  return None
+
+
+def check_workdir(workdir: str) -> str | None:
+  """Why `workdir` cannot hold the run's results, or None; creates nothing.
+
+  It must be a folder that can be written, or a path that does not exist yet
+  whose nearest existing ancestor is a writable folder (it is created later).
+  """
+  shown = f'--workdir={workdir}'
+  if os.path.exists(workdir):
+    if not os.path.isdir(workdir):
+      return f'{shown}: must be a folder or a new path (got an existing file)'
+    if not os.access(workdir, os.W_OK | os.X_OK):
+      return f'{shown}: must be a folder that can be written (got a read-only folder)'
+    return None
+  parent = os.path.dirname(os.path.abspath(workdir))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    return f'{shown}: must be a folder or a new path (got a path under the file {parent})'
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return (f'{shown}: must be a folder that can be created (got a path under the '
+            f'read-only folder {parent})')
+  return None
+
+
+def usage(name: str) -> str:
+  """What `--help` prints: the experiment's docstring, the flags, where fields live."""
+  section = SECTIONS.get(name)
+  doc = (sys.modules['__main__'].__doc__ or '').strip()
+  fields = (f'configs/_{section}.py (function `section`)' if section not in (None, 'toy')
+            else 'the config file\'s docstring')
+  lines = [doc, ''] if doc else []
+  lines += [
+      f'usage: python -m experiments.{name} [--config=FILE[:ARGS]] [--workdir=DIR] '
+      '[--seed=N] [--config.SECTION.FIELD=VALUE ...]',
+      '',
+      'flags:',
+      f'  --config=FILE[:ARGS]  a config file (default {os.path.relpath(DEFAULT_CONFIG, REPO_ROOT)});'
+      ' ARGS: smoke[=True|False], path=FILE (npz), data_dir=DIR (TFDS), comma-separated',
+      '  --workdir=DIR         results folder; re-using one resumes its sweep '
+      '(default ./runs/<experiment>-<UTC time>)',
+      '  --seed=N              overrides config.seed',
+      f'  --config.{section or "SECTION"}.FIELD=VALUE   overrides one config field '
+      f'(unknown fields are refused)',
+      '',
+      f'config fields of this experiment: {fields}; data fields: configs/_base.py;',
+      'datasets, commands and expected results: BUILD.md.',
+  ]
+  return '\n'.join(lines)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with its errors as one line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {str(e).splitlines()[0]}', file=sys.stderr)
+    sys.exit(EXIT_CONFIG)
+
+
 def default_workdir(name: str) -> str:
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
       '%Y%m%d-%H%M%S')
@@ -149,22 +336,63 @@ def _interrupted(store: ResultsStore | None, workdir: str | None) -> int:
   return EXIT_INTERRUPTED
 
 
+DISTRIBUTED_ENV = ('FL_PRIVACY_COORDINATOR', 'FL_PRIVACY_NUM_PROCESSES', 'FL_PRIVACY_PROCESS_ID')
+
+
+def initialize_distributed() -> bool:
+  """Joins a multi-process run when the environment asks for one; returns whether it did.
+
+  `FL_PRIVACY_COORDINATOR=host:port` with `FL_PRIVACY_NUM_PROCESSES` and
+  `FL_PRIVACY_PROCESS_ID` start `jax.distributed.initialize` with those values;
+  `FL_PRIVACY_DISTRIBUTED=1` calls it without arguments (Cloud TPU, SLURM, Open MPI fill them
+  in). On CPU the processes exchange outcomes through gloo collectives. Must run before any
+  other JAX call; every process then runs its share of every chunk and process 0 writes.
+  """
+  coordinator = os.environ.get(DISTRIBUTED_ENV[0])
+  if not coordinator and os.environ.get('FL_PRIVACY_DISTRIBUTED') != '1':
+    return False
+  # Only the CPU backend reads this; accelerators use their own collectives.
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  if coordinator:
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               num_processes=int(os.environ[DISTRIBUTED_ENV[1]]),
+                               process_id=int(os.environ[DISTRIBUTED_ENV[2]]))
+  else:
+    jax.distributed.initialize()
+  logging.info('process %d of %d', jax.process_index(), jax.process_count())
+  return True
+
+
+def _compile_cache_setting(config) -> str | None:
+  """`game.compile_cache` (see configs/_base.py); None when the config has no such field."""
+  game = config.get('game')
+  return None if game is None else game.get('compile_cache')
+
+
 def _run(name: str, prepare: Callable[[Any], Any],
          sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> int:
   config = _CONFIG.value
   store = None
   workdir = None
   try:
+    workdir = _WORKDIR.value or default_workdir(name)
+    problem = check_workdir(workdir)
+    if problem:
+      return _error(problem)
+    cache = _compile_cache_setting(config)
+    if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
+      compile_cache.enable(compile_cache.resolve(cache))
     try:
       seed = _apply_seed(config)
       state = prepare(config)
     except _expected_errors() as e:
       return _error(str(e))
-    workdir = _WORKDIR.value or default_workdir(name)
     try:
       store = ResultsStore(workdir, name, config)
     except ResumeError as e:
       return _error(str(e))
+    if cache == 'workdir':
+      compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
     try:
@@ -190,5 +418,22 @@ def main(name: str, prepare: Callable[[Any], Any],
     sweep: `(config, state, store, key) -> None`; runs the sweep points, skipping
       those `store.get` already has (see `run_point`).
   """
-  sys.argv = resolve_config_arg(sys.argv)
-  app.run(lambda argv: _run(name, prepare, sweep))
+  argv = resolve_config_arg(sys.argv)
+  if any(a in _HELP_FLAGS for a in argv[1:]):
+    print(usage(name))
+    sys.exit(0)
+  problem = check_command_line(name, argv)
+  if problem:
+    sys.exit(_error(problem))
+  sys.argv = argv
+  app.run(lambda argv: _leftovers(argv) or (initialize_distributed(), _run(name, prepare, sweep))[1],
+          flags_parser=_parse_flags)
+
+
+def _leftovers(argv: list[str]) -> int:
+  """Exit status 2 for words absl left unparsed (a typo'd flag without `--`), else 0."""
+  if len(argv) > 1:
+    return _error(f'{argv[1]}: must be a flag (--config, --workdir, --seed, '
+                  f'--config.SECTION.FIELD=VALUE; see --help) (got {len(argv) - 1} '
+                  f'unexpected argument(s) {argv[1:]})')
+  return 0

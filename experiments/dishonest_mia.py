@@ -12,8 +12,9 @@ M and optimizers (same data, targets and trunks), so a larger M can only remove 
   python -m experiments.dishonest_mia --config=configs/mnist.py:data_dir=DIR
   python -m experiments.dishonest_mia --config.dishonest.grid=product
 
-Runs go through `eval.runner.run_trials` in chunks of min(game.chunk_size, a 256 MiB memory
-budget, 8 on CPU); results do not depend on the chunk size.
+Runs go through `eval.runner.run_trials` at the `game` defaults (on CPU one run at a time
+inside each jitted chunk, with im2col convolutions; side by side on accelerators); results do
+not depend on the chunking.
 
 Writes, beside results.json: `table2.md` (the paper's Table 2 layout and the J / E sweeps),
 `false_decisions.json` (every false decision, each false positive attributed to the duplicate of

@@ -8,6 +8,7 @@ from fl_privacy.data.dataset import DataUnavailableError
 from fl_privacy.data.dataset import rng_from_key
 from fl_privacy.data.dataset import to_float
 from fl_privacy.data.loading import DATASETS
+from fl_privacy.data.local_sources import DataFileError
 from fl_privacy.data.loading import load
 from fl_privacy.data.loading import validate_data_config
 from fl_privacy.data.partitions import dirichlet_partition
@@ -17,6 +18,7 @@ from fl_privacy.data.partitions import member_nonmember_split
 
 __all__ = [
     'DATASETS',
+    'DataFileError',
     'DataUnavailableError',
     'Dataset',
     'dirichlet_partition',

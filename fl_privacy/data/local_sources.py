@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 
 import numpy as np
 
@@ -12,6 +13,13 @@ from fl_privacy.data.partitions import holdout_split
 DIGITS_TEST_FRACTION = 0.2
 _NPZ_X = ('images', 'x')
 _NPZ_Y = ('labels', 'y')
+
+
+class DataFileError(ValueError):
+  """A user's data file that cannot be used as it is; the message names the file and why.
+
+  The experiments report it as one line with exit status 2 (experiments/common.py).
+  """
 
 
 def digits_to_uint8(values: np.ndarray) -> np.ndarray:
@@ -38,10 +46,10 @@ def load_digits() -> dict[str, Dataset]:
 def _pick(arrays, names, suffix, path, required):
   found = [n + suffix for n in names if n + suffix in arrays]
   if len(found) > 1:
-    raise ValueError(f'{path}: holds both {found[0]!r} and {found[1]!r}; keep one')
+    raise DataFileError(f'{path}: holds both {found[0]!r} and {found[1]!r}; keep one')
   if not found:
     if required:
-      raise ValueError(f'{path}: needs an array named one of '
+      raise DataFileError(f'{path}: needs an array named one of '
                        f'{[n + suffix for n in names]}; it holds {sorted(arrays)}')
     return None
   return np.asarray(arrays[found[0]])
@@ -52,17 +60,28 @@ def _as_examples(x: np.ndarray, path: str, name: str) -> np.ndarray:
     return x[..., None]  # [N, H, W] greyscale.
   if x.ndim == 4 and x.dtype == np.uint8:
     return x
-  if x.ndim == 2 and np.issubdtype(x.dtype, np.number):
-    return x.astype(np.float32)
-  raise ValueError(f'{path}: {name!r} must be uint8 images [N, H, W] or [N, H, W, C], or '
+  if x.ndim == 2 and np.issubdtype(x.dtype, np.number) and not np.iscomplexobj(x):
+    x = x.astype(np.float32)
+    bad = ~np.isfinite(x)
+    if bad.any():
+      # A NaN or inf feature would run to the end and write meaningless results.
+      rows = np.flatnonzero(bad.any(axis=1))
+      raise DataFileError(f'{path}: {name!r} must hold finite numbers; {int(bad.sum())} '
+                          f'NaN/inf values in {len(rows)} rows (first row {int(rows[0])})')
+    if x.shape[0] == 0 or x.shape[1] == 0:
+      raise DataFileError(f'{path}: {name!r} must have at least one example and one '
+                          f'feature; got shape {x.shape}')
+    return x
+  raise DataFileError(f'{path}: {name!r} must be uint8 images [N, H, W] or [N, H, W, C], or '
                    f'numeric features [N, d]; got {x.dtype} {x.shape}')
 
 
 def _as_labels(y: np.ndarray, n: int, path: str, name: str) -> np.ndarray:
   if y.ndim != 1 or len(y) != n:
-    raise ValueError(f'{path}: labels of {name!r} must have shape [{n}], got {y.shape}')
+    raise DataFileError(f'{path}: labels of {name!r} must have shape [{n}] (one per '
+                        f'example), got {y.shape}')
   if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-    raise ValueError(f'{path}: labels of {name!r} must be non-negative integers, '
+    raise DataFileError(f'{path}: labels of {name!r} must be non-negative integers, '
                      f'got {y.dtype}')
   return y.astype(np.int32)
 
@@ -76,16 +95,37 @@ def load_npz(path: str) -> dict[str, Dataset]:
   (seed 0) random 20% of the examples becomes 'test'.
 
   Raises:
-    ValueError: A required array is missing, or shapes/dtypes do not fit.
+    DataFileError: the file is not a readable .npz of plain arrays (object arrays are
+      refused: loading them would run pickled code), a required array is missing,
+      shapes/dtypes do not fit, labels are not one per example, or features hold
+      NaN/inf.
   """
-  with np.load(os.fspath(path), allow_pickle=False) as arrays:
-    arrays = dict(arrays)
+  arrays, name = {}, None
+  try:
+    loaded = np.load(os.fspath(path), allow_pickle=False)
+    if not hasattr(loaded, 'files'):
+      raise DataFileError(f'{path}: must be an .npz archive of named arrays (np.savez); '
+                          'got a single .npy array')
+    with loaded as npz:
+      for name in npz.files:
+        arrays[name] = npz[name]
+  except DataFileError:
+    raise
+  except ValueError as e:
+    if 'allow_pickle' in str(e) and name is not None:
+      raise DataFileError(f'{path}: array {name!r} must be a plain numeric array; got an '
+                          'object (pickled) array, which is refused') from e
+    raise DataFileError(f'{path}: must be an .npz archive of named arrays (np.savez); '
+                        'got a file numpy cannot read as one') from e
+  except (OSError, EOFError, zipfile.BadZipFile) as e:
+    raise DataFileError(f'{path}: must be a readable .npz archive ({type(e).__name__}: '
+                        f'{e})') from e
   x = _as_examples(_pick(arrays, _NPZ_X, '', path, True), path, 'x')
   y = _as_labels(_pick(arrays, _NPZ_Y, '', path, True), len(x), path, 'x')
   x_test = _pick(arrays, _NPZ_X, '_test', path, False)
   y_test = _pick(arrays, _NPZ_Y, '_test', path, False)
   if (x_test is None) != (y_test is None):
-    raise ValueError(f'{path}: a test split needs both images/x_test and labels/y_test')
+    raise DataFileError(f'{path}: a test split needs both images/x_test and labels/y_test')
   if x_test is None:
     train, test = holdout_split(len(y), 0.2, seed=0)
     x, y, x_test, y_test = x[train], y[train], x[test], y[test]
@@ -93,12 +133,18 @@ def load_npz(path: str) -> dict[str, Dataset]:
     x_test = _as_examples(x_test, path, 'x_test')
     y_test = _as_labels(y_test, len(x_test), path, 'x_test')
     if x_test.shape[1:] != x.shape[1:] or x_test.dtype != x.dtype:
-      raise ValueError(f'{path}: test examples {x_test.dtype} {x_test.shape[1:]} do not '
+      raise DataFileError(f'{path}: test examples {x_test.dtype} {x_test.shape[1:]} do not '
                        f'match train examples {x.dtype} {x.shape[1:]}')
   top = int(max(y.max(initial=-1), y_test.max(initial=-1))) + 1
-  num_classes = int(arrays['num_classes']) if 'num_classes' in arrays else top
+  num_classes = top
+  if 'num_classes' in arrays:
+    nc = arrays['num_classes']
+    if nc.shape != () or not np.issubdtype(nc.dtype, np.integer):
+      raise DataFileError(f'{path}: num_classes must be a scalar integer, got {nc.dtype} '
+                          f'{nc.shape}')
+    num_classes = int(nc)
   if num_classes < top:
-    raise ValueError(f'{path}: num_classes={num_classes} but a label equals {top - 1}')
+    raise DataFileError(f'{path}: num_classes={num_classes} but a label equals {top - 1}')
   stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]
   return {'train': Dataset(x=x, y=y, num_classes=num_classes, name=f'npz:{stem}/train'),
           'test': Dataset(x=x_test, y=y_test, num_classes=num_classes,

@@ -7,12 +7,27 @@ evaluates it for trial indices `start, ..., num_trials - 1` with the per-trial k
 or on the index a run was resumed from.
 
 Memory is bounded by the chunk, not the run: each chunk is one call of a jitted
-`vmap(trial_fn)` over `chunk_size` indices (the last chunk is padded to the same
-shape, so a run compiles once, and the padding is dropped). At most two chunks
-are in flight: the next one is dispatched while the previous one's outcomes are
-copied to the host. `args` are passed as
-arguments of that jitted function, not closed over, so large arrays are not baked
-into the program as constants and a new value of the same shape does not recompile.
+program over `chunk_size` indices (the last chunk is padded to the same shape, so
+a run compiles once, and the padding is dropped). At most two chunks are in
+flight: the next one is dispatched while the previous one's outcomes are copied
+to the host. `args` are passed as arguments of that jitted function, not closed
+over, so large arrays are not baked into the program as constants and a new value
+of the same shape does not recompile.
+
+Width by bytes, not by count. Inside a chunk, trials run as a `lax.map` over
+groups of `width` trials, each group one `vmap(trial_fn)`. The width is chosen so
+that a group's working set (XLA's temporary buffers of one trial, from
+`memory_analysis()` of the compiled single-trial program, times the width) stays
+within `batch_bytes`: on a CPU, once one threefry draw passes a few MiB it falls
+out of cache and runs about 4x slower (the AMI game at the paper's size ran 1,550
+trials/s at width 4 and 290/s at width 1,000). `batch_bytes=None` takes
+`default_batch_bytes()` (`DEFAULT_BATCH_BYTES[backend]`, or the environment
+variable `FL_PRIVACY_BATCH_BYTES`); accelerators get a large budget because width
+is what pays there. With `chunk_size=None` the chunk is `CHUNK_GROUPS` groups
+(at most the run). Since every trial's key is `fold_in(run_key, index)`, neither
+the chunk nor the width changes which random numbers a trial sees; decisions and
+integer outcomes are bit-identical, and float outcomes agree to float rounding
+(XLA may order a reduction differently at another width).
 
 Devices. With several local devices, the trial axis of each chunk is sharded over a
 one-axis `jax.sharding.Mesh` of all local devices with `NamedSharding` (plain `jit`,
@@ -40,6 +55,7 @@ TPU and SLURM/Open MPI clusters it needs no arguments). Every process must call
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -50,22 +66,59 @@ import numpy as np
 
 _TRIAL_AXIS = 'trials'
 
+# Working-set budget of one vmapped group of trials, per backend. CPU: the knee measured on
+# the 2-core development machine (BUILD.md, "Benchmarks": the AMI game at paper size and the
+# white-box audit both run fastest with groups of 4-16 MiB of XLA temporaries and fall off
+# beyond ~32 MiB, when threefry's words leave the cache). Accelerators: width pays, so the
+# budget only guards memory.
+DEFAULT_BATCH_BYTES = {'cpu': 8 << 20, 'gpu': 1 << 30, 'cuda': 1 << 30, 'rocm': 1 << 30,
+                       'tpu': 1 << 30}
+BATCH_BYTES_ENV = 'FL_PRIVACY_BATCH_BYTES'
+# Groups per chunk when `chunk_size=None`: enough that Python dispatch and the host copy are
+# negligible next to the work, few enough that a chunk's outcomes stay small.
+CHUNK_GROUPS = 64
+
 
 def _round_up(value: int, multiple: int) -> int:
   return -(-value // multiple) * multiple
 
 
+def default_batch_bytes(backend: str | None = None) -> int:
+  """The working-set budget of one vmapped group of trials, in bytes.
+
+  `$FL_PRIVACY_BATCH_BYTES` if set, else `DEFAULT_BATCH_BYTES[backend]` (backend defaults
+  to `jax.default_backend()`; an unknown one gets the accelerator budget).
+  """
+  env = os.environ.get(BATCH_BYTES_ENV)
+  if env:
+    value = int(float(env))
+    if value < 1:
+      raise ValueError(f'{BATCH_BYTES_ENV} must be >= 1 (got {env!r})')
+    return value
+  return DEFAULT_BATCH_BYTES.get(backend or jax.default_backend(), 1 << 30)
+
+
+def _one_trial(trial_fn: Callable[..., Any]):
+  def one(run_key, index, *args):
+    return trial_fn(jax.random.fold_in(run_key, index), index, *args)
+  return one
+
+
 def _chunk_program(trial_fn: Callable[..., Any], num_args: int):
-  """Returns `(run_key, indices, *args) -> vmapped outcomes` (not jitted)."""
+  """Returns `(run_key, indices [k, w], *args) -> outcomes [k, w, ...]` (not jitted).
+
+  The k groups run one after another (`lax.map`), the w trials of a group side by side
+  (`vmap`), so the working set is one group's.
+  """
+  one = _one_trial(trial_fn)
 
   def chunk(run_key, indices, *args):
     if len(args) != num_args:
       raise TypeError(f'expected {num_args} args, got {len(args)}')
-
-    def one(index):
-      return trial_fn(jax.random.fold_in(run_key, index), index, *args)
-
-    return jax.vmap(one)(indices)
+    group = jax.vmap(lambda index: one(run_key, index, *args))
+    if indices.shape[0] == 1:  # no loop to compile when one group is the chunk
+      return jax.tree.map(lambda x: x[None], group(indices[0]))
+    return jax.lax.map(group, indices)
 
   return chunk
 
@@ -82,8 +135,9 @@ def _compiled(trial_fn: Callable[..., Any], num_args: int,
   if len(devices) == 1:
     return jax.jit(program), None, None
   mesh = jax.sharding.Mesh(np.array(devices), (_TRIAL_AXIS,))
+  # Indices are [groups, width]: the width (trials side by side) is split over devices.
   sharded = jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec(_TRIAL_AXIS))
+      mesh, jax.sharding.PartitionSpec(None, _TRIAL_AXIS))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   fn = jax.jit(
       program,
@@ -92,11 +146,71 @@ def _compiled(trial_fn: Callable[..., Any], num_args: int,
   return fn, sharded, replicated
 
 
+def _signature(args) -> tuple:
+  leaves, treedef = jax.tree.flatten(args)
+  return treedef, tuple((np.shape(a), str(jnp.result_type(a))) for a in leaves)
+
+
+_TRIAL_BYTES: dict = {}
+
+
+def trial_bytes(trial_fn: Callable[..., Any], run_key: jax.Array, args: Sequence[Any]) -> int:
+  """XLA's working set of one trial: temporaries plus outcome bytes of the compiled trial.
+
+  Compiles the single-trial program once per (trial_fn, argument shapes) in a process (the
+  persistent compilation cache makes later processes cheap) and reads
+  `Compiled.memory_analysis()`; arguments are excluded (they are shared by every trial).
+  Returns 0 when the backend gives no analysis.
+  """
+  args = tuple(args)
+  try:
+    cache_key = (trial_fn, _signature((run_key, args)))
+    hash(cache_key)
+  except TypeError:
+    cache_key = None
+  if cache_key is not None and cache_key in _TRIAL_BYTES:
+    return _TRIAL_BYTES[cache_key]
+  compiled = jax.jit(_one_trial(trial_fn)).lower(run_key, jnp.int32(0), *args).compile()
+  try:
+    analysis = compiled.memory_analysis()
+    value = int(analysis.temp_size_in_bytes) + int(analysis.output_size_in_bytes)
+  except (AttributeError, NotImplementedError, RuntimeError, TypeError):
+    value = 0
+  if cache_key is not None:
+    _TRIAL_BYTES[cache_key] = value
+  return value
+
+
+def group_width(trial_fn: Callable[..., Any], run_key: jax.Array, args: Sequence[Any],
+                batch_bytes: int | None = None) -> int:
+  """Trials per vmapped group (per device): max(1, batch_bytes // trial_bytes)."""
+  budget = default_batch_bytes() if batch_bytes is None else int(batch_bytes)
+  per_trial = trial_bytes(trial_fn, run_key, args)
+  return max(1, budget // max(per_trial, 1))
+
+
+def _layout(count: int, chunk_size: int | None, width: int,
+            num_devices: int) -> tuple[int, int]:
+  """(groups per chunk k, group width w) for `count` trials of this process.
+
+  w is a multiple of the device count; k * w is the chunk.
+  """
+  width = min(width * num_devices, _round_up(count, num_devices))
+  if chunk_size is None:
+    groups = max(1, min(CHUNK_GROUPS, -(-count // width)))
+    return groups, width
+  chunk = min(_round_up(chunk_size, num_devices), _round_up(count, num_devices))
+  groups = -(-chunk // width)
+  # Equal groups that cover the requested chunk (rounded up by less than one group).
+  width = _round_up(-(-chunk // groups), num_devices)
+  return groups, width
+
+
 def _empty_outcomes(trial_fn, run_key, args) -> Any:
   """Zero-length outcome arrays with the right trailing shapes and dtypes."""
   program = _chunk_program(trial_fn, len(args))
-  shapes = jax.eval_shape(program, run_key, jnp.zeros((1,), jnp.int32), *args)
-  return jax.tree.map(lambda s: np.zeros((0,) + s.shape[1:], s.dtype), shapes)
+  shapes = jax.eval_shape(program, run_key, jnp.zeros((1, 1), jnp.int32), *args)
+  return jax.tree.map(lambda s: np.zeros((0,) + s.shape[2:], s.dtype), shapes)
 
 
 def _process_slice(start: int, num_trials: int) -> tuple[int, int]:
@@ -107,9 +221,8 @@ def _process_slice(start: int, num_trials: int) -> tuple[int, int]:
 
 
 def _run_local(fn, index_sharding, replicated, run_key, args,
-               indices: np.ndarray, chunk_size: int, progress: bool,
-               label: str) -> Any:
-  """Runs `indices` (already padded to a multiple of chunk_size) chunk by chunk."""
+               indices: np.ndarray, progress: bool, label: str) -> Any:
+  """Runs `indices` [chunks, k, w] chunk by chunk; returns outcomes [chunks * k * w, ...]."""
   # Host arrays (a dataset, params) go to the devices once, not once per chunk.
   if replicated is not None:
     run_key = jax.device_put(run_key, replicated)
@@ -117,25 +230,30 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
   else:
     run_key, args = jax.device_put((run_key, args))
 
-  def launch(lo):
-    chunk = indices[lo:lo + chunk_size]
+  def launch(c):
+    chunk = indices[c]
     if index_sharding is not None:
       chunk = jax.device_put(chunk, index_sharding)
     return fn(run_key, chunk, *args)
 
+  def flat(x):
+    x = np.asarray(x)
+    return x.reshape((-1,) + x.shape[2:])
+
   outputs = []
-  total = len(indices)
+  num_chunks, chunk_size = indices.shape[0], indices.shape[1] * indices.shape[2]
+  total = num_chunks * chunk_size
   t_start = t_chunk = time.perf_counter()
   pending = launch(0)
-  for lo in range(0, total, chunk_size):
+  for c in range(num_chunks):
     # Dispatch the next chunk before copying this one to the host, so the
     # device is not idle during the copy.
-    following = launch(lo + chunk_size) if lo + chunk_size < total else None
-    outputs.append(jax.tree.map(np.asarray, jax.device_get(pending)))
+    following = launch(c + 1) if c + 1 < num_chunks else None
+    outputs.append(jax.tree.map(flat, jax.device_get(pending)))
     pending = following
     if progress:
       now = time.perf_counter()
-      done = min(lo + chunk_size, total)
+      done = (c + 1) * chunk_size
       logging.info('%s: %d/%d trials, %.1f trials/s (chunk), %.1f trials/s '
                    '(run)', label, done, total,
                    chunk_size / max(now - t_chunk, 1e-9),
@@ -144,14 +262,29 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
   return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outputs)
 
 
+def plan(trial_fn: Callable[..., Any], run_key: jax.Array, num_trials: int, *,
+         chunk_size: int | None = None, args: Sequence[Any] = (), start: int = 0,
+         batch_bytes: int | None = None) -> dict[str, int]:
+  """How `run_trials` would split this process's trials: {'chunk', 'groups', 'width'}.
+
+  `width` counts trials side by side over all local devices; `chunk = groups * width`.
+  """
+  devices = jax.local_devices()
+  _, count = _process_slice(int(start), int(num_trials))
+  width = group_width(trial_fn, run_key, args, batch_bytes)
+  groups, width = _layout(max(count, 1), chunk_size, width, len(devices))
+  return {'chunk': groups * width, 'groups': groups, 'width': width}
+
+
 def run_trials(trial_fn: Callable[..., Any],
                run_key: jax.Array,
                num_trials: int,
                *,
-               chunk_size: int,
+               chunk_size: int | None = None,
                args: Sequence[Any] = (),
                start: int = 0,
-               progress: bool = True) -> Any:
+               progress: bool = True,
+               batch_bytes: int | None = None) -> Any:
   """Runs trials `start .. num_trials - 1` of a game and stacks their outcomes.
 
   Args:
@@ -160,25 +293,33 @@ def run_trials(trial_fn: Callable[..., Any],
       index (an int32 scalar).
     run_key: the run's typed PRNG key (`jax.random.key(seed)`).
     num_trials: total number of trials of the run (exclusive end index).
-    chunk_size: trials per jitted call; memory is bounded by two chunks. Rounded
-      up to a multiple of the local device count.
+    chunk_size: trials per jitted call (memory is bounded by two chunks), an
+      explicit override; None (the default) takes `CHUNK_GROUPS` groups of the
+      byte-sized width. Rounded up to a multiple of the group width and of the
+      local device count.
     args: extra arguments of `trial_fn`, identical for every trial (datasets,
       params); passed to the jitted chunk as arguments, replicated on devices.
     start: first trial index, to resume a run that stopped part way.
     progress: log one absl INFO line per chunk with the throughput.
+    batch_bytes: working-set budget of one vmapped group of trials (see the
+      module docstring); None = `default_batch_bytes()`.
 
   Returns:
     The outcome pytree with numpy leaves, each with leading axis
     `num_trials - start`; row `j` is the outcome of trial `start + j`.
 
   Raises:
-    ValueError: for a negative `start`, `start > num_trials` or `chunk_size < 1`.
+    ValueError: for a negative `start`, `start > num_trials`, `chunk_size < 1`
+      or `batch_bytes < 1`.
   """
   num_trials = int(num_trials)
   start = int(start)
-  chunk_size = int(chunk_size)
-  if chunk_size < 1:
-    raise ValueError(f'chunk_size must be >= 1 (got {chunk_size})')
+  if chunk_size is not None:
+    chunk_size = int(chunk_size)
+    if chunk_size < 1:
+      raise ValueError(f'chunk_size must be >= 1 (got {chunk_size})')
+  if batch_bytes is not None and int(batch_bytes) < 1:
+    raise ValueError(f'batch_bytes must be >= 1 (got {batch_bytes})')
   if not 0 <= start <= num_trials:
     raise ValueError(
         f'need 0 <= start <= num_trials (got start={start}, '
@@ -190,14 +331,14 @@ def run_trials(trial_fn: Callable[..., Any],
     return _empty_outcomes(trial_fn, run_key, args)
 
   devices = tuple(jax.local_devices())
-  chunk_size = _round_up(chunk_size, len(devices))
   first, count = _process_slice(start, num_trials)
-  chunk_size = min(chunk_size, _round_up(count, len(devices)))
-  padded = _round_up(count, chunk_size)
+  width = group_width(trial_fn, run_key, args, batch_bytes)
+  groups, width = _layout(count, chunk_size, width, len(devices))
+  padded = _round_up(count, groups * width)
   # Padding repeats the last real trial: a valid index, so a trial_fn that
   # gathers data by index never sees an out-of-range one.
   indices = np.minimum(np.arange(first, first + padded), num_trials - 1)
-  indices = indices.astype(np.int32)
+  indices = indices.astype(np.int32).reshape(-1, groups, width)
 
   try:
     fn, index_sharding, replicated = _compiled(trial_fn, len(args), devices)
@@ -206,7 +347,7 @@ def run_trials(trial_fn: Callable[..., Any],
         trial_fn, len(args), devices)
   label = getattr(trial_fn, '__name__', 'trial_fn')
   local = _run_local(fn, index_sharding, replicated, run_key, args, indices,
-                     chunk_size, progress, label)
+                     progress, label)
   local = jax.tree.map(lambda x: x[:count], local)
   if jax.process_count() == 1:
     return local
@@ -214,3 +355,21 @@ def run_trials(trial_fn: Callable[..., Any],
   gathered = multihost_utils.process_allgather(local, tiled=True)
   return jax.tree.map(lambda x: np.asarray(x)[:num_trials - start], gathered)
 
+
+def validate_options(config) -> None:
+  """Raises `ConfigError` unless `game.chunk_size` and `game.batch_bytes` are None or > 0."""
+  from fl_privacy import validate  # pylint: disable=g-import-not-at-top
+  for field in ('chunk_size', 'batch_bytes'):
+    value = config.game.get(field)
+    validate.require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                       and value >= 1),
+                     f'game.{field}', 'None (automatic) or an integer >= 1', value)
+
+
+def options(config) -> dict[str, int | None]:
+  """`run_trials` keyword arguments from a config's `game` section (chunk_size, batch_bytes)."""
+  game = config.game
+  chunk = game.get('chunk_size')
+  budget = game.get('batch_bytes')
+  return {'chunk_size': None if chunk is None else int(chunk),
+          'batch_bytes': None if budget is None else int(budget)}

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy.mechanisms import bitrand
+from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import ome
 from fl_privacy.mechanisms import registry
 
@@ -87,7 +88,7 @@ def unpack_codes(codes: Array, group_sizes: Sequence[int]) -> Array:
 
 
 def codes_to_values(codes: Array, group_sizes: Sequence[int], encoding: Encoding) -> Array:
-  """Decodes per-group codes to feature values (same rule as `mechanisms.fixed_point.decode`).
+  """Decodes per-group codes to feature values (`mechanisms.fixed_point.decode_pattern`).
 
   Args:
     codes: [..., d, G] uint32 group codes.
@@ -100,15 +101,8 @@ def codes_to_values(codes: Array, group_sizes: Sequence[int], encoding: Encoding
   pattern = jnp.zeros(codes.shape[:-1], jnp.uint32)
   for g, n in enumerate(group_sizes):
     pattern = (pattern << n) | codes[..., g]
-  quantum = 2.0 ** -encoding.frac_bits
-  if not encoding.sign_bit:
-    return pattern.astype(jnp.float32) * quantum
-  l = encoding.num_bits
-  magnitude = (pattern & ((1 << (l - 1)) - 1)).astype(jnp.float32) * quantum
-  if not encoding.honour_sign:
-    return magnitude
-  negative = ((pattern >> (l - 1)) & 1) == 1
-  return jnp.where(negative, -magnitude, magnitude)
+  return fixed_point.decode_pattern(pattern, encoding.int_bits, encoding.frac_bits,
+                                    encoding.sign_bit, encoding.honour_sign)
 
 
 class CodeChannel(NamedTuple):

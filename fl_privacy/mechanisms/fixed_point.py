@@ -135,3 +135,29 @@ def decode(bits: jax.Array, int_bits: int = 5, frac_bits: int = 4,
   if sign_bit and honour_sign:
     magnitude = magnitude * (1.0 - 2.0 * b[..., 0])
   return magnitude
+
+
+def decode_pattern(pattern: jax.Array, int_bits: int = 5, frac_bits: int = 4,
+                   sign_bit: bool = True, honour_sign: bool = True) -> jax.Array:
+  """Decodes codes held as integers: the l bits of a feature packed MSB first (bit 0 on top).
+
+  The same rule as `decode` on the unpacked bits (`codes.codes_to_values` packs a feature's
+  bit groups into this integer and decodes it here): the magnitude is the low
+  int_bits + frac_bits bits times 2**-frac_bits, exact in float32 for up to 24 bits; the top bit
+  is the sign when `sign_bit` and `honour_sign`.
+
+  Args:
+    pattern: uint32 [...], one integer per feature.
+    int_bits, frac_bits, sign_bit, honour_sign: as in `decode`.
+
+  Returns:
+    float32 [...].
+  """
+  check_format(int_bits, frac_bits)
+  magnitude_bits = int_bits + frac_bits
+  pattern = pattern.astype(jnp.uint32)
+  magnitude = (pattern & ((1 << magnitude_bits) - 1)).astype(jnp.float32) * quantum(frac_bits)
+  if not (sign_bit and honour_sign):
+    return magnitude
+  negative = ((pattern >> magnitude_bits) & 1) == 1
+  return jnp.where(negative, -magnitude, magnitude)

@@ -174,10 +174,50 @@ def project_l2(params, radius):
 
 
 def paper_learning_rate(radius, num_clients: int, dim: int, epsilon, clip_norm):
-  """eta_t = ||C|| sqrt(n) / (L sqrt(d)) * (e^eps - 1)/(e^eps + 1) (Algorithm 2)."""
+  """eta_t = ||C|| sqrt(n) / (L sqrt(d)) * (e^eps - 1)/(e^eps + 1) (Algorithm 2).
+
+  The paper pairs this with its printed debiasing constant, which lacks a factor d;
+  with the unbiased constant (`debias_scale`) one client's step has norm
+  ||C|| sqrt(pi) Gamma((d+1)/2) / (sqrt(d) Gamma(d/2)) ~ sqrt(pi/2) ||C|| ~ 1.25 ||C||:
+  larger than the model. `relative_learning_rate` is the default of the audit.
+  """
   eps = jnp.asarray(epsilon, jnp.float32)
   return (radius * jnp.sqrt(num_clients) / (clip_norm * jnp.sqrt(dim))
           * jnp.tanh(eps / 2.0))
+
+
+def relative_learning_rate(radius, dim: int, epsilon, clip_norm,
+                           step_fraction: float = 1e-3):
+  """A server step size whose step is `step_fraction` of the model's radius.
+
+  With one client the server's estimate is `debias_scale(d, eps, L)` times a unit
+  vector, so its norm is known before any report arrives: ||g_t|| = debias_scale.
+  eta_t = step_fraction * ||C|| / debias_scale makes every step
+  ||eta_t g_t|| = step_fraction * ||C|| exactly, for every epsilon and d, and
+  independently of the report (so the step size itself leaks nothing).
+
+  Why a small fraction: a black-box distinguisher reads the change of a loss,
+  f(theta - eta g_t) - f(theta) = -eta <grad f, g_t> + O(eta^2 ||g_t||^2): the
+  first term carries the report's sign, the second (curvature, and the projection
+  onto C, which only acts at second order) does not. A step that is a small
+  fraction of the model keeps the first-order term dominant; a step that is the
+  size of the model (the paper's eta_t with the unbiased constant:
+  ~ sqrt(pi/2) ||C||, see `paper_learning_rate`) does not. 1e-3 is the
+  update-to-weight ratio of ordinary training (LARS' trust coefficient, You et al.,
+  "Large Batch Training of Convolutional Networks", arXiv:1708.03888), and keeps
+  the loss change far above float32 resolution for d up to millions.
+
+  Args:
+    radius: ||C||, the radius of the parameter set.
+    dim: the gradient dimension d.
+    epsilon: the clients' LDP budget.
+    clip_norm: the clients' clipping norm L.
+    step_fraction: the step's norm as a fraction of `radius`.
+
+  Returns:
+    A float32 scalar.
+  """
+  return step_fraction * radius / debias_scale(dim, epsilon, clip_norm)
 
 
 def server_update(params, reports: jax.Array, lr, radius, *, epsilon,

@@ -28,6 +28,7 @@ from fl_privacy import validate
 from fl_privacy.attacks import ami
 from fl_privacy.attacks.ami import certified
 from fl_privacy.attacks.ami import dp_averaging
+from fl_privacy.eval import compile_cache
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
@@ -60,7 +61,7 @@ def _is_int(v) -> bool:
 def validate_config(config) -> None:
   """Every check that needs no data; raises `ConfigError` naming the field."""
   data_lib.validate_data_config(config.data)
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   if any(m != 'none' for m in mechanisms):
     validate.positive(config, 'ami.epsilons')
@@ -69,6 +70,9 @@ def validate_config(config) -> None:
     validate.positive(config, f'ami.{field}', integer=True)
   validate.require(config.ami.num_trials >= 2, 'ami.num_trials', 'an integer >= 2',
                    config.ami.num_trials)
+  q = config.ami.certified_samples
+  validate.require(_is_int(q) and q >= 0, 'ami.certified_samples',
+                   'an integer >= 0 (0 = the whole game pool)', q)
   mn = config.ami.max_negatives
   validate.require(_is_int(mn) and mn >= 0, 'ami.max_negatives', 'an integer >= 0 (0 = all)',
                    mn)
@@ -90,7 +94,7 @@ def validate_config(config) -> None:
   validate.one_of(config, 'ami.extractor', data_lib.features.EXTRACTORS)
   validate.one_of(config, 'ami.dp_rule', DP_RULES)
   for field in ('ldp_sign_bit', 'randomize_negatives', 'stop_when_separated',
-                'balanced_class_weights', 'calibrate'):
+                'balanced_class_weights', 'calibrated_variant'):
     v = config.ami[field]
     validate.require(isinstance(v, bool), f'ami.{field}', 'True or False', v)
   for field in ('int_bits', 'frac_bits'):
@@ -194,6 +198,9 @@ def prepare(config) -> dict[str, Any]:
       'num_classes': int(splits[a.pool_split].num_classes),
       'encoding': encoding,
   }
+  validate.require(int(a.certified_samples) <= len(state['pool_x']), 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({len(state["pool_x"])} examples)',
+                   a.certified_samples)
   every = np.concatenate([state['target_x'], state['pool_x'], state['crafting_x']])
   _, clipped = fixed_point.encode(jnp.asarray(every), a.int_bits, a.frac_bits, True)
   pool_split = splits[a.pool_split]
@@ -231,7 +238,15 @@ def point_key(key: jax.Array, mechanism: str, epsilon: float | None) -> jax.Arra
 
 
 def craft_targets(key, config, state, randomize, ldp: bool):
-  """Crafts (and calibrates, rescales) one neuron per target; returns (neurons, report)."""
+  """Crafts one neuron per target with the paper's rule, and its calibrated variant.
+
+  Returns:
+    (neurons, report, calibrated, predicted): `neurons` decide with the paper's rule
+    (member iff v > 0 with the crafted bias); `calibrated` are the same neurons with the
+    bias shifted by `ami.calibrate_bias` on held-out adversary data (None unless
+    `ami.calibrated_variant`); `predicted` the calibration's predicted Adv per target
+    (NaN without the variant). Both are rescaled by `ami.rescale` (decisions unchanged).
+  """
   a = config.ami
   t_x = jnp.asarray(state['target_x'])
   num_targets, d = t_x.shape
@@ -257,17 +272,21 @@ def craft_targets(key, config, state, randomize, ldp: bool):
       learning_rate=float(a.learning_rate), max_steps=max_steps, class_weights=weights,
       stop_when_separated=bool(a.stop_when_separated))
   predicted = jnp.full((num_targets,), jnp.nan)
-  if a.calibrate:
+  calibrated = None
+  if a.calibrated_variant:
     v_pos = jax.vmap(ami.chosen_value)(neurons, copies(k_vpos, a.copies) if ldp
                                        else t_x[:, None, :])
     held_r = (jnp.stack([randomize(jax.random.fold_in(k_vneg, t), held)
                          for t in range(num_targets)]) if ldp
               else jnp.broadcast_to(held, (num_targets,) + held.shape))
     v_neg = jax.vmap(ami.chosen_value)(neurons, held_r)
-    neurons, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
+    calibrated, predicted = jax.vmap(ami.calibrate_bias, in_axes=(0, 0, 0, None))(
         neurons, v_pos, v_neg, int(a.batch_size))
-  neurons = jax.vmap(ami.rescale)(neurons, jnp.concatenate([pos, negs], axis=1))
-  return neurons, report, predicted
+  rows = jnp.concatenate([pos, negs], axis=1)
+  neurons = jax.vmap(ami.rescale)(neurons, rows)
+  if calibrated is not None:
+    calibrated = jax.vmap(ami.rescale)(calibrated, rows)
+  return neurons, report, calibrated, predicted
 
 
 def play(key, config, state, neurons, mechanism, epsilon, randomize):
@@ -276,7 +295,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
   enc = state['encoding']
   d = state['pool_x'].shape[1]
   n = int(a.num_trials)
-  chunk = int(config.game.chunk_size)
+  opts = runner.options(config)
   extra = {}
   if a.decision_path == 'gradient':
     return _play_literal(key, config, state, neurons, mechanism, epsilon, randomize)
@@ -286,12 +305,12 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
                          defense=defense)
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   if mechanism == 'none':
     v_t, v_p = ami.precomputed_values(neurons, jnp.asarray(state['target_x']),
                                       jnp.asarray(state['pool_x']))
     fn = _cached_partial(ami.fast_trial_no_ldp, batch_size=int(a.batch_size))
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=(v_t, v_p)), extra
+    return runner.run_trials(fn, key, n, **opts, args=(v_t, v_p)), extra
   p_one = ami.bit_probabilities(mechanism, epsilon, d, enc)
   if p_one is None:
     fn = _cached_partial(ami.fast_trial, batch_size=int(a.batch_size), mechanism=randomize,
@@ -299,7 +318,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
     args = (neurons, ami.GameSide(x=jnp.asarray(state['target_x'])),
             ami.GameSide(x=jnp.asarray(state['pool_x'])), ())
     extra['sampler_tv_per_trial'] = 0.0
-    return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+    return runner.run_trials(fn, key, n, **opts, args=args), extra
   channel = ami.channel_from_bit_probs(p_one, enc.group_sizes())
   sizes = enc.group_sizes()
   t_codes = ami.pack_codes(fixed_point.encode(jnp.asarray(state['target_x']), enc.int_bits,
@@ -312,7 +331,7 @@ def play(key, config, state, neurons, mechanism, epsilon, randomize):
           tuple(jnp.asarray(t) for t in channel.thresholds))
   # Total-variation bound between the simulated and the exact client, per trial.
   extra['sampler_tv_per_trial'] = channel.tv_per_feature * d * int(a.batch_size)
-  return runner.run_trials(fn, key, n, chunk_size=chunk, args=args), extra
+  return runner.run_trials(fn, key, n, **opts, args=args), extra
 
 
 @functools.lru_cache(maxsize=32)
@@ -344,16 +363,38 @@ def _play_literal(key, config, state, neurons, mechanism, epsilon, randomize):
                        chosen_index=CHOSEN_INDEX,
                        mechanism=None if mechanism == 'none' else randomize,
                        defense=state.get('defense'))
-  out = runner.run_trials(fn, key, int(a.num_trials), chunk_size=int(config.game.chunk_size),
+  out = runner.run_trials(fn, key, int(a.num_trials), **runner.options(config),
                           args=(params, targets, pool, None))
   agree = float(np.mean(out['decision'] == out['decision_fast']))
   return out, {'fast_path_agreement': agree}
 
 
+def certified_rows(key, config, state) -> np.ndarray:
+  """Indices into the game pool of the certificate's q non-target samples.
+
+  Hoeffding's inequality needs samples independent of the bounded function v: the
+  pool is data that neither crafting nor calibration saw (both use only the adversary's
+  part), so its rows are. `ami.certified_samples` of them at random without
+  replacement (0 = the whole pool: the most q the dataset allows).
+  """
+  n_pool = len(state['pool_x'])
+  q = int(config.ami.certified_samples) or n_pool
+  validate.require(q <= n_pool, 'ami.certified_samples',
+                   f'0 (the whole pool) or <= the game pool ({n_pool} examples)', q)
+  if q == n_pool:
+    return np.arange(n_pool)
+  return np.sort(data_lib.rng_from_key(key).choice(n_pool, q, replace=False))
+
+
 def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, dict]:
-  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws."""
+  """Theorem 1 per target; metrics of target 0 and the fraction certified, and draws.
+
+  p = `ami.certified_draws` randomized copies of the target; q = `certified_rows`
+  pool samples (never seen by crafting or calibration), each randomized once.
+  """
   a = config.ami
-  held = jnp.asarray(state['heldout_x'])
+  held = jnp.asarray(state['pool_x'][certified_rows(jax.random.fold_in(key, 1 << 20), config,
+                                                    state)])
   low, high = enc.min_value, enc.max_value
   out, draws, certified_count, deltas = {}, {}, 0, []
   for t in range(neurons.w.shape[0]):
@@ -370,6 +411,7 @@ def certify_point(key, config, state, neurons, randomize, enc) -> tuple[dict, di
     if t == 0:
       out = {f'certified_{k}': v for k, v in res.items()}
       draws = {'target': v_t, 'other': v_x}
+  out['certified_q'] = int(held.shape[0])
   out['certified_fraction'] = certified_count / neurons.w.shape[0]
   out['certified_delta_star_median'] = float(np.median(deltas))
   return out, draws
@@ -384,7 +426,20 @@ def _utility(key, config, state, randomize):
 
 
 def run_game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
-  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials)."""
+  """All metrics of one (mechanism, epsilon) point; returns (metrics, n_trials).
+
+  Besides the attack's metrics: `compile_s` (tracing + XLA compilation, or persistent-cache
+  loads, during the point) and `run_s` (the rest of its wall time).
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _game_point(key, config, state, mechanism, epsilon, workdir)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _game_point(key, config, state, mechanism: str, epsilon: float | None, workdir: str):
   a = config.ami
   enc = state['encoding']
   d = state['pool_x'].shape[1]
@@ -392,7 +447,8 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   randomize = ami.mechanism_fn(mechanism, epsilon, d, enc)
   k_craft, k_game, k_cert, k_util = (jax.random.fold_in(key, i) for i in range(4))
   t0 = time.perf_counter()
-  neurons, report, predicted = craft_targets(k_craft, config, state, randomize, ldp)
+  neurons, report, calibrated, predicted = craft_targets(k_craft, config, state, randomize,
+                                                         ldp)
   jax.block_until_ready(neurons)
   craft_s = time.perf_counter() - t0
   t0 = time.perf_counter()
@@ -400,6 +456,11 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   game_s = time.perf_counter() - t0
   m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
   m.update(extra)
+  if calibrated is not None:
+    # Our extension, reported beside the paper's rule on the very same trials (same key:
+    # same batches and randomization), so the difference is the calibration alone.
+    out_c, _ = play(k_game, config, state, calibrated, mechanism, epsilon, randomize)
+    m.update(calibrated_metrics(out_c))
   m['trials_per_s'] = int(a.num_trials) / max(game_s, 1e-9)
   m['craft_s'] = craft_s
   steps = np.asarray(report.steps)
@@ -408,8 +469,8 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   m['craft_separated_fraction'] = float(np.mean(np.asarray(report.separated)))
   m['craft_train_tpr'] = float(np.mean(np.asarray(report.train_tpr)))
   m['craft_train_tnr'] = float(np.mean(np.asarray(report.train_tnr)))
-  m['calibrated_predicted_adv'] = float(np.nanmean(np.asarray(predicted))) if a.calibrate \
-      else math.nan
+  m['calibrated_predicted_adv'] = (float(np.nanmean(np.asarray(predicted)))
+                                   if a.calibrated_variant else math.nan)
   per_target = [metrics_lib.tpr_tnr_adv(out['decision'][out['target'] == t],
                                         out['b'][out['target'] == t])['adv']
                 for t in range(neurons.w.shape[0])]
@@ -433,11 +494,38 @@ def run_game_point(key, config, state, mechanism: str, epsilon: float | None, wo
   return m, int(a.num_trials)
 
 
+CALIBRATED_SUFFIX = '_calibrated'
+
+
+def calibrated_metrics(out) -> dict:
+  """The calibrated variant's rates, named `<rate>_calibrated` (`_ci_low/_ci_high` after).
+
+  E.g. `adv_calibrated`, `adv_calibrated_ci_low`, `tpr_calibrated`, `auc_calibrated`.
+  """
+  m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
+  named = {}
+  for k, v in m.items():
+    base, sep, tail = k.partition('_ci_')
+    named[f'{base}{CALIBRATED_SUFFIX}{sep}{tail}'] = v
+  named[f'auc{CALIBRATED_SUFFIX}'] = metrics_lib.roc_auc(out['score'], out['b'])
+  return named
 
 
 
 def run_dp_point(key, config, epsilon, delta, num_neurons):
-  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials)."""
+  """Rounds needed to average away DP-SGD noise (Appendix E); returns (metrics, n_trials).
+
+  `compile_s` and `run_s` as in `run_game_point`.
+  """
+  t_point = time.perf_counter()
+  with compile_cache.CompileTimer() as timer:
+    m, n = _dp_point(key, config, epsilon, delta, num_neurons)
+  m['compile_s'] = timer.compile_s
+  m['run_s'] = time.perf_counter() - t_point - timer.compile_s
+  return m, n
+
+
+def _dp_point(key, config, epsilon, delta, num_neurons):
   a = config.ami
   kw = dict(epsilon=epsilon, delta=delta, num_neurons=num_neurons, signal=float(a.dp_signal),
             rule=a.dp_rule)

@@ -49,6 +49,12 @@ def make_figures(points, workdir, config) -> None:
         if none:
           ax.axhline(float(none[0]['metrics'][name]), color=colors[name], ls=':', lw=1,
                      label=f'{name} (no LDP)' if name == 'adv' else None)
+      # Our calibrated variant beside the paper's rule (same trials), when the run has it.
+      if pts and all('adv_calibrated' in p['metrics'] for p in pts):
+        _band(ax, xs, pts, 'adv_calibrated', 'ADV, calibrated bias (ours)', 'tab:purple')
+      if none and 'adv_calibrated' in none[0]['metrics']:
+        ax.axhline(float(none[0]['metrics']['adv_calibrated']), color='tab:purple', ls=':',
+                   lw=1, label='adv calibrated (no LDP)')
       ax.axhline(0.5, color='grey', lw=0.5)
       ax.set_ylim(0, 1.02)
       ax.set_xlabel('epsilon')

@@ -43,11 +43,6 @@ FALSE_DECISIONS = 'false_decisions.json'
 # Memory for the client data and first-convolution activations that one vmapped chunk holds
 # (inputs are gathered per run; the diagnostics embed all N examples at once).
 _CHUNK_BUDGET_BYTES = 256 << 20
-# On CPU, runs that each own their convolution kernels vmap into grouped convolutions, which
-# XLA's CPU backend runs slower than one run at a time: digits J = 32 ran at 26-28 runs/s in
-# chunks of 1-8 and 19-20 runs/s in chunks of 128 (2 cores); 28x28 J = 16 at 9.3 runs/s in
-# chunks of 1 vs 4.3 in one chunk of 32 (benchmarks/dishonest_runs.py).
-_CPU_CHUNK = 8
 # Reported Deltas keep 4 significant digits. Runs are identical whatever the chunk size except
 # for float32 rounding of the training (XLA lowers vmapped per-run convolutions differently),
 # which moves a Delta by ~1e-6 relative; Adam's Deltas tie by construction (e.g. many runs at
@@ -78,7 +73,7 @@ def validate_static(config) -> None:
   validate.one_of(config, 'dishonest.padding', ('VALID', 'SAME'))
   validate.one_of(config, 'dishonest.split', SPLITS)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   defenses.validate_section(config.defense)
 
 
@@ -160,17 +155,21 @@ def make_optimizer(config, name: str):
   return optimizers_lib.make(name, float(s.learning_rate), field='dishonest.optimizers', **kw)
 
 
-def chunk_size(config, pool, num_examples: int) -> int:
-  """Runs per vmapped chunk: game.chunk_size, within a memory budget, and small on CPU.
+def chunk_size(config, pool, num_examples: int) -> int | None:
+  """Runs per jitted chunk: `game.chunk_size`, or None to let the runner size it by bytes.
 
-  Chunking never changes results (each run depends only on its key), only speed and memory.
+  The runner's group width (runs side by side under vmap) follows `game.batch_bytes`: on CPU
+  one run's working set exceeds the budget, so runs go one at a time inside a chunk (a
+  `lax.map`; vmapped runs that each own their kernels become grouped convolutions, slower on
+  XLA's CPU backend); accelerators run them wide. An explicit chunk is capped by a memory
+  budget. Chunking never changes results (each run depends only on its key).
   """
+  chunk = runner.options(config)['chunk_size']
+  if chunk is None:
+    return None
   per_example = int(np.prod(pool.x.shape[1:])) + 6 * int(np.prod(pool.x.shape[1:3]))
   per_run = 2 * 4 * num_examples * per_example
-  chunk = min(int(config.game.chunk_size), _CHUNK_BUDGET_BYTES // per_run)
-  if jax.default_backend() == 'cpu':
-    chunk = min(chunk, _CPU_CHUNK)
-  return max(1, chunk)
+  return max(1, min(chunk, _CHUNK_BUDGET_BYTES // per_run))
 
 
 def point_key(key, p: dict):
@@ -210,7 +209,7 @@ def simulate(config, state, p: dict, key) -> dict[str, np.ndarray]:
   with jax.default_matmul_precision('highest'):
     return runner.run_trials(dishonest.make_trial(game), point_key(key, p), int(s.runs),
                              chunk_size=chunk_size(config, pool, game.num_examples),
-                             args=(x, y))
+                             batch_bytes=runner.options(config)['batch_bytes'], args=(x, y))
 
 
 def client_indices(key, p: dict, run: int, pool_size: int, batch_size: int) -> np.ndarray:

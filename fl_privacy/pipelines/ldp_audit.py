@@ -30,6 +30,7 @@ from fl_privacy import validate
 from fl_privacy.attacks import audit
 from fl_privacy.attacks.audit import crafters
 from fl_privacy.attacks.audit import game
+from fl_privacy.eval import runner
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import bitrand
 from fl_privacy.mechanisms import fixed_point
@@ -42,6 +43,7 @@ from fl_privacy.pipelines import ldp_audit_figures
 NAME = 'ldp_audit'
 INPUT_PAIRS = ('extreme_pair', 'one_feature_pair')
 INPUT_DISTINGUISHER = 'likelihood_ratio'
+SERVER_LR_RULES = ('relative', 'paper')
 
 
 def _int_at_least(config, field: str, low: int) -> int:
@@ -64,7 +66,7 @@ def validate_config(config) -> str:
   validate.positive(config, 'ldp_audit.epsilons')
   validate.positive(config, 'ldp_audit.num_trials', integer=True)
   validate.positive(config, 'ldp_audit.clip_norm')
-  validate.positive(config, 'game.chunk_size', integer=True)
+  runner.validate_options(config)
   vc = config.ldp_audit.violation_confidence
   if vc is not None:
     validate.in_range(config, 'ldp_audit.violation_confidence', 0.0, 1.0,
@@ -85,6 +87,9 @@ def validate_config(config) -> str:
       validate.require(isinstance(value, (int, float)) and math.isfinite(value),
                        f'ldp_audit.{field}', 'a finite number', value)
     _optional_positive(config, 'ldp_audit.server_lr')
+    validate.one_of(config, 'ldp_audit.server_lr_rule', SERVER_LR_RULES)
+    validate.in_range(config, 'ldp_audit.server_step_fraction', 0.0, 1.0,
+                      low_inclusive=False)
     _optional_positive(config, 'ldp_audit.radius')
     validate.require(isinstance(config.ldp_audit.split, str), 'ldp_audit.split',
                      'a split name', config.ldp_audit.split)
@@ -240,6 +245,22 @@ def _antipodal_accuracy(g_norm: float, epsilon: float, clip_norm: float):
   return pk * pz + (1.0 - pk) * (1.0 - pz)
 
 
+def server_learning_rate(s, radius: float, dim: int, eps: float) -> float:
+  """The server's eta_t: `server_lr` if set, else by `server_lr_rule`.
+
+  'relative' (default): the step is `server_step_fraction` of ||C||
+  (`ldp_sgd.relative_learning_rate`, whose docstring derives it); 'paper': the
+  eta_t of Algorithm 2 (`ldp_sgd.paper_learning_rate`, n = 1 client), whose step
+  with the unbiased constant is about 1.25 ||C||.
+  """
+  if s.server_lr is not None:
+    return float(s.server_lr)
+  if s.server_lr_rule == 'paper':
+    return float(ldp_sgd.paper_learning_rate(radius, 1, dim, eps, s.clip_norm))
+  return float(ldp_sgd.relative_learning_rate(radius, dim, eps, s.clip_norm,
+                                              float(s.server_step_fraction)))
+
+
 def ldp_sgd_point(config, setup: dict, params: dict, key,
                   violation_confidence: float):
   """Metrics of one (crafter, distinguisher, epsilon) point on LDP-SGD."""
@@ -249,8 +270,7 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
   dim = int(c.g1.size)
   radius = (float(s.radius) if s.radius is not None
             else float(jnp.linalg.norm(c.params)))
-  lr = (float(s.server_lr) if s.server_lr is not None else float(
-      ldp_sgd.paper_learning_rate(radius, 1, dim, eps, s.clip_norm)))
+  lr = server_learning_rate(s, radius, dim, eps)
   if params['distinguisher'] == 'white_box' and s.white_box_path == 'projected':
     fn = setup['trial_fns'].setdefault(
         'projected', game.ldp_sgd_projected_white_box_trial_fn())
@@ -262,13 +282,16 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
     args = (jnp.stack([c.g1, c.g2]), c.params, c.x, c.y, jnp.float32(eps),
             jnp.float32(s.clip_norm), jnp.float32(lr), jnp.float32(radius))
   metrics = game.run_point(fn, key, s.num_trials,
-                           chunk_size=config.game.chunk_size, args=args,
+                           **runner.options(config), args=args,
                            claimed_epsilon=eps,
                            violation_confidence=violation_confidence)
   g1n, g2n = float(jnp.linalg.norm(c.g1)), float(jnp.linalg.norm(c.g2))
   cos = float(jnp.vdot(c.g1, c.g2) / max(g1n * g2n, 1e-30))
+  # One client's estimate has norm debias_scale exactly, so this is the step's norm.
+  step = lr * float(ldp_sgd.debias_scale(dim, eps, s.clip_norm))
   metrics.update(dim=dim, g1_norm=g1n, g2_norm=g2n, cos_g1_g2=cos,
-                 server_lr=lr, radius=radius)
+                 server_lr=lr, radius=radius, server_step_norm=step,
+                 server_step_relative=step / radius)
   if cos < -0.999999:
     metrics['acc_white_box_exact'] = _antipodal_accuracy(g1n, eps,
                                                          s.clip_norm)
@@ -328,12 +351,12 @@ def input_point(config, mechanism: str, params: dict, key,
   """Metrics of one epsilon of an input mechanism (BitRand, OME, Gaussian)."""
   s = config.ldp_audit
   eps = params['epsilon']
-  chunk = config.game.chunk_size
+  opts = runner.options(config)
   if mechanism == 'gaussian':
     sigma = float(gaussian.sigma_for(eps, s.delta, s.sensitivity))
     pair = jnp.zeros((2, s.num_features)).at[1, 0].set(s.sensitivity)
     fn = game.gaussian_trial_fn(gaussian.add_noise)
-    metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
+    metrics = game.run_point(fn, key, s.num_trials, **opts,
                              args=(pair, jnp.float32(sigma)),
                              claimed_epsilon=eps, delta=s.delta,
                              violation_confidence=violation_confidence)
@@ -349,7 +372,7 @@ def input_point(config, mechanism: str, params: dict, key,
   extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
   fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
                                                   **extra))
-  metrics = game.run_point(fn, key, s.num_trials, chunk_size=chunk,
+  metrics = game.run_point(fn, key, s.num_trials, **opts,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),
                            claimed_epsilon=eps,

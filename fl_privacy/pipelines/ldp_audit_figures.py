@@ -59,12 +59,13 @@ def draw_figures(stored: list[dict], workdir: str) -> list[str]:
                     marker='o', capsize=3, label=dname.replace('_', '-'))
       ax.set_title(crafter.replace('_', ' '))
       ax.set_xlabel('claimed epsilon')
-      ax.set_ylabel('empirical epsilon (95% CI)')
+      ax.set_ylabel('empirical epsilon (90% bracket)')
       ax.legend(fontsize=8)
     for ax in axes.ravel()[n:]:
       ax.axis('off')
-    fig.suptitle(f'Empirical LDP of {mech}: Eq. 3 with 95% Clopper-Pearson '
-                 'bars (no upper bar: unbounded)')
+    # Each bar end is a one-sided 95% bound: together a 90% bracket.
+    fig.suptitle(f'Empirical LDP of {mech}: Eq. 3; bars: one-sided 95% bounds, '
+                 'together a 90% bracket (no upper bar: unbounded)')
     fig.tight_layout()
     paths.append(figures.save(fig, workdir, f'fig2_{mech}'))
     plt.close(fig)

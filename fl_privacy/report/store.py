@@ -22,7 +22,7 @@ Both files are rewritten atomically after every point, so an interrupted sweep
 leaves every finished point on disk. Re-running with the same workdir resumes:
 the stored points are read back and `get(params)` finds them. The stored config
 must equal the new one except for fields that do not change results
-(`RESUME_IGNORED_FIELDS`: any `*chunk_size`, `workdir`, `data.data_dir`,
+(`RESUME_IGNORED_FIELDS`: any `*chunk_size`, `*batch_bytes`, `*compile_cache`, `workdir`, `data.data_dir`,
 `data.cache_dir`); otherwise `ResumeError` is raised and nothing is written.
 """
 
@@ -46,7 +46,7 @@ from fl_privacy.report import manifest as manifest_lib
 RESULTS_JSON = 'results.json'
 RESULTS_CSV = 'results.csv'
 RESUME_IGNORED_FIELDS = ('workdir', 'data.data_dir', 'data.cache_dir')
-RESUME_IGNORED_SUFFIXES = ('chunk_size',)
+RESUME_IGNORED_SUFFIXES = ('chunk_size', 'batch_bytes', 'compile_cache')
 
 
 class ResumeError(ValueError):

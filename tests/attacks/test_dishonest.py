@@ -227,6 +227,32 @@ def test_vmapped_runs_match_single_runs(digits):
     np.testing.assert_allclose(float(single['delta']), out['delta'][i], rtol=1e-4)
 
 
+def test_im2col_convolutions_give_the_same_runs(digits):
+  """The CPU form of the Flower CNN (im2col + matmul) keeps decisions and Deltas."""
+  x, y = digits
+  key = jax.random.key(5)
+  probe = x[:4].reshape((4, 8, 8, 1))
+  games, outs = {}, {}
+  for impl in ('xla', 'im2col'):
+    model = models.FlowerCNN(10, padding='SAME', conv_impl=impl)
+    games[impl] = dishonest.Game(model=model, num_components=4, num_batches=2, epochs=1,
+                                 batch_size=32, optimizer=optimizers.make('sgd', 1e-3,
+                                                                          momentum=0.9))
+    outs[impl] = runner.run_trials(dishonest.make_trial(games[impl]), key, 16,
+                                   args=(x, y), progress=False)
+  # Same parameters (names, shapes, initial values) and the same function.
+  va = games['xla'].model.init(jax.random.key(0), probe)
+  vb = games['im2col'].model.init(jax.random.key(0), probe)
+  chex.assert_trees_all_equal(va, vb)
+  np.testing.assert_allclose(games['im2col'].model.apply(va, probe),
+                             games['xla'].model.apply(va, probe), rtol=1e-5, atol=1e-6)
+  a, b = outs['xla'], outs['im2col']
+  for k in ('member', 'decision', 'target', 'nearest', 'num_activating'):
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  np.testing.assert_allclose(a['delta'], b['delta'], rtol=1e-4, atol=1e-7)
+  assert np.any(a['decision'])
+
+
 def test_exact_duplicate_of_target_is_a_false_positive(digits):
   """An outside target whose copy is in the client's data fires, and is attributed to it."""
   x, y = digits

@@ -101,13 +101,57 @@ def test_compiles_once_for_padded_chunks_and_new_arg_values():
   key = jax.random.key(0)
   runner.run_trials(trial, key, 23, chunk_size=5, args=(jnp.ones(3),),
                     progress=False)
+  # The first run traces the chunk program and the single trial whose memory
+  # sizes the groups; a new value of the same shape traces nothing.
+  first = len(traces)
+  assert first <= 2
   out = runner.run_trials(trial, key, 23, chunk_size=5, args=(jnp.zeros(3),),
                           progress=False)
-  assert len(traces) == 1  # args are jit arguments, not baked-in constants
+  assert len(traces) == first  # args are jit arguments, not baked-in constants
   assert out.shape == (23,)
 
 
-@pytest.mark.parametrize('kw', [dict(chunk_size=0), dict(start=-1),
+@pytest.mark.parametrize('chunk_size,batch_bytes', [
+    (None, None), (None, 1), (7, 1), (None, 10**12), (64, 300)])
+def test_outcome_independent_of_group_width(reference, chunk_size, batch_bytes):
+  # batch_bytes=1 runs one trial per group (a lax.map of single trials); 10**12
+  # one vmapped group per chunk.
+  out = _run(chunk_size=chunk_size, batch_bytes=batch_bytes)
+  _assert_same(out, reference)
+  np.testing.assert_array_equal(out['bit'], reference['bit'])
+
+
+@pytest.mark.parametrize('count,chunk,width,devices', [
+    (50, None, 4, 1), (50, None, 1000, 1), (50, 7, 3, 1), (50, 7, 100, 2),
+    (10_000, None, 8, 1), (10_000, 1000, 8, 1), (5, 64, 2, 8)])
+def test_layout_covers_the_chunk_with_equal_groups(count, chunk, width, devices):
+  groups, w = runner._layout(count, chunk, width, devices)
+  assert w % devices == 0 and groups >= 1
+  assert w <= max(width * devices, _round_up_to(count, devices)) or chunk
+  if chunk is not None:
+    wanted = min(_round_up_to(chunk, devices), _round_up_to(count, devices))
+    assert wanted <= groups * w < wanted + groups * devices
+  else:
+    assert groups <= runner.CHUNK_GROUPS
+
+
+def _round_up_to(v, m):
+  return -(-v // m) * m
+
+
+def test_group_width_follows_the_byte_budget(monkeypatch):
+  args = _args()
+  per = runner.trial_bytes(_trial, jax.random.key(3), args)
+  assert per > 0
+  assert runner.group_width(_trial, jax.random.key(3), args, 10 * per) == 10
+  assert runner.group_width(_trial, jax.random.key(3), args, 1) == 1
+  monkeypatch.setenv(runner.BATCH_BYTES_ENV, str(3 * per))
+  assert runner.default_batch_bytes() == 3 * per
+  assert runner.group_width(_trial, jax.random.key(3), args) == 3
+
+
+@pytest.mark.parametrize('kw', [dict(chunk_size=0), dict(batch_bytes=0),
+                                dict(start=-1),
                                 dict(start=NUM_TRIALS + 1)])
 def test_bad_arguments_raise(kw):
   with pytest.raises(ValueError):

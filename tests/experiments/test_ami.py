@@ -46,10 +46,13 @@ def test_smoke_results_schema_and_sanity(smoke_run):
     for name in ('adv', 'tpr', 'tnr', 'accuracy'):
       assert 0.0 <= m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'] <= 1.0
     assert m['adv'] == pytest.approx((m['tpr'] + m['tnr']) / 2)
+    # The paper's rule is `adv`; the calibrated extension is reported beside it.
+    assert m['adv_calibrated_ci_low'] <= m['adv_calibrated'] <= m['adv_calibrated_ci_high']
   none = next(p['metrics'] for p in games if p['params']['mechanism'] == 'none')
   assert none['adv'] >= 0.8 and none['tpr'] == 1.0
   high = next(p['metrics'] for p in games if p['params']['epsilon'] == 9.0)
   assert 'certified_delta_star' in high and high['certified_range'] > 0
+  assert high['certified_q'] == 717  # the whole game pool (digits)
   dp = [p for p in results['points'] if p['params']['part'] == 'dp_averaging']
   assert dp and all(p['metrics']['rounds_closed_form'] >= 1 for p in dp)
   for name in ('ami_vs_epsilon', 'neuron_histograms', 'certified', 'dp_rounds'):

@@ -162,3 +162,31 @@ def test_input_mechanism_validation(mechanism, field, value):
   with pytest.raises(ConfigError) as err:
     ldp_audit.validate_config(config)
   assert err.value.field == f'ldp_audit.{field}'
+
+
+def test_projected_and_literal_white_box_paths_agree_within_intervals():
+  # The default white-box path is the projected shortcut; on the same crafted pairs the
+  # literal Algorithm 1 must give the same outcome rates: the two paths' 95% intervals
+  # overlap for FP, FN and accuracy (a gap beyond that has probability < 0.3% per rate).
+  import jax  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(REPO))
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import ldp_audit  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  assert config.ldp_audit.white_box_path == 'projected'
+  config.ldp_audit.num_trials = 10_000
+  state = ldp_audit.prepare(config)
+  setup = ldp_audit.build_ldp_sgd_setup(config, state['dataset'], jax.random.key(0))
+  for crafter, eps in (('gradient_flip', 1.0), ('benign', 4.0)):
+    params = {'mechanism': 'ldp_sgd', 'crafter': crafter, 'distinguisher': 'white_box',
+              'epsilon': eps}
+    rates = {}
+    for path in ('projected', 'literal'):
+      config.ldp_audit.white_box_path = path
+      rates[path], n = ldp_audit.ldp_sgd_point(config, setup, params,
+                                               jax.random.key(len(path)), 0.95)
+      assert n == 10_000
+    a, b = rates['projected'], rates['literal']
+    for rate in ('fp', 'fn', 'acc'):
+      assert a[f'{rate}_ci_low'] <= b[f'{rate}_ci_high'], (crafter, rate, a[rate], b[rate])
+      assert b[f'{rate}_ci_low'] <= a[f'{rate}_ci_high'], (crafter, rate, a[rate], b[rate])

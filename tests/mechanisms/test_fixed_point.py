@@ -114,3 +114,17 @@ def test_format_helpers():
   assert fixed_point.quantum() == 1 / 16
   np.testing.assert_array_equal(fixed_point.bit_weights(2, 1),
                                 [0.0, 2.0, 1.0, 0.5])
+
+
+@pytest.mark.parametrize('sign_bit,honour_sign', [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize('int_bits,frac_bits', [(5, 4), (0, 3), (10, 14)])
+def test_decode_pattern_equals_decode_of_the_bits(sign_bit, honour_sign, int_bits, frac_bits):
+  l = fixed_point.bits_per_feature(int_bits, frac_bits, sign_bit)
+  bits = np.random.default_rng(l).integers(0, 2, (50, 7, l)).astype(np.uint8)
+  pattern = np.zeros(bits.shape[:-1], np.uint32)
+  for i in range(l):  # bit 0 is the most significant
+    pattern = (pattern << 1) | bits[..., i]
+  np.testing.assert_array_equal(
+      fixed_point.decode_pattern(jnp.asarray(pattern), int_bits, frac_bits, sign_bit,
+                                 honour_sign),
+      fixed_point.decode(jnp.asarray(bits), int_bits, frac_bits, sign_bit, honour_sign))

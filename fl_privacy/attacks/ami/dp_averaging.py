@@ -115,7 +115,8 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
   """Error counts after every P = 1 .. max_rounds rounds, simulating the noise literally.
 
   Each trial draws, per round and per chosen neuron, g + N(0, sigma^2 C^2) (member: g = signal C;
-  non-member: g = 0), averages the running sum, and applies the rule. Trial i uses
+  non-member: g = 0), averages the running sum, and applies the rule. The K draws of a round
+  are drawn as their sum, K g + N(0, K sigma^2 C^2) (the same law). Trial i uses
   fold_in(key, i), so counts do not depend on how trials are batched.
 
   Args:
@@ -135,15 +136,16 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
   counts = np.arange(1, length + 1, dtype=np.float64)
   s = sigma_c / np.sqrt(counts * num_neurons)
   tau = np.asarray(_threshold(jnp.asarray(s), g, delta, rule), np.float32)
-  program = _errors_program(length, int(num_neurons))
+  program = _errors_program(length)
   fp = np.zeros(length, np.int64)
   fn = np.zeros(length, np.int64)
-  # Bounded memory: a chunk holds chunk x length running means.
-  chunk = max(1, min(num_trials, (1 << 22) // length))
+  # A chunk holds chunk x length draws and running means: 2**16 of them (256 KiB each) keep
+  # threefry and the cumulative sums in cache (2.3x faster than 2**22 on the 2-core machine).
+  chunk = max(1, min(num_trials, (1 << 16) // length))
   for lo in range(0, num_trials, chunk):
     idx = np.arange(lo, lo + chunk, dtype=np.int32)
     a, b = program(key, jnp.asarray(idx), jnp.asarray(idx < num_trials), jnp.float32(sigma_c),
-                   jnp.float32(g), jnp.asarray(tau))
+                   jnp.float32(g), jnp.asarray(tau), jnp.float32(num_neurons))
     fp += np.asarray(a, np.int64)
     fn += np.asarray(b, np.int64)
   fp, fn = fp[:max_rounds], fn[:max_rounds]
@@ -151,30 +153,29 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
 
 
 @functools.lru_cache(maxsize=16)
-def _errors_program(length: int, num_neurons: int):
-  """Jitted (key, indices, valid, sigma C, g, tau [length]) -> (fp, fn) counts [length]."""
-  counts = jnp.arange(1, length + 1, dtype=jnp.float32) * num_neurons
+def _errors_program(length: int):
+  """Jitted (key, indices, valid, sigma C, g, tau [length], K) -> (fp, fn) counts [length].
 
-  def one_trial(k, sigma_c, g, tau):
+  K (the number of chosen neurons) is an argument, not a constant: one program per length.
+  """
+  rounds = jnp.arange(1, length + 1, dtype=jnp.float32)
+
+  def one_trial(k, sigma_c, g, tau, num_neurons):
+    counts = rounds * num_neurons
     k_out, k_in = jax.random.split(k)
-
-    def step(carry, r):
-      sum_out, sum_in = carry
-      # One round: K chosen neurons, each with its own noise draw.
-      z_out = jax.random.normal(jax.random.fold_in(k_out, r), (num_neurons,)) * sigma_c
-      z_in = jax.random.normal(jax.random.fold_in(k_in, r), (num_neurons,)) * sigma_c
-      sum_out = sum_out + jnp.sum(z_out)
-      sum_in = sum_in + jnp.sum(g + z_in)
-      return (sum_out, sum_in), (sum_out, sum_in)
-
-    zero = jnp.zeros((), jnp.float32)
-    _, (sums_out, sums_in) = jax.lax.scan(step, (zero, zero), jnp.arange(length))
+    # A round adds K independent N(0, sigma^2 C^2) draws (plus K g for a member): their sum is
+    # exactly N(0, K sigma^2 C^2), so one normal per round and a cumulative sum give the same
+    # law as the literal per-neuron loop, as one vector op instead of a length-step scan.
+    scale = sigma_c * jnp.sqrt(num_neurons)
+    sums_out = jnp.cumsum(jax.random.normal(k_out, (length,)) * scale)
+    sums_in = jnp.cumsum(jax.random.normal(k_in, (length,)) * scale + g * num_neurons)
     return jnp.abs(sums_out / counts) > tau, jnp.abs(sums_in / counts) <= tau
 
   @jax.jit
-  def run(key, indices, valid, sigma_c, g, tau):
+  def run(key, indices, valid, sigma_c, g, tau, num_neurons):
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(indices)
-    fp, fn = jax.vmap(one_trial, in_axes=(0, None, None, None))(keys, sigma_c, g, tau)
+    fp, fn = jax.vmap(one_trial, in_axes=(0, None, None, None, None))(keys, sigma_c, g, tau,
+                                                                     num_neurons)
     valid = valid[:, None]
     return jnp.sum(fp & valid, axis=0), jnp.sum(fn & valid, axis=0)
 

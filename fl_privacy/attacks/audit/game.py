@@ -229,8 +229,9 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
     `n_neg`, `n_pos`, `fp_count`, `fn_count`, `eps_emp` (Eq. 3), `eps_emp_lower`
     (one-sided lower bound from one-sided Clopper-Pearson upper bounds on FP and
     FN, Bonferroni-combined), `eps_emp_upper` (the same from lower bounds on FP
-    and FN: with `eps_emp_lower` a `confidence`-level bracket of the epsilon
-    this test attains), `eps_claimed`, `delta`, `acc_bound` (the best accuracy
+    and FN). Each bound is one-sided at `confidence`, so together they are a
+    two-sided bracket at level 1 - 2 (1 - confidence) (90% for 95%) of the
+    epsilon this test attains, `eps_claimed`, `delta`, `acc_bound` (the best accuracy
     the claim allows) and `privacy_violation` (1.0 iff the lower bound at
     `violation_confidence` exceeds eps_claimed).
   """
@@ -248,8 +249,9 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
                   stats.empirical_epsilon(fp, fn))
   m['eps_emp_lower'] = epsilon_lower_bound(c, delta, confidence)
   # Upper end: one-sided lower bounds on FP and FN (Bonferroni), plugged into
-  # the same formula; [eps_emp_lower, eps_emp_upper] brackets the epsilon that
-  # this test's true error rates imply with the stated confidence.
+  # the same formula. Each end holds with `confidence` on its own, so
+  # [eps_emp_lower, eps_emp_upper] brackets the epsilon this test's true error
+  # rates imply with 1 - 2 (1 - confidence): 90% at 95%, not 95%.
   each = 1.0 - (1.0 - confidence) / 2.0
   fp_lo = stats.clopper_pearson_one_sided(c['fp'], c['n_neg'], each, 'lower')
   fn_lo = stats.clopper_pearson_one_sided(c['fn'], c['n_pos'], each, 'lower')
@@ -290,12 +292,16 @@ def epsilon_lower_bound(counts: dict[str, int], delta: float,
                                              confidence)
 
 
-def run_point(trial_fn, key: jax.Array, num_trials: int, *, chunk_size: int,
-              args: tuple, claimed_epsilon: float, delta: float = 0.0,
-              violation_confidence: float = 0.95,
-              progress: bool = True) -> dict[str, float]:
-  """Runs `num_trials` trials of a game and summarizes them (`summarize`)."""
+def run_point(trial_fn, key: jax.Array, num_trials: int, *,
+              chunk_size: int | None = None, args: tuple, claimed_epsilon: float,
+              delta: float = 0.0, violation_confidence: float = 0.95,
+              progress: bool = True, batch_bytes: int | None = None
+              ) -> dict[str, float]:
+  """Runs `num_trials` trials of a game and summarizes them (`summarize`).
+
+  `chunk_size` and `batch_bytes` go to `eval.runner.run_trials` (None = sized by bytes).
+  """
   out = runner.run_trials(trial_fn, key, num_trials, chunk_size=chunk_size,
-                          args=args, progress=progress)
+                          args=args, progress=progress, batch_bytes=batch_bytes)
   return summarize(out['b'], out['guess'], claimed_epsilon, delta,
                    violation_confidence=violation_confidence)

@@ -1,0 +1,189 @@
+"""Every bad input of BUILD.md's table: one line naming the field or file, exit 2, nothing written.
+
+Each row runs the real command in a subprocess (the exit status and the absence of a traceback
+are properties of the whole program, not of one function), with a `--workdir` that must not
+exist afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import _base
+from experiments import common
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _npz(tmp_path, name, **arrays):
+  path = tmp_path / f'{name}.npz'
+  np.savez(path, **arrays)
+  return path
+
+
+def _features(n=60, d=5):
+  return np.random.default_rng(0).normal(size=(n, d)).astype(np.float32)
+
+
+def _labels(n=60):
+  return (np.arange(n) % 3).astype(np.int32)
+
+
+def _with_value(x, value):
+  x = x.copy()
+  x[7, 2] = value
+  return x
+
+
+# (row id, experiment, command-line flags (tmp_path -> list), text the one error line must hold)
+ROWS = [
+    ('misspelt config argument', 'ami',
+     lambda t: ['--config=configs/digits.py:smok'],
+     "--config=FILE:smok: must be one of smoke[=True|False], path=FILE, data_dir=DIR"),
+    ('mistyped config argument', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke=maybe'],
+     "--config=FILE:smoke=maybe: must be smoke or smoke=True|False"),
+    ('config argument the config does not take', 'toy_game',
+     lambda t: ['--config=configs/toy.py:path=x.npz'],
+     "--config=FILE:path=x.npz: must be one of smoke[=True|False]"),
+    ('config file that does not exist', 'ami',
+     lambda t: ['--config=configs/nope.py'],
+     "--config=configs/nope.py: must be an existing config file"),
+    ('unknown override field', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ami.nonexistent=1'],
+     "config.ami.nonexistent: must be a field of config.ami"),
+    ('unknown override section', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.nosection.x=1'],
+     "config.nosection: must be a section or field of config"),
+    ('override of the wrong type', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ami.num_trials=abc'],
+     "flag --config.ami.num_trials=abc: invalid literal for int()"),
+    ('unknown flag', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--workdri=x'],
+     "Unknown command line flag 'workdri'"),
+    ('stray argument', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', 'smoke'],
+     "smoke: must be a flag"),
+    ('experiment section the config lacks', 'ami',
+     lambda t: ['--config=configs/mnist.py'],
+     "config.ami: must be present for experiments.ami: configs/mnist.py has no 'ami' section; "
+     "configs that carry one: configs/celeba.py, configs/cifar10.py, configs/digits.py, "
+     "configs/imagenette.py, configs/npz.py"),
+    ('workdir that is a file', 'toy_game',
+     lambda t: ['--config=configs/toy.py:smoke', f'--workdir={_file(t)}'],
+     "must be a folder or a new path (got an existing file)"),
+    ('workdir under a file', 'toy_game',
+     lambda t: ['--config=configs/toy.py:smoke', f'--workdir={_file(t)}/run'],
+     "must be a folder or a new path (got a path under the file"),
+    ('npz with object arrays', 'ami',
+     lambda t: _npz_flags(_npz(t, 'obj', x=np.array([{'a': 1}] * 60, dtype=object),
+                               y=_labels())),
+     "array 'x' must be a plain numeric array; got an object (pickled) array"),
+    ('npz without usable array names', 'ami',
+     lambda t: _npz_flags(_npz(t, 'names', arr_0=_features(), arr_1=_labels())),
+     "needs an array named one of ['images', 'x']; it holds ['arr_0', 'arr_1']"),
+    ('npz with labels of the wrong length', 'ami',
+     lambda t: _npz_flags(_npz(t, 'len', x=_features(), y=_labels(59))),
+     "labels of 'x' must have shape [60] (one per example), got (59,)"),
+    ('npz with NaN features', 'ami',
+     lambda t: _npz_flags(_npz(t, 'nan', x=_with_value(_features(), np.nan), y=_labels())),
+     "'x' must hold finite numbers; 1 NaN/inf values in 1 rows (first row 7)"),
+    ('npz with inf features', 'ami',
+     lambda t: _npz_flags(_npz(t, 'inf', x=_with_value(_features(), -np.inf), y=_labels())),
+     "'x' must hold finite numbers; 1 NaN/inf values in 1 rows (first row 7)"),
+    ('file that is not an npz', 'ami',
+     lambda t: _npz_flags(_text(t)),
+     "must be an .npz archive of named arrays (np.savez)"),
+]
+
+
+def _file(tmp_path):
+  path = tmp_path / 'a_file'
+  path.write_text('not a folder')
+  return path
+
+
+def _text(tmp_path):
+  path = tmp_path / 'text.npz'
+  path.write_text('hello')
+  return path
+
+
+def _npz_flags(path):
+  return [f'--config=configs/npz.py:path={path},smoke']
+
+
+def _run(experiment, flags, cwd=REPO):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
+  return subprocess.run([sys.executable, '-m', f'experiments.{experiment}', *flags],
+                        cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize('row,experiment,make_flags,needle', ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, row, experiment,
+                                                            make_flags, needle):
+  del row
+  flags = make_flags(tmp_path)
+  if not any(f.startswith('--workdir') for f in flags):
+    flags.append(f'--workdir={tmp_path / "never"}')
+  proc = _run(experiment, flags)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+  errors = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1, proc.stderr[-2000:]
+  assert needle in errors[0], errors[0]
+  assert not (tmp_path / 'never').exists()
+  assert not (tmp_path / 'a_file' / 'run').exists()
+
+
+def test_every_row_is_in_build_md():
+  # The table in BUILD.md quotes each message; keep it true.
+  text = (REPO / 'BUILD.md').read_text()
+  for row, _, _, needle in ROWS:
+    assert row in text, row
+    assert needle.replace('|', r'\|') in text, row
+
+
+def test_workdir_that_cannot_be_written(tmp_path, monkeypatch):
+  # As root every folder is writable, so read-only-ness is simulated where it is looked up.
+  real_access = os.access
+  ro = str(tmp_path / 'ro')
+  os.mkdir(ro)
+  monkeypatch.setattr(os, 'access', lambda p, m: False if str(p) == ro else real_access(p, m))
+  assert 'got a read-only folder' in common.check_workdir(ro)
+  assert 'under the read-only folder' in common.check_workdir(os.path.join(ro, 'a', 'b'))
+  assert common.check_workdir(str(tmp_path / 'new' / 'run')) is None
+  assert not (tmp_path / 'new').exists()
+
+
+@pytest.mark.skipif(os.access('/proc/sys', os.W_OK), reason='/proc/sys is writable here')
+def test_workdir_on_a_read_only_filesystem(tmp_path):
+  proc = _run('toy_game', ['--config=configs/toy.py:smoke', '--workdir=/proc/sys/fl_run'])
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'must be a folder that can be created' in proc.stderr
+
+
+def test_smoke_false_is_false_and_smoke_is_true():
+  from configs import digits
+  assert digits.get_config('smoke=False').smoke is False
+  assert digits.get_config('smoke=false').game.chunk_size == digits.get_config().game.chunk_size
+  assert digits.get_config('smoke').smoke is True
+  assert digits.get_config('smoke=True').smoke is True
+  assert _base.parse_arg('path=/a.npz,smoke=0') == {'path': '/a.npz', 'smoke': False}
+  for bad in ('smok', 'smoke=2', 'path', 'path=', 'smoke,smoke', 'data_dir'):
+    with pytest.raises(_base.ConfigArgError):
+      _base.parse_arg(bad)
+
+
+def test_help_lists_the_flags_and_the_config_fields():
+  proc = _run('ami', ['--help'])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for text in ('--config=FILE[:ARGS]', '--workdir=DIR', '--seed=N', '--config.ami.FIELD=VALUE',
+               'configs/_ami.py', 'smoke[=True|False]'):
+    assert text in proc.stdout, text
