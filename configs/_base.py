@@ -4,7 +4,7 @@ Every `configs/<dataset>.py` calls `build(...)`, which returns one ConfigDict wi
 `data`, `game`, `seed` and one section per experiment that applies to the dataset
 (`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`), each built by `configs/_<experiment>.py`,
 plus the `defense` section (configs/_defense.py) when an experiment that honours it (`ami`,
-`dishonest`) is present.
+`dishonest`) is present. (`fedmia` and `pastel` sweep their own defenses in their sections.)
 """
 
 from __future__ import annotations

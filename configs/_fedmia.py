@@ -24,10 +24,9 @@ def _defenses(smoke: bool) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   if smoke:
     d.update_noise = (0.1,)
-    d.sparsify = (0.9,)
     return d
   d.update_noise = (0.01, 0.1, 0.5)      # sigma of N(0, sigma^2) per parameter (code: 0.01-0.5)
-  d.update_dp = (0.5, 1.0, 2.0)          # noise multiplier z (clip `dp_clip`)
+  d.update_dp = (0.1, 0.5, 2.0)          # noise multiplier z (clip `dp_clip`; paper: std 0.01-0.5)
   d.sparsify = (0.5, 0.9, 0.99)          # fraction p of |Delta| entries zeroed per large tensor
   d.quantize = (8, 4, 2)                 # bits b: 2^b bins per tensor
   d.mixup = (0.2, 0.5, 1.0)              # alpha of Beta(alpha, alpha)
@@ -116,10 +115,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.hidden = (32,)
     s.num_clients = 4
     s.per_client = None
-    s.num_rounds = 4
-    s.record_every = 2
+    s.num_rounds = 3
+    s.record_every = 1
     s.batch_size = 32
-    s.single_round = 4
+    s.single_round = 3
     s.betas = (float('inf'), 1.0)
     s.client_counts = ()
     s.epoch_counts = ()

@@ -1,9 +1,10 @@
 """FedAvg training that records what a passive server measures every few rounds.
 
-`train_recorded` runs `rounds.run` in segments: the `record_every - 1` plain rounds before a
-recorded round in one jitted scan, then the recorded round itself, whose K uploads come back
-(as the server saw them, after the `upload` hook) and go through `queries.measure` at that
-round's global model w_t. It then evaluates the new global model w_{t+1} on the test split.
+`train_recorded` runs `rounds.run` in segments, one jitted function per segment: the
+`record_every - 1` plain rounds before a recorded round in one scan, then the recorded round
+itself, whose K uploads (as the server saw them, after the `upload` hook) go through
+`queries.measure` at that round's global model w_t, and the new global model w_{t+1} is
+evaluated on the test split.
 Keys depend only on the global round index, so the segmented run equals one `rounds.run`.
 
 Recorded rounds are the `record_every`-th, 2 `record_every`-th, ..., `num_rounds`-th round
@@ -41,28 +42,7 @@ def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
   return np.arange(record_every - 1, num_rounds, record_every)
 
 
-def _evaluate(apply_fn, params, x, y, batch: int = 4096):
-  """(correct predictions, summed cross-entropy) of `params` on (x, y), in batches."""
-  correct, total = 0, 0.0
-  for i in range(0, len(x), batch):
-    logits = apply_fn(params, x[i:i + batch])
-    correct += int(jnp.sum(jnp.argmax(logits, -1) == y[i:i + batch]))
-    total += float(jnp.sum(losses.per_example_cross_entropy(logits, y[i:i + batch])))
-  return correct, total
-
-
-_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks')
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC + ('num_rounds',))
-def _plain(params, clients, key, first, *, apply_fn, optimizer, epochs, batch_size, hooks,
-           num_rounds):
-  """Rounds first .. first + num_rounds - 1, nothing observed. Module-level and keyed on its
-  static arguments, so trainings of the same shapes and settings compile once."""
-  final, _ = rounds.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
-                        num_rounds=num_rounds, first_round=first, optimizer=optimizer,
-                        epochs=epochs, batch_size=batch_size, hooks=hooks)
-  return final
+_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks', 'num_plain', 'chunk_size')
 
 
 def _keep_upload(key, t, k, global_params, upload):
@@ -71,15 +51,31 @@ def _keep_upload(key, t, k, global_params, upload):
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _observed(params, clients, key, t, *, apply_fn, optimizer, epochs, batch_size, hooks):
-  """Round t, returning (w_{t+1}, the K uploads [K, ...] the server received)."""
+def _segment(params, clients, key, first, qx, qy, test_x, test_y, *, apply_fn, optimizer,
+             epochs, batch_size, hooks, num_plain, chunk_size):
+  """Rounds first .. first + num_plain - 1 unobserved, then round t = first + num_plain whose
+  uploads are measured at w_t; returns (w_{t+1}, measurements, test correct, test loss sum).
+
+  One jitted function per segment, module-level and keyed on its static arguments, so every
+  segment of a training and every training of the same shapes and settings compile once.
+  """
+  loss_fn = losses.make_loss_fn(apply_fn)
+  kw = dict(key=key, optimizer=optimizer, epochs=epochs, batch_size=batch_size, hooks=hooks)
+  if num_plain:
+    params, _ = rounds.run(loss_fn, params, clients, num_rounds=num_plain, first_round=first,
+                           **kw)
   zeros = jax.tree_util.tree_map(
       lambda a: jnp.zeros((clients.num_clients,) + a.shape, a.dtype), params)
-  final, log = rounds.run(losses.make_loss_fn(apply_fn), params, clients, key=key,
-                          num_rounds=1, first_round=t, optimizer=optimizer, epochs=epochs,
-                          batch_size=batch_size, hooks=hooks, observe=_keep_upload,
-                          init=zeros)
-  return final, log.observed
+  new_params, log = rounds.run(loss_fn, params, clients, num_rounds=1,
+                               first_round=first + num_plain, observe=_keep_upload, init=zeros,
+                               **kw)
+  m = queries._measure(apply_fn, params, log.observed, qx, qy,  # pylint: disable=protected-access
+                       chunk_size=chunk_size)
+  if test_x is None:
+    return new_params, m, jnp.int32(0), jnp.float32(jnp.nan)
+  logits = apply_fn(new_params, test_x)
+  correct = jnp.sum(jnp.argmax(logits, -1) == test_y)
+  return new_params, m, correct, jnp.sum(losses.per_example_cross_entropy(logits, test_y))
 
 
 def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: Any,
@@ -115,28 +111,29 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     The dict of numpy arrays described in the module docstring.
   """
   recorded = recorded_rounds(num_rounds, record_every)
+  if chunk_size < 1:
+    raise ValueError(f'chunk_size must be >= 1 (got {chunk_size})')
   static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
                 batch_size=int(batch_size), hooks=hooks)
   clients = rounds.ClientData(*(None if a is None else jax.tree_util.tree_map(jnp.asarray, a)
                                 for a in clients))
   qx, qy = jnp.asarray(query_x), jnp.asarray(query_y)
+  tx = None if test_x is None else jnp.asarray(test_x)
+  ty = None if test_y is None else jnp.asarray(test_y)
+  chunk = int(min(chunk_size, qx.shape[0]))
   out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'test_correct', 'test_loss')}
   done = 0
   for i, t in enumerate(recorded):
-    if t > done:
-      params = _plain(params, clients, key, jnp.int32(done), num_rounds=int(t - done), **static)
-    global_t = params
-    params, uploads = _observed(params, clients, key, jnp.int32(t), **static)
-    m = queries.measure(apply_fn, global_t, uploads, qx, qy, chunk_size=chunk_size)
+    params, m, correct, total = _segment(params, clients, key, jnp.int32(done), qx, qy, tx, ty,
+                                         num_plain=int(t - done), chunk_size=chunk, **static)
     for name in ('loss', 'cos', 'diff', 'grad_sq'):
       out[name].append(np.asarray(getattr(m, name), np.float32))
-    if test_x is not None:
-      correct, total = _evaluate(apply_fn, params, jnp.asarray(test_x), jnp.asarray(test_y))
-      out['test_correct'].append(correct)
-      out['test_loss'].append(total / len(test_x))
+    if tx is not None:
+      out['test_correct'].append(int(correct))
+      out['test_loss'].append(float(total) / tx.shape[0])
     done = int(t) + 1
     if progress is not None:
-      acc = (out['test_correct'][-1] / len(test_x)) if test_x is not None else float('nan')
+      acc = (out['test_correct'][-1] / tx.shape[0]) if tx is not None else float('nan')
       progress(i, {'round': int(t), 'test_accuracy': acc})
   result = {name: np.stack(out[name]) for name in ('loss', 'cos', 'diff', 'grad_sq')}
   result['rounds'] = recorded.astype(np.int32)

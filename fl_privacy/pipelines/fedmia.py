@@ -293,6 +293,7 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str) -
   correct = int(rec['test_correct'][-1])
   acc = stats.rate('test_accuracy', correct, n_test)
   m.update(acc)
+  m['n_test'] = n_test
   m['test_error'] = 1.0 - acc['test_accuracy']
   m['dp_epsilon'] = defenses_wiring.epsilon(config, tr['defense'], tr['defense_param'])
   m['train_seconds'] = float(rec['train_seconds'])

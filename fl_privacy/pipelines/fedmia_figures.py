@@ -106,6 +106,11 @@ def roc_figure(config, key, records: dict):
   return fig
 
 
+def _chance(ax):
+  # A random guess flags members at the rate it flags non-members: 0.1%.
+  ax.axhline(0.1, color='k', ls=':', lw=0.8, label='chance (0.1%)')
+
+
 def _errorbar(ax, x, ms, attack, label, **kw):
   y = np.array([100 * float(m['tpr_at_fpr_1e-3']) for m in ms])
   lo = np.array([100 * float(m['tpr_at_fpr_1e-3_ci_low']) for m in ms])
@@ -128,6 +133,7 @@ def noniid_figure(config, points):
       if keep:
         _errorbar(ax, pos[keep] + 0.08 * (i - len(s.sweep_attacks) / 2),
                   [ms[j] for j in keep], a, scores_lib.label(a, s.outlier_filter), ls='none')
+    _chance(ax)
     ax.set_xticks(pos)
     ax.set_xticklabels(['IID (inf)' if math.isinf(b) else f'{b:g}' for b in betas])
     ax.set_xlabel('Dirichlet concentration beta (smaller = more label skew)')
@@ -152,6 +158,7 @@ def rounds_figure(config, curves: dict):
                 f'{" (public code)" if scoring == "public_code" else ""}')
         if scoring == 'aligned':
           ax.fill_between(c['round'], lo, hi, color=_colour(a), alpha=0.12, lw=0)
+    _chance(ax)
     ax.set_xlabel('communication round (multi-round attacks use every recorded round so far)')
     ax.set_ylabel('TPR at 0.1% FPR (%)')
     ax.set_title(f'{model}: attack strength over rounds (Fig. 5a); bands: 95% CI (aligned)',
@@ -170,14 +177,20 @@ def clients_epochs_figure(config, points):
   for row, model in zip(axes, s.models):
     for ax, values, field, xlabel in ((row[0], ks, 'k', 'number of clients K'),
                                       (row[1], es, 'e', 'local epochs E')):
-      for a in s.sweep_attacks:
+      n = len(s.sweep_attacks)
+      for i, a in enumerate(s.sweep_attacks):
         ms = [fedmia_tables._get(idx, config, model, a, **{field: v}) for v in values]  # pylint: disable=protected-access
         keep = [j for j, m in enumerate(ms) if m is not None]
         if keep:
-          _errorbar(ax, [values[j] for j in keep], [ms[j] for j in keep], a,
-                    scores_lib.label(a, s.outlier_filter))
+          # A small horizontal offset per attack keeps the error bars apart.
+          _errorbar(ax, [values[j] * (1 + 0.02 * (i - n / 2)) for j in keep],
+                    [ms[j] for j in keep], a, scores_lib.label(a, s.outlier_filter))
+      _chance(ax)
+      ax.set_xscale('log')
       ax.set_xticks(values)
-      ax.set_xlabel(xlabel)
+      ax.set_xticklabels([str(v) for v in values])
+      ax.minorticks_off()
+      ax.set_xlabel(xlabel + ' (log scale)')
       ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
       ax.set_title(f'{model}: {xlabel} (Fig. 5{"b" if field == "k" else "d"}), aligned',
                    fontsize=9)

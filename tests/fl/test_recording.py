@@ -41,15 +41,20 @@ def test_segments_equal_one_run():
   got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, key=key, num_rounds=6,
                                  record_every=3, optimizer=OPT, epochs=1, batch_size=4,
                                  test_x=qx, test_y=qy, chunk_size=4)
-  # One scan over all rounds, keeping (w_t, uploads) of the recorded rounds 2 and 5.
+  # Round by round (one jitted round, t traced), keeping (w_t, uploads) of every round.
   loss_fn = losses.make_loss_fn(MODEL.apply)
+  zeros = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape), params)
+
+  @jax.jit
+  def one_round(p, t):
+    return rounds.run(loss_fn, p, clients, key=key, num_rounds=1, first_round=t,
+                      optimizer=OPT, epochs=1, batch_size=4,
+                      observe=lambda k, tt, c, g, u: u, init=zeros)
+
   kept = {}
   p = params
   for t in range(6):
-    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape), params)
-    new, log = rounds.run(loss_fn, p, clients, key=key, num_rounds=1, first_round=t,
-                          optimizer=OPT, epochs=1, batch_size=4,
-                          observe=lambda k, tt, c, g, u: u, init=zeros)
+    new, log = one_round(p, t)
     kept[t] = (p, log.observed)
     p = new
   whole, _ = rounds.run(loss_fn, params, clients, key=key, num_rounds=6, optimizer=OPT,

@@ -1,0 +1,150 @@
+"""Passive attacks (FedMIA and baselines): filters, per-round scores, scorings, metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from sklearn import metrics as skm
+
+from fl_privacy.attacks.passive import evaluate
+from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import scores
+
+
+@pytest.mark.parametrize('m', range(2, 11))
+def test_paper_filter_never_fires_with_at_most_ten_shadows(m):
+  rng = np.random.default_rng(m)
+  s = rng.normal(size=(m, 2000))
+  s[0] = 1e6  # a planted, absurd outlier in every column
+  s[:, :5] = 0.0
+  s[1, :5] = 1.0  # the extreme case: one value against m - 1 equal ones (z = sqrt(m - 1))
+  assert not fedmia.outlier_mask(s, 'paper').any()
+
+
+@pytest.mark.parametrize('m', [3, 5, 9, 10, 20])
+def test_leave_one_out_removes_a_planted_outlier(m):
+  rng = np.random.default_rng(m)
+  s = rng.normal(size=(m, 500))
+  s[m // 2] = 100.0
+  mask = fedmia.outlier_mask(s, 'leave_one_out')
+  assert mask[m // 2].all()
+  # On Gaussian shadows alone it removes few values (more with few shadows).
+  assert mask[np.arange(m) != m // 2].mean() < (0.2 if m == 3 else 0.05)
+
+
+def test_paper_filter_can_fire_with_many_shadows():
+  s = np.zeros((20, 1))
+  s[3] = 1.0  # z = sqrt(19) > 3
+  assert fedmia.outlier_mask(s, 'paper')[3, 0] and fedmia.outlier_mask(s, 'paper').sum() == 1
+
+
+def test_leave_one_out_matches_definition():
+  rng = np.random.default_rng(0)
+  s = rng.standard_t(2, size=(9, 300))
+  mask = fedmia.outlier_mask(s, 'leave_one_out')
+  for j in range(9):
+    others = np.delete(s, j, axis=0)
+    want = s[j] > others.mean(0) + 3 * others.std(0)
+    np.testing.assert_array_equal(mask[j], want)
+
+
+def test_round_scores_are_the_gaussian_cdf_of_kept_shadows():
+  rng = np.random.default_rng(1)
+  v = rng.normal(size=(6, 50))
+  v[2, :10] = 40.0  # shadow 2 owns the first ten queries
+  for method in fedmia.FILTERS:
+    got, removed = fedmia.round_scores(v, target=4, method=method)
+    shadows = np.delete(v, 4, axis=0)
+    keep = ~fedmia.outlier_mask(shadows, method)
+    for q in range(50):
+      kept = shadows[keep[:, q], q]
+      want = scipy_stats.norm.cdf(v[4, q], kept.mean(), np.sqrt(kept.var() + 1e-8))
+      assert got[q] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    np.testing.assert_array_equal(removed, ~keep)
+  _, removed = fedmia.round_scores(v, target=4, method='leave_one_out')
+  assert removed[2, :10].all()  # rows of `removed` skip the target: shadow 2 stays row 2
+
+
+def _recording(rng, num_rounds=4, num_clients=5, per_client=40, num_test=60, shift=0.0,
+               spread=1.0):
+  """Synthetic measurements: a per-query difficulty shared by all clients and rounds, noise,
+  and `shift` added where a client measures its own data."""
+  q = num_clients * per_client + num_test
+  owner = np.r_[np.repeat(np.arange(num_clients), per_client), np.full(num_test, -1)]
+  difficulty = spread * rng.normal(size=q)
+  cos = difficulty[None, None, :] + 0.3 * rng.normal(size=(num_rounds, num_clients, q))
+  cos += shift * (owner[None, None, :] == np.arange(num_clients)[None, :, None])
+  return dict(loss=-cos, cos=cos, diff=cos, grad_sq=rng.normal(size=(num_rounds, q)) ** 2,
+              rounds=np.arange(num_rounds) * 2 + 1), owner
+
+
+def test_pooled_counts_and_labels():
+  rng = np.random.default_rng(2)
+  rec, owner = _recording(rng)
+  pooled = scores.pooled_round_scores(rec, owner, 'fedmia_ii')
+  q = owner.size
+  assert pooled['scores'].shape == (4, 5 * q)
+  assert pooled['labels'].sum() == 200 and (pooled['labels'] == 0).sum() == 5 * q - 200
+  m = evaluate.evaluate(rec, owner, 'avg_cosine')
+  assert m['n_pos'] == 200 and m['n_neg'] == 5 * q - 200
+
+
+def test_public_code_scoring_inflates_low_fpr_but_aligned_does_not():
+  """Queries differ in difficulty; members get no signal at all. Aligned scoring sees
+  chance; averaging different non-members per round (the public code) narrows the null."""
+  rng = np.random.default_rng(3)
+  rec, owner = _recording(rng, num_rounds=10, shift=0.0, spread=1.0)
+  aligned = evaluate.evaluate(rec, owner, 'avg_cosine', scoring='aligned')
+  public = evaluate.evaluate(rec, owner, 'avg_cosine', scoring='public_code',
+                             rng=np.random.default_rng(0))
+  assert aligned['tpr_at_fpr_1e-2_ci_low'] <= 0.02
+  assert public['tpr_at_fpr_1e-2_ci_low'] > 0.1
+  # One round: the redraw only reorders non-members, so nothing changes.
+  single_a = evaluate.evaluate(rec, owner, 'grad_cosine', scoring='aligned')
+  single_p = evaluate.evaluate(rec, owner, 'grad_cosine', scoring='public_code',
+                               rng=np.random.default_rng(0))
+  assert single_a['auc'] == single_p['auc']
+  assert single_a['tpr_at_fpr_1e-3'] == single_p['tpr_at_fpr_1e-3']
+
+
+def test_fedmia_removes_per_query_difficulty():
+  """FedMIA compares with the same query's values at other clients, so a shared difficulty
+  cancels and a small member shift is found; Avg-Cosine is swamped by the difficulty."""
+  rng = np.random.default_rng(4)
+  rec, owner = _recording(rng, num_rounds=6, shift=0.5, spread=3.0)
+  fm = evaluate.evaluate(rec, owner, 'fedmia_ii', default_filter='none')
+  avg = evaluate.evaluate(rec, owner, 'avg_cosine')
+  assert fm['auc_ci_low'] > avg['auc_ci_high']
+
+
+def test_best_round_is_at_least_every_single_round():
+  rng = np.random.default_rng(5)
+  rec, owner = _recording(rng, num_rounds=5, shift=0.4)
+  best = evaluate.evaluate(rec, owner, 'grad_cosine_best_round')
+  for i in range(5):
+    single = evaluate.evaluate(rec, owner, 'grad_cosine', single_index=i)
+    assert best['tpr_at_fpr_1e-3'] >= single['tpr_at_fpr_1e-3']
+  assert best['round'] in set(rec['rounds'] + 1)
+
+
+def test_score_metrics_against_sklearn():
+  rng = np.random.default_rng(6)
+  labels = rng.integers(0, 2, 3000)
+  s = rng.normal(size=3000) + labels
+  m = evaluate.score_metrics(s, labels, target=rng.integers(0, 3, 3000))
+  assert m['auc'] == pytest.approx(skm.roc_auc_score(labels, s))
+  fpr, tpr, _ = skm.roc_curve(labels, s, drop_intermediate=False)
+  assert m['tpr_at_fpr_1e-2'] == pytest.approx(tpr[fpr <= 1e-2].max(), abs=1 / labels.sum())
+  for name in ('auc', 'tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
+    assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high']
+  assert m['auc_target_min'] <= m['auc'] <= m['auc_target_max']
+
+
+def test_attack_names():
+  assert scores.parse('fedmia_ii') == ('fedmia_ii', 'leave_one_out')
+  assert scores.parse('fedmia_i@paper') == ('fedmia_i', 'paper')
+  assert scores.parse('avg_cosine') == ('avg_cosine', None)
+  for bad in ('fedmia_iii', 'avg_cosine@paper', 'fedmia_ii@median'):
+    with pytest.raises(ValueError):
+      scores.parse(bad)

@@ -1,0 +1,86 @@
+"""End to end: `python -m experiments.fedmia` on the digits smoke config; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = 'configs/digits.py:smoke'
+PARAMS = {'attack', 'defense', 'defense_param', 'beta', 'num_clients', 'local_epochs', 'model',
+          'nonmember_scoring'}
+
+
+def _run(workdir, *overrides):
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.fedmia', f'--config={CONFIG}', f'--workdir={workdir}',
+       *overrides], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('fedmia') / 'run'
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json', encoding='utf-8') as f:
+    return workdir, json.load(f)
+
+
+def test_results_schema_and_files(smoke):
+  workdir, results = smoke
+  assert results['experiment'] == 'fedmia'
+  points = results['points']
+  s = results['config']['fedmia']
+  main = [p for p in points if p['params']['defense'] == 'none' and
+          p['params']['beta'] == 'inf']
+  assert {(p['params']['attack'], p['params']['nonmember_scoring']) for p in main} == {
+      (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']}
+  defended = {(p['params']['defense'], p['params']['defense_param']) for p in points}
+  for name, values in s['defenses'].items():
+    for v in values:
+      assert (name, v) in defended
+  for p in points:
+    assert set(p['params']) == PARAMS
+    m = p['metrics']
+    for name in ('auc', 'tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3', 'test_accuracy'):
+      assert float(m[f'{name}_ci_low']) <= float(m[name]) <= float(m[f'{name}_ci_high'])
+    assert m['n_pos'] + m['n_neg'] == p['n_trials']
+    assert m['test_error'] == pytest.approx(1 - m['test_accuracy'])
+    for name in ('log_auc', 'filter_removed_fraction', 'dp_epsilon'):
+      assert name in m
+  for name in ('results.csv', 'table1.md', 'table2.md', 'rounds.json', 'fedmia_roc.png',
+               'fedmia_noniid.png', 'fedmia_rounds.png', 'fedmia_clients_epochs.png',
+               'fedmia_defenses.png'):
+    assert (workdir / name).exists(), name
+  assert len(list((workdir / 'recorded').glob('*.npz'))) == 1 + len(s['betas']) - 1 + sum(
+      len(v) for v in s['defenses'].values())
+  table = (workdir / 'table1.md').read_text()
+  assert '| Attack | TPR@0.1% FPR (aligned)' in table and "paper's ordering" in table
+  assert 'Hypervolume' in (workdir / 'table2.md').read_text()
+
+
+def test_resume_neither_retrains_nor_rescores(smoke):
+  workdir, results = smoke
+  artifacts = {p: p.stat().st_mtime_ns for p in (workdir / 'recorded').glob('*.npz')}
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  again = json.loads((workdir / 'results.json').read_text())
+  assert [p['metrics'] for p in again['points']] == [p['metrics'] for p in results['points']]
+  assert {p: p.stat().st_mtime_ns for p in (workdir / 'recorded').glob('*.npz')} == artifacts
+
+
+@pytest.mark.parametrize('override,field', [
+    ('--config.fedmia.record_every=3', 'fedmia.record_every'),
+    ('--config.fedmia.defenses.sparsify=(1.5,)', 'fedmia.defenses.sparsify'),
+])
+def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
+  workdir = tmp_path / 'never'
+  proc = _run(workdir, override)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f'config.{field}' in proc.stderr
+  assert not os.path.exists(workdir)
