@@ -11,6 +11,7 @@ second (K x E x J steps per round).
 
   python -m benchmarks.pastel_train                        # digits MLP and a small ResNet round
   python -m benchmarks.pastel_train --models=mlp
+  python -m benchmarks.pastel_train --models=resnet --modes=lambda=0,activation --repeats=1
   python -m benchmarks.pastel_train --resnet_clients=4 --resnet_examples=128   # GPU
 
 Models: the digits MLP(128, 64) on 8x8 digits (K = 5, 230 members and 57 held-out rows each,
@@ -40,6 +41,8 @@ _MODELS = flags.DEFINE_list('models', ['mlp', 'resnet'], 'Which models to time.'
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repetitions (median reported).')
 _RESNET_CLIENTS = flags.DEFINE_integer('resnet_clients', 2, 'K of the ResNet round.')
 _RESNET_EXAMPLES = flags.DEFINE_integer('resnet_examples', 32, 'Members per ResNet client.')
+_MODES = flags.DEFINE_list('modes', ['lambda=0', 'activation', 'gradient'],
+                           'Which modes to time (the gradient mode is second order).')
 
 MODES = (('lambda=0', 'activation', 0.0), ('activation', 'activation', 1.0),
          ('gradient', 'gradient', 1.0))
@@ -86,6 +89,8 @@ def _time_model(name: str) -> list[dict]:
   aux = {'x': jnp.asarray(hx), 'y': jnp.asarray(hy), 'mask': jnp.ones(hy.shape, jnp.float32)}
   rows = []
   for label, representation, weight in MODES:
+    if label not in _MODES.value:
+      continue
     hooks = pastel.make(model.apply, weight=weight, layers=layers,
                         representation=representation, heldout_batch_size=batch)
 
