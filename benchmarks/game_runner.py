@@ -32,8 +32,9 @@ from benchmarks import common
 from fl_privacy.eval import runner
 
 _NUM_TRIALS = flags.DEFINE_integer('num_trials', 1024, 'Trials per run.')
-_CHUNK_SIZE = flags.DEFINE_integer('chunk_size', 4,
-                                   'Chunk size of the headline measurement.')
+_CHUNK_SIZE = flags.DEFINE_integer('chunk_size', None,
+                                   'Chunk size of the headline measurement; None = the '
+                                   'runner default (groups sized by bytes), as experiments run.')
 _MEMORY_CHUNKS = flags.DEFINE_list(
     'memory_chunks', ['1', '4', '128', '1024'],
     'Chunk sizes of the peak-memory table (one subprocess each).')
@@ -146,7 +147,9 @@ def main(argv) -> None:
   np.testing.assert_allclose(norms[:n_ref], ref_norms, rtol=1e-3)
 
   peak = common.peak_rss_mb()
-  table = [{'path': f'run_trials jit+vmap (chunk {chunk})',
+  plan = runner.plan(grad_norm_trial, key, n, chunk_size=chunk, args=(params, x, y))
+  table = [{'path': (f'run_trials (chunk {plan["chunk"]}, groups of {plan["width"]}'
+                     f'{", default" if chunk is None else ""})'),
             'trials_per_s': n / seconds, 'peak_rss_mb': peak},
            {'path': f'numpy sequential reference ({n_ref} trials)',
             'trials_per_s': n_ref / ref_seconds, 'peak_rss_mb': peak}]

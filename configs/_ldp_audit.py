@@ -35,7 +35,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       6 or 7 per crafter as in Table 1), white-box the report (cosine, Eq. 5). ldp_sgd only.
     epsilons: claimed epsilons to audit, each > 0 (paper: 0.5, 1, 2, 4).
     num_trials: trials per point (paper: 10,000 per measurement). 10^6 runs in bounded memory
-      (`game.chunk_size` trials at a time).
+      (one runner chunk at a time: `game.chunk_size`, or sized by bytes when None).
     clip_norm: L, LDP-SGD's clipping norm, > 0 (paper: 1).
     pretrain_steps, pretrain_lr, batch_size: plain SGD that brings the AuditCNN (Table 2 CNN,
       'SAME' padding so 8x8 digits fit) from initialisation to the audited global model theta_t.

@@ -8,12 +8,13 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.dishonest_mia --config=configs/digits.py
   python -m experiments.ldp_audit --config=configs/digits.py
   python -m experiments.duplicates --config=configs/digits.py
-  python -m experiments.fedmia --config=configs/digits.py     # FedMIA, <= 5 minutes on 2 cores
-  python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP, <= 5 minutes
+  python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, see BUILD.md
+  python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 15 trainings
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
 `dishonest`, `ldp_audit`, `fedmia`, `pastel` (each documented in configs/_<experiment>.py, with the
-result to expect on this dataset).
+result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
+ami and dishonest clients run, default none).
 """
 
 from configs import _base

@@ -7,7 +7,9 @@
 Sweeps `ami.mechanisms` x `ami.epsilons`. Per point: crafts one neuron per target (vmapped),
 plays the security game (`ami.num_trials` trials on the runner), computes the certified
 guarantee (Theorem 1) and the utility of the randomized features; then the DP-SGD
-noise-averaging analysis (Appendix E). Results: results.json / results.csv with `adv`, `tpr`,
+noise-averaging analysis (Appendix E). The client runs `config.defense` (configs/_defense.py:
+'none', or 'mixup' / 'augment' / 'sampling' on the batch it trains on) in every game trial.
+Results: results.json / results.csv with `adv`, `tpr`,
 `tnr`, `accuracy` (each with `_ci_low` / `_ci_high`) per point, and the figures
 `ami_vs_epsilon.png` (Figs. 5, 11), `neuron_histograms.png` (Fig. 10), `certified.png`
 (Figs. 7, 12) and `dp_rounds.png` (Fig. 13). Every field: configs/_ami.py. The code:
@@ -21,4 +23,4 @@ from experiments import common
 from fl_privacy.pipelines import ami as pipeline
 
 if __name__ == '__main__':
-  common.main('ami', pipeline.prepare, pipeline.sweep)
+  common.main('ami', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -9,12 +9,18 @@ An experiment module defines two functions and hands them to `main`::
       common.run_point(store, {'p': p}, lambda: compute(p))
 
   if __name__ == '__main__':
-    common.main('toy_game', prepare, sweep)
+    common.main('toy_game', prepare, sweep, summary=SUMMARY)
 
 Flags: `--config` (an ml_collections config file, default `configs/digits.py`
-of this repository; fields are overridable as `--config.game.chunk_size=4096`),
-`--workdir` (default `./runs/<name>-<UTC timestamp>`), `--seed` (overrides
-`config.seed`; the stored config holds the seed actually used).
+of this repository or the experiment's `default_config`; fields are overridable
+as `--config.game.chunk_size=4096`), `--workdir` (default
+`./runs/<name>-<UTC timestamp>`), `--seed` (overrides `config.seed`; the stored
+config holds the seed actually used), `--quiet` (no progress line, no summary).
+
+Output: while the sweep runs, a status line on stderr (point k of N, trials/s,
+elapsed, ETA; only when stderr is a terminal: `fl_privacy.report.progress`);
+at the end, on stdout, the table of the experiment's headline metrics per point
+and where the results and figures are (`fl_privacy.report.summary`).
 
 Compilation: JAX's persistent compilation cache is enabled before `prepare`
 (`fl_privacy.eval.compile_cache`; `game.compile_cache`: None = the user cache dir
@@ -53,6 +59,8 @@ from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
+from fl_privacy.report import progress
+from fl_privacy.report import summary as summary_lib
 from fl_privacy.report import run_point  # re-exported for experiments
 from fl_privacy.report import ResumeError
 
@@ -66,12 +74,16 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', default=None,
     help_string='Config file (configs/<dataset>.py[:arg]); default '
     f'{DEFAULT_CONFIG}. Relative paths that do not exist from the current '
-    'folder are looked up in the repository.',
+    'folder are looked up in the repository. `python -m configs` lists the configs and '
+    'the experiment sections each carries.',
     lock_config=False)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run folder for results.json/results.csv/figures; '
     're-using one resumes its sweep. Default: ./runs/<name>-<timestamp>.')
 _SEED = flags.DEFINE_integer('seed', None, 'Overrides config.seed.')
+_QUIET = flags.DEFINE_bool(
+    'quiet', False, 'No progress line and no summary table (log lines only). The progress '
+    'line is drawn only when stderr is a terminal anyway.')
 
 __all__ = ['main', 'run_point', 'rate', 'REPO_ROOT', 'DEFAULT_CONFIG']
 
@@ -81,7 +93,7 @@ EXIT_INTERRUPTED = 130
 
 # The config section each experiment reads (`experiments.<name>` -> `config.<section>`).
 SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'duplicates': 'dishonest',
-            'ldp_audit': 'ldp_audit', 'toy_game': 'toy'}
+            'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'toy_game': 'toy'}
 _HELP_FLAGS = ('-h', '--help', '-help', '--helpshort', '--helpfull', '-?')
 
 
@@ -105,10 +117,11 @@ def _repo_path(value: str) -> str:
   return value
 
 
-def resolve_config_arg(argv: list[str]) -> list[str]:
+def resolve_config_arg(argv: list[str], default: str | None = None) -> list[str]:
   """Makes `--config` explicit and resolvable from any current folder.
 
-  Adds `--config=<repo>/configs/digits.py` when no `--config` is given, and
+  Adds `--config=<default>` (`<repo>/configs/digits.py` unless `default` names
+  another file) when no `--config` is given, and
   rewrites a relative `--config=PATH[:arg]` (or `--config PATH`) that does not
   exist from here to the repository's file, so `--config=configs/toy.py` works
   from any folder.
@@ -132,7 +145,7 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
     out.append(a)
     i += 1
   if not given:
-    out.insert(1, f'--config={DEFAULT_CONFIG}')
+    out.insert(1, f'--config={default or DEFAULT_CONFIG}')
   return out
 
 
@@ -268,7 +281,7 @@ def check_workdir(workdir: str) -> str | None:
   return None
 
 
-def usage(name: str) -> str:
+def usage(name: str, default: str | None = None) -> str:
   """What `--help` prints: the experiment's docstring, the flags, where fields live."""
   section = SECTIONS.get(name)
   doc = (sys.modules['__main__'].__doc__ or '').strip()
@@ -277,14 +290,16 @@ def usage(name: str) -> str:
   lines = [doc, ''] if doc else []
   lines += [
       f'usage: python -m experiments.{name} [--config=FILE[:ARGS]] [--workdir=DIR] '
-      '[--seed=N] [--config.SECTION.FIELD=VALUE ...]',
+      '[--seed=N] [--quiet] [--config.SECTION.FIELD=VALUE ...]',
       '',
       'flags:',
-      f'  --config=FILE[:ARGS]  a config file (default {os.path.relpath(DEFAULT_CONFIG, REPO_ROOT)});'
+      f'  --config=FILE[:ARGS]  a config file (default '
+      f'{os.path.relpath(default or DEFAULT_CONFIG, REPO_ROOT)}; list: python -m configs);'
       ' ARGS: smoke[=True|False], path=FILE (npz), data_dir=DIR (TFDS), comma-separated',
       '  --workdir=DIR         results folder; re-using one resumes its sweep '
       '(default ./runs/<experiment>-<UTC time>)',
       '  --seed=N              overrides config.seed',
+      '  --quiet               no progress line (drawn only on a terminal) and no summary table',
       f'  --config.{section or "SECTION"}.FIELD=VALUE   overrides one config field '
       f'(unknown fields are refused)',
       '',
@@ -370,7 +385,8 @@ def _compile_cache_setting(config) -> str | None:
 
 
 def _run(name: str, prepare: Callable[[Any], Any],
-         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> int:
+         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
+         summary=None) -> int:
   config = _CONFIG.value
   store = None
   workdir = None
@@ -395,20 +411,44 @@ def _run(name: str, prepare: Callable[[Any], Any],
       compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
-    try:
-      sweep(config, state, store, jax.random.key(seed))
-    except validate.ConfigError as e:
-      return _error(str(e))
+    tracker = progress.Progress(name, summary=summary,
+                                enabled=not _QUIET.value and _is_terminal(sys.stderr))
+    with progress.activate(tracker):
+      try:
+        sweep(config, state, store, jax.random.key(seed))
+      except validate.ConfigError as e:
+        return _error(str(e))
     store.finish()
     logging.info('%s: done, %d point(s) in %s', name, len(store.points),
                  store.json_path)
+    if not _QUIET.value:
+      print(final_report(summary, store, tracker), flush=True)
     return 0
   except KeyboardInterrupt:
     return _interrupted(store, workdir)
 
 
+def _is_terminal(stream) -> bool:
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):
+    return False
+
+
+def final_report(summary, store: ResultsStore, tracker: progress.Progress) -> str:
+  """The end-of-run text: the headline table, then where the results and figures are."""
+  parts = [f'{store.experiment}: {len(store.points)} point(s) in '
+           f'{summary_lib.format_duration(tracker.clock() - tracker.t_start)}']
+  table = summary_lib.render(summary, store.points, resumed=tracker.resumed)
+  if table:
+    parts.append(table)
+  parts.append(summary_lib.outputs(store.workdir))
+  return '\n\n'.join(parts)
+
+
 def main(name: str, prepare: Callable[[Any], Any],
-         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None]) -> None:
+         sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
+         summary=None, default_config: str | None = None) -> None:
   """Parses flags and runs an experiment: validate, prepare, store, sweep, finish.
 
   Args:
@@ -417,23 +457,29 @@ def main(name: str, prepare: Callable[[Any], Any],
       loads data. Nothing may be written before it returns.
     sweep: `(config, state, store, key) -> None`; runs the sweep points, skipping
       those `store.get` already has (see `run_point`).
+    summary: the experiment's headline columns (`fl_privacy.report.summary.Table`s),
+      logged per saved point and printed as a table at the end.
+    default_config: the config used without `--config` (default `configs/digits.py`),
+      relative to the repository.
   """
-  argv = resolve_config_arg(sys.argv)
+  default = os.path.join(REPO_ROOT, default_config) if default_config else None
+  argv = resolve_config_arg(sys.argv, default)
   if any(a in _HELP_FLAGS for a in argv[1:]):
-    print(usage(name))
+    print(usage(name, default))
     sys.exit(0)
   problem = check_command_line(name, argv)
   if problem:
     sys.exit(_error(problem))
   sys.argv = argv
-  app.run(lambda argv: _leftovers(argv) or (initialize_distributed(), _run(name, prepare, sweep))[1],
+  app.run(lambda argv: _leftovers(argv) or (initialize_distributed(),
+                                              _run(name, prepare, sweep, summary))[1],
           flags_parser=_parse_flags)
 
 
 def _leftovers(argv: list[str]) -> int:
   """Exit status 2 for words absl left unparsed (a typo'd flag without `--`), else 0."""
   if len(argv) > 1:
-    return _error(f'{argv[1]}: must be a flag (--config, --workdir, --seed, '
+    return _error(f'{argv[1]}: must be a flag (--config, --workdir, --seed, --quiet, '
                   f'--config.SECTION.FIELD=VALUE; see --help) (got {len(argv) - 1} '
                   f'unexpected argument(s) {argv[1:]})')
   return 0

@@ -11,6 +11,10 @@ M and optimizers (same data, targets and trunks), so a larger M can only remove 
   python -m experiments.dishonest_mia --config=configs/digits.py:smoke # seconds (CI)
   python -m experiments.dishonest_mia --config=configs/mnist.py:data_dir=DIR
   python -m experiments.dishonest_mia --config.dishonest.grid=product
+  python -m experiments.dishonest_mia --config.defense.name=dp_sgd --config.defense.target_epsilon=4
+
+The client trains under `config.defense` (configs/_defense.py; default none): the server observes
+w_t - upload, so upload defenses change what it sees; the DP defenses report their epsilon.
 
 Runs go through `eval.runner.run_trials` at the `game` defaults (on CPU one run at a time
 inside each jitted chunk, with im2col convolutions; side by side on accelerators); results do
@@ -30,4 +34,4 @@ from experiments import common
 from fl_privacy.pipelines import dishonest_mia as pipeline
 
 if __name__ == '__main__':
-  common.main('dishonest_mia', pipeline.prepare, pipeline.sweep)
+  common.main('dishonest_mia', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -23,4 +23,4 @@ from experiments import common
 from fl_privacy.pipelines import duplicates as pipeline
 
 if __name__ == '__main__':
-  common.main('duplicates', pipeline.prepare, pipeline.sweep)
+  common.main('duplicates', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -31,4 +31,4 @@ from experiments import common
 from fl_privacy.pipelines import fedmia as pipeline
 
 if __name__ == '__main__':
-  common.main('fedmia', pipeline.prepare, pipeline.sweep)
+  common.main('fedmia', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -28,4 +28,4 @@ from experiments import common
 from fl_privacy.pipelines import ldp_audit as pipeline
 
 if __name__ == '__main__':
-  common.main(pipeline.NAME, pipeline.prepare, pipeline.sweep)
+  common.main(pipeline.NAME, pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

@@ -3,7 +3,8 @@
 Each trial draws one Bernoulli(p) bit with the trial's key; a point reports the
 rate of ones with its 95% Clopper-Pearson interval.
 
-  python -m experiments.toy_game --config=configs/toy.py --workdir=runs/toy
+  python -m experiments.toy_game                    # configs/toy.py, its default
+  python -m experiments.toy_game --config=configs/toy.py:smoke --workdir=runs/toy
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from experiments import common
 from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.eval import runner
+from fl_privacy.report import progress
+from fl_privacy.report import summary
+
+SUMMARY = summary.Table('Toy game', (summary.param('p'), summary.rate('rate'),
+                                     summary.seconds()))
 
 
 def bernoulli_trial(key, index, p):
@@ -45,6 +51,7 @@ def run_game(key, p: float, num_trials: int, chunk_size: int):
 def sweep(config, state, store, key) -> None:
   num_trials = int(config.toy.num_trials)
   chunk_size = int(config.game.chunk_size)
+  progress.plan(len(state['ps']))
   for p in state['ps']:
     point_key = report.point_key(key, {'p': p})
     common.run_point(store, {'p': p},
@@ -53,4 +60,4 @@ def sweep(config, state, store, key) -> None:
 
 
 if __name__ == '__main__':
-  common.main('toy_game', prepare, sweep)
+  common.main('toy_game', prepare, sweep, summary=SUMMARY, default_config='configs/toy.py')

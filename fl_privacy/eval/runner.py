@@ -78,6 +78,20 @@ BATCH_BYTES_ENV = 'FL_PRIVACY_BATCH_BYTES'
 # negligible next to the work, few enough that a chunk's outcomes stay small.
 CHUNK_GROUPS = 64
 
+# Callables `(trials done, trials in this call, seconds since the call began)` run after
+# every chunk: the terminal progress of `fl_privacy.report.progress` shows trials/s from it.
+_CHUNK_LISTENERS: list[Callable[[int, int, float], None]] = []
+
+
+def add_chunk_listener(fn: Callable[[int, int, float], None]) -> Callable[[], None]:
+  """Calls `fn(done, total, elapsed_s)` after every chunk; returns a function that removes it."""
+  _CHUNK_LISTENERS.append(fn)
+
+  def remove():
+    if fn in _CHUNK_LISTENERS:
+      _CHUNK_LISTENERS.remove(fn)
+  return remove
+
 
 def _round_up(value: int, multiple: int) -> int:
   return -(-value // multiple) * multiple
@@ -251,6 +265,8 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
     following = launch(c + 1) if c + 1 < num_chunks else None
     outputs.append(jax.tree.map(flat, jax.device_get(pending)))
     pending = following
+    for listener in tuple(_CHUNK_LISTENERS):
+      listener((c + 1) * chunk_size, total, time.perf_counter() - t_start)
     if progress:
       now = time.perf_counter()
       done = (c + 1) * chunk_size

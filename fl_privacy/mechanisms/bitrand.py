@@ -32,6 +32,7 @@ comparing integers, and hides the realised probability.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -192,6 +193,13 @@ def random_words(key: jax.Array, size: int) -> jax.Array:
   # same number of words in one axis.
   if size <= BLOCK_WORDS:
     return jax.random.bits(key, (size,), jnp.uint32)
+  return _blocked_words(key, size)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _blocked_words(key: jax.Array, size: int) -> jax.Array:
+  # Jitted with the key as an argument: called eagerly (crafting copies, certification), a
+  # `lax.map` over a closure of the key would be traced and compiled again at every call.
   blocks = -(-size // BLOCK_WORDS)
   words = jax.lax.map(
       lambda b: jax.random.bits(jax.random.fold_in(key, b), (BLOCK_WORDS,), jnp.uint32),

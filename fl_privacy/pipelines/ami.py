@@ -24,6 +24,7 @@ import numpy as np
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import models
+from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.attacks import ami
 from fl_privacy.attacks.ami import certified
@@ -36,7 +37,8 @@ from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
-from fl_privacy import report
+from fl_privacy.report import progress
+from fl_privacy.report import summary
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import run_point
 
@@ -48,6 +50,24 @@ DECISION_PATHS = ('fast', 'gradient')
 AMI_DEFENSES = ('none', 'mixup', 'augment', 'sampling')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
+
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = (
+    summary.Table('Membership inference game (Adv: the paper\'s rule, and our calibrated '
+                  'variant; 95% intervals)', (
+        summary.param('mechanism'), summary.param('epsilon'), summary.rate('adv', 'Adv'),
+        summary.rate('adv_calibrated', 'Adv calibrated'),
+        summary.metric('tpr', 'TPR'), summary.metric('tnr', 'TNR'),
+        summary.metric('accuracy', 'accuracy'),
+        summary.metric('certified_fraction', 'certified', digits=2), summary.seconds()),
+                  where={'part': 'game'}),
+    summary.Table('DP-SGD noise averaging: rounds needed (Appendix E)', (
+        summary.param('epsilon'), summary.param('dp_delta', 'delta'),
+        summary.param('num_chosen', 'K'),
+        summary.metric('rounds_closed_form', 'closed form', digits=0),
+        summary.metric('rounds_monte_carlo', 'Monte Carlo', digits=0)),
+                  where={'part': 'dp_averaging'}),
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -494,6 +514,27 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   return m, int(a.num_trials)
 
 
+def ensure_draws(key, config, state, mechanism: str, epsilon: float, workdir: str) -> bool:
+  """Recomputes the draws of a stored point whose `draws/` file is missing or unreadable.
+
+  The point's crafting and certification keys are those `run_game_point` used, so the
+  recomputed values are the ones the stored metrics came from (never another point's).
+  Returns True when the file had to be recomputed.
+  """
+  draws, reason = ami_figures.load_draws(workdir, mechanism, epsilon)
+  if draws is not None:
+    return False
+  logging.warning('%s: recomputing the draws of %s eps=%g from the point\'s keys', reason,
+                  mechanism, epsilon)
+  d = state['pool_x'].shape[1]
+  randomize = ami.mechanism_fn(mechanism, epsilon, d, state['encoding'])
+  neurons, _, _, _ = craft_targets(jax.random.fold_in(key, 0), config, state, randomize, True)
+  _, draws = certify_point(jax.random.fold_in(key, 2), config, state, neurons, randomize,
+                           state['encoding'])
+  ami_figures.draws_store(workdir).save(ami_figures.draw_params(mechanism, epsilon), draws)
+  return True
+
+
 CALIBRATED_SUFFIX = '_calibrated'
 
 
@@ -558,6 +599,9 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
   a = config.ami
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   epsilons = tuple(float(e) for e in a.epsilons)
+  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
+  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
+  progress.plan(sum(1 if m == 'none' else len(epsilons) for m in mechanisms) + len(dp_points))
   for mechanism in mechanisms:
     for epsilon in ((None,) if mechanism == 'none' else epsilons):
       params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon,
@@ -566,8 +610,8 @@ def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
       k = point_key(key, mechanism, epsilon)
       run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
           k, config, state, m, e, store.workdir))
-  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
-  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
+      if mechanism != 'none':  # a resumed point's figure data must be its own
+        ensure_draws(k, config, state, mechanism, epsilon, store.workdir)
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from fl_privacy import report
@@ -36,30 +38,36 @@ def make_figures(points, workdir, config) -> None:
   ldp = [m for m in ami.MECHANISMS if m != 'none' and _series(points, m)]
   none = _series(points, 'none')
   colors = {'adv': 'k', 'tpr': 'tab:red', 'tnr': 'tab:blue', 'accuracy': 'tab:green'}
+  titles = {'adv': 'Adv', 'tpr': 'TPR', 'tnr': 'TNR', 'accuracy': 'accuracy'}
   if ldp or none:
     panels = ldp or ['none']
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.6, 3.6),
+                             squeeze=False)
     for ax, mech in zip(axes[0], panels):
       pts = _series(points, mech) if mech != 'none' else []
       xs = [p['params']['epsilon'] for p in pts]
       for name in ('adv', 'tpr', 'tnr', 'accuracy'):
         if pts:
-          _band(ax, xs, pts, name, name.upper() if name != 'accuracy' else 'accuracy',
-                colors[name])
+          _band(ax, xs, pts, name, f'{titles[name]} (95% CI band)', colors[name])
         if none:
           ax.axhline(float(none[0]['metrics'][name]), color=colors[name], ls=':', lw=1,
-                     label=f'{name} (no LDP)' if name == 'adv' else None)
+                     label=f'{titles[name]}, no LDP')
       # Our calibrated variant beside the paper's rule (same trials), when the run has it.
       if pts and all('adv_calibrated' in p['metrics'] for p in pts):
-        _band(ax, xs, pts, 'adv_calibrated', 'ADV, calibrated bias (ours)', 'tab:purple')
+        _band(ax, xs, pts, 'adv_calibrated', 'Adv, calibrated bias (ours; 95% CI band)',
+              'tab:purple')
       if none and 'adv_calibrated' in none[0]['metrics']:
         ax.axhline(float(none[0]['metrics']['adv_calibrated']), color='tab:purple', ls=':',
-                   lw=1, label='adv calibrated (no LDP)')
-      ax.axhline(0.5, color='grey', lw=0.5)
+                   lw=1, label='Adv calibrated, no LDP')
+      ax.axhline(0.5, color='grey', lw=0.5, label='chance (0.5)')
       ax.set_ylim(0, 1.02)
-      ax.set_xlabel('epsilon')
-      ax.set_title(f'AMI under {mech} ({config.dataset}, |D| = {config.ami.batch_size})')
-      ax.legend(fontsize=7, loc='lower right')
+      ax.set_xlabel(figures.EPSILON_AXIS if pts else 'no LDP: epsilon does not apply (-)')
+      ax.set_ylabel(f'{figures.RATE_AXIS}')
+      ax.set_title(f'AMI under {mech}', fontsize=10)
+    figures.legend_outside(axes[0][-1])
+    fig.suptitle(f'{config.dataset}, |D| = {config.ami.batch_size}, '
+                 f'{config.ami.num_trials:,} trials per point', fontsize=10)
+    fig.tight_layout()
     figures.save(fig, workdir, 'ami_vs_epsilon')
     plt.close(fig)
   _histograms(points, workdir, plt)
@@ -77,44 +85,66 @@ def draw_params(mechanism: str, epsilon: float) -> dict:
   return {'mechanism': mechanism, 'epsilon': float(epsilon)}
 
 
-def _histograms(points, workdir, plt) -> None:
-  """Fig. 10: v of randomized target vs non-target draws, at up to 4 epsilons per mechanism."""
+def load_draws(workdir: str, mechanism: str, epsilon: float) -> tuple[dict | None, str]:
+  """The draws of one game point, or None and why (missing, or unreadable / another point's)."""
   store = draws_store(workdir)
+  params = draw_params(mechanism, epsilon)
+  draws = store.load(params)  # warns about an unreadable or foreign file
+  if draws is not None and all(k in draws for k in ('target', 'other')):
+    return draws, ''
+  path = os.path.relpath(store.path(params), workdir)
+  if not os.path.exists(store.path(params)):
+    return None, f'{path} is missing'
+  return None, f'{path} is unreadable or holds another point\'s draws'
+
+
+def _histograms(points, workdir, plt) -> None:
+  """Fig. 10: v of randomized target vs non-target draws, at up to 4 epsilons per mechanism.
+
+  Panels are chosen among the stored points and read each point's own `draws/` file; a file
+  that is missing or unreadable leaves its panel saying so (never another point's values).
+  """
   found = {}
-  for point in points:
-    p = point['params']
-    if p.get('part') != 'game' or p.get('mechanism') in (None, 'none'):
-      continue
-    draws = store.load(draw_params(p['mechanism'], float(p['epsilon'])))
-    if draws is not None:
-      found.setdefault(p['mechanism'], []).append((float(p['epsilon']), draws))
+  for p in points:
+    if p['params'].get('part') == 'game' and p['params']['mechanism'] != 'none':
+      found.setdefault(p['params']['mechanism'], []).append(float(p['params']['epsilon']))
   if not found:
     return
-  rows = sorted(found)
+  rows = [m for m in ami.MECHANISMS if m in found]
   picks = {}
   for mech in rows:
-    available = sorted(found[mech], key=lambda e: e[0])
+    available = sorted(found[mech])
     chosen = []
     for want in (1.0, 3.0, 5.0, 10.0):  # the paper's Fig. 10 panels
-      best = min(available, key=lambda e: abs(e[0] - want))
-      if all(best[0] != c[0] for c in chosen):
+      best = min(available, key=lambda e: abs(e - want))  # pylint: disable=cell-var-from-loop
+      if best not in chosen:
         chosen.append(best)
     picks[mech] = chosen
   cols = max(len(v) for v in picks.values())
-  fig, axes = plt.subplots(len(rows), cols, figsize=(3 * cols, 2.6 * len(rows)),
+  fig, axes = plt.subplots(len(rows), cols, figsize=(3 * cols + 1.6, 2.8 * len(rows)),
                            squeeze=False)
   for i, mech in enumerate(rows):
-    for j, (eps, z) in enumerate(picks[mech]):
+    for j, eps in enumerate(picks[mech]):
       ax = axes[i][j]
-      ax.hist(z['other'], bins=50, alpha=0.6, color='tab:blue', density=True,
-              label='non-target M(x)')
-      ax.hist(z['target'], bins=50, alpha=0.6, color='tab:red', density=True,
-              label='target M(t)')
-      ax.axvline(0, color='green', ls=':')
       ax.set_title(f'{mech}, eps = {eps:g}', fontsize=8)
+      draws, reason = load_draws(workdir, mech, eps)
+      if draws is None:
+        ax.text(0.5, 0.5, f'no draws:\n{reason}', ha='center', va='center', fontsize=7,
+                wrap=True, transform=ax.transAxes, color='tab:red')
+        ax.set_xticks([])
+        ax.set_yticks([])
+        continue
+      ax.hist(draws['other'], bins=50, alpha=0.6, color='tab:blue', density=True,
+              label='non-target M(x)')
+      ax.hist(draws['target'], bins=50, alpha=0.6, color='tab:red', density=True,
+              label='target M(t)')
+      ax.axvline(0, color='green', ls=':', label='v = 0: the neuron fires above')
+      ax.set_xlabel('v = w.M(x) + b (a.u.)', fontsize=8)
+      ax.set_ylabel('density (1 / a.u. of v)', fontsize=8)
     for j in range(len(picks[mech]), cols):
       axes[i][j].axis('off')
-  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  figures.figure_legend(fig)
   figures.save(fig, workdir, 'neuron_histograms')
   plt.close(fig)
 
@@ -122,7 +152,7 @@ def _histograms(points, workdir, plt) -> None:
 def _certified_figure(points, workdir, plt, ldp) -> None:
   if not ldp:
     return
-  fig, axes = plt.subplots(2, len(ldp), figsize=(5 * len(ldp), 6), squeeze=False)
+  fig, axes = plt.subplots(2, len(ldp), figsize=(4.6 * len(ldp) + 2.4, 6.2), squeeze=False)
   for j, mech in enumerate(ldp):
     pts = [p for p in _series(points, mech) if 'certified_mean_target' in p['metrics']]
     if not pts:
@@ -136,10 +166,11 @@ def _certified_figure(points, workdir, plt, ldp) -> None:
     ax.plot(xs, g('certified_mean_other'), color='tab:blue', label='E[v(M(x))]')
     ax.fill_between(xs, g('certified_mean_other'), g('certified_upper_other'),
                     color='tab:blue', alpha=0.2, label='Hoeffding upper bound')
-    ax.axhline(0, color='green', ls=':')
+    ax.axhline(0, color='green', ls=':', label='v = 0')
     ax.set_yscale('symlog', linthresh=1e-2)
     ax.set_title(f'{mech}: v and its Hoeffding bounds', fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_xlabel(figures.EPSILON_AXIS)
+    ax.set_ylabel('v of the chosen neuron (a.u., symlog)')
     ax = axes[1][j]
     ax.semilogy(xs, np.maximum(g('certified_delta_star'), 1e-300), marker='o', ms=3,
                 label='smallest delta (line search)')
@@ -147,9 +178,12 @@ def _certified_figure(points, workdir, plt, ldp) -> None:
                 label='closed form')
     ax.semilogy(xs, np.maximum(g('certified_delta_star_empirical_range'), 1e-300), ls=':',
                 label='with the empirical range (NOT valid)')
-    ax.set_xlabel('epsilon')
-    ax.set_ylabel('broken probability delta*')
-    ax.legend(fontsize=7)
+    ax.set_xlabel(figures.EPSILON_AXIS)
+    ax.set_ylabel('broken probability delta* (log)')
+    ax.set_title(f'{mech}: smallest certified delta', fontsize=9)
+  figures.legend_outside(axes[0][-1])
+  figures.legend_outside(axes[1][-1])
+  fig.tight_layout()
   figures.save(fig, workdir, 'certified')
   plt.close(fig)
 
@@ -158,7 +192,7 @@ def _dp_figure(points, workdir, plt, delta0: float) -> None:
   pts = [p for p in points if p['params'].get('part') == 'dp_averaging']
   if not pts:
     return
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
   deltas = sorted({p['params']['dp_delta'] for p in pts}, reverse=True)
   neurons = sorted({p['params']['num_chosen'] for p in pts})
   for delta in deltas:
@@ -169,18 +203,26 @@ def _dp_figure(points, workdir, plt, delta0: float) -> None:
                              label=f'delta = {delta:g}')
     mc = [(x, p['metrics']['rounds_monte_carlo']) for x, p in zip(xs, s)
           if p['metrics']['rounds_monte_carlo'] > 0]
+    line.set_label(f'closed form, delta = {delta:g}')
     if mc:
-      axes[0].plot(*zip(*mc), 'o', ms=3, color=line.get_color())
-  axes[0].set_title('1 chosen neuron (lines: closed form, dots: MC)', fontsize=9)
+      axes[0].plot(*zip(*mc), 'o', ms=3, color=line.get_color(),
+                   label=f'Monte Carlo, delta = {delta:g}')
+  axes[0].set_title('1 chosen neuron', fontsize=9)
   for k in neurons:
     s = sorted((p for p in pts if p['params']['num_chosen'] == k and
                 p['params']['dp_delta'] == delta0), key=lambda p: p['params']['epsilon'])
     axes[1].semilogy([p['params']['epsilon'] for p in s],
                      [p['metrics']['rounds_closed_form'] for p in s], marker='o', ms=3,
-                     label=f'K = {k}')
-  axes[1].set_title(f'K chosen neurons, delta = {delta0:g}')
+                     label=f'K = {k} (closed form)')
+  axes[1].set_title(f'K chosen neurons, delta = {delta0:g}', fontsize=9)
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   for ax in axes:
-    ax.set_xlabel('epsilon')
-    ax.legend(fontsize=7)
+    # Plain numbers on the log axis: rounds are counts, 6 reads better than 6 x 10^0.
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())  # crowded labels between decades
+    ax.set_xlabel('DP-SGD epsilon (nats)')
+    ax.set_ylabel('rounds to FPR, FNR <= delta (count, log)')
+    figures.legend_outside(ax)
+  fig.tight_layout()
   figures.save(fig, workdir, 'dp_rounds')
   plt.close(fig)

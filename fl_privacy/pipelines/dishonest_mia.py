@@ -34,12 +34,23 @@ from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy import report
 from fl_privacy.pipelines import dishonest_mia_figures
 from fl_privacy.report import atomic
+from fl_privacy.report import progress
 from fl_privacy.report import run_point
+from fl_privacy.report import summary
 
 GRIDS = ('one_at_a_time', 'product')
 SPLITS = ('train', 'test', 'validation')
 TABLE = 'table2.md'
 FALSE_DECISIONS = 'false_decisions.json'
+
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = summary.Table('Dishonest-server MI (FPR, FNR: 95% intervals; Delta: min inside / '
+                        'max outside)', (
+    summary.param('optimizer'), summary.param('M'), summary.param('num_batches', 'J'),
+    summary.param('epochs', 'E'), summary.rate('fpr', 'FPR'), summary.rate('fnr', 'FNR'),
+    summary.metric('acc', 'acc'), summary.metric('auc', 'AUC', digits=2),
+    summary.metric('delta_in_min', 'Delta in', digits=3),
+    summary.metric('delta_out_max', 'Delta out', digits=3), summary.seconds()))
 # Memory for the client data and first-convolution activations that one vmapped chunk holds
 # (inputs are gathered per run; the diagnostics embed all N examples at once).
 _CHUNK_BUDGET_BYTES = 256 << 20
@@ -425,6 +436,7 @@ def sweep(config, state, store, key) -> None:
   """
   decisions = _load_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
   deltas = _load_json(os.path.join(store.workdir, 'deltas.json'), {})
+  progress.plan(len(state['points']))
   for p in state['points']:
     sweep_point(config, state, store, key, p, decisions, deltas)
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),

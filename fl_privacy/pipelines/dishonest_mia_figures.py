@@ -17,13 +17,17 @@ def delta_figure(config, deltas: dict):
     for key, colour, shift in (('inside', 'tab:blue', -0.15), ('outside', 'tab:red', 0.15)):
       v = np.maximum(np.asarray(deltas[name][key], dtype=np.float64), floor)
       ax.scatter(np.full(len(v), i + shift), v, s=6, c=colour, alpha=0.5,
-                 label=key if i == 0 else None)
-  ax.axhline(config.dishonest.threshold, color='k', lw=0.8, ls='--', label='xi')
+                 label=f'target {key} the client data' if i == 0 else '_nolegend_')
+  ax.axhline(config.dishonest.threshold, color='k', lw=0.8, ls='--',
+             label=f'threshold xi = {config.dishonest.threshold:g}')
   ax.set_yscale('log')
   ax.set_xticks(range(len(names)))
   ax.set_xticklabels(names, rotation=90, fontsize=7)
-  ax.set_ylabel(f'Delta (0 drawn at {floor:g})')
-  ax.legend(fontsize=7)
+  ax.set_xlabel('point (optimizer_M_J_E)')
+  ax.set_ylabel(f'Delta (ratio, log; 0 drawn at {floor:g})')
+  ax.set_title('Delta of every run: member iff Delta >= xi', fontsize=10)
+  figures.legend_outside(ax, title='runs')
+  fig.tight_layout()
   return fig
 
 

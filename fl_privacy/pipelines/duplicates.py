@@ -18,10 +18,16 @@ from fl_privacy import validate
 from fl_privacy.data import duplicates
 from fl_privacy.report import atomic
 from fl_privacy.report import run_point
+from fl_privacy.report import summary
 
 SPLITS = ('train', 'test', 'validation')
 LISTING = 'duplicates.json'
 TEXT = 'duplicates.txt'
+
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = summary.Table('Duplicate groups', (
+    summary.param('scope'), summary.param('kind'), summary.metric('groups', 'groups'),
+    summary.metric('examples', 'examples'), summary.metric('label_mismatch', 'labels differ')))
 
 
 def prepare(config) -> dict:

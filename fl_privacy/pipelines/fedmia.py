@@ -50,9 +50,20 @@ from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
+from fl_privacy.report import progress
+from fl_privacy.report import summary
 from fl_privacy.report import run_point
 
 LR_SCHEDULES = ('cosine', 'exponential', 'constant')
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
+    summary.param('model'), summary.param('attack'), summary.param('nonmember_scoring',
+                                                                   'scoring'),
+    summary.param('defense'), summary.param('defense_param', 'strength'),
+    summary.param('beta'), summary.param('num_clients', 'K'),
+    summary.param('local_epochs', 'E'), summary.rate('tpr_at_fpr_1e-3', 'TPR@0.1%FPR'),
+    summary.metric('auc', 'AUC'), summary.metric('test_accuracy', 'test acc.'),
+    summary.seconds()))
 RECORDED = 'recorded'
 ROUNDS_JSON = 'rounds.json'
 ROUND_CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
@@ -60,7 +71,7 @@ ROUND_CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosin
 
 
 def _attack_names(config, field: str) -> tuple[str, ...]:
-  names = validate._get(config, field)  # pylint: disable=protected-access
+  names = config.fedmia[field.split('.')[-1]]
   names = (names,) if isinstance(names, str) else tuple(names)
   allowed = (f'a subset of {passive.ATTACKS} (FedMIA optionally @' +
              '|'.join(passive.FILTERS) + ')')
@@ -78,9 +89,10 @@ def validate_static(config) -> None:
   data_lib.validate_data_config(config.data)
   s = config.fedmia
   validate.subset_of(config, 'fedmia.models', models_lib.MODELS)
-  validate.positive(config, 'fedmia.hidden', integer=True) if len(s.hidden) else None
+  if len(s.hidden):
+    validate.positive(config, 'fedmia.hidden', integer=True)
   for field in ('fedmia.num_clients', 'fedmia.client_counts'):
-    value = validate._get(config, field)  # pylint: disable=protected-access
+    value = s[field.split('.')[-1]]
     for k in ((value,) if isinstance(value, int) else tuple(value)):
       validate.require(isinstance(k, int) and not isinstance(k, bool) and k >= 3, field,
                        'integers >= 3 (FedMIA needs two non-target clients)', value)
@@ -311,25 +323,33 @@ def sweep(config, state, store, key) -> None:
     key: the run's PRNG key.
   """
   artifacts = ArtifactStore(store.workdir, RECORDED)
+  plans = [(tr, attack_plan(config, tr)) for tr in state['trainings']]
+  progress.plan(sum(len(plan) for _, plan in plans))
   main_records = {}
-  for tr in state['trainings']:
-    plan = attack_plan(config, tr)
-    todo = [(a, sc) for a, sc in plan if store.get(point_params(tr, a, sc)) is None]
-    need_record = bool(todo) or tr['sweep'] == 'main'
-    if not need_record:
-      continue
-    tp = training_params(tr)
-    rec = artifacts.load(tp)
-    if rec is None:
-      logging.info('training %s', describe(tr))
-      rec = record(config, state, key, tr)
-      artifacts.save(tp, rec)
+  for tr, plan in plans:
+    cache = {}
+
+    def recording(tr=tr, cache=cache):
+      # Loaded (or trained and saved) only when a point needs it: a resumed sweep whose points
+      # are all stored neither trains nor reads the artifact.
+      if 'rec' not in cache:
+        tp = training_params(tr)
+        rec = artifacts.load(tp)
+        if rec is None:
+          logging.info('training %s', describe(tr))
+          rec = record(config, state, key, tr)
+          artifacts.save(tp, rec)
+        cache['rec'] = rec
+      return cache['rec']
+
     if tr['sweep'] == 'main':
-      main_records[tr['model']] = rec
+      main_records[tr['model']] = recording()
     for attack, scoring in plan:
-      run_point(store, point_params(tr, attack, scoring),
-                lambda a=attack, sc=scoring: (point_metrics(config, key, rec, tr, a, sc),
-                                              int(len(rec['owner']) * rec['loss'].shape[1])))
+      def compute(tr=tr, a=attack, sc=scoring, recording=recording):
+        rec = recording()
+        return (point_metrics(config, key, rec, tr, a, sc),
+                int(len(rec['owner']) * rec['loss'].shape[1]))
+      run_point(store, point_params(tr, attack, scoring), compute)
   curves = fedmia_figures.round_curves(config, key, main_records)
   atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
                            fedmia_tables.dumps(curves))

@@ -39,11 +39,29 @@ from fl_privacy.mechanisms import ldp_sgd
 from fl_privacy.mechanisms import ome
 from fl_privacy.mechanisms import registry
 from fl_privacy.pipelines import ldp_audit_figures
+from fl_privacy.report import progress
+from fl_privacy.report import summary
 
 NAME = 'ldp_audit'
 INPUT_PAIRS = ('extreme_pair', 'one_feature_pair')
 INPUT_DISTINGUISHER = 'likelihood_ratio'
 SERVER_LR_RULES = ('relative', 'paper')
+
+# The headline columns: logged per saved point (so the log shows eps_emp per point) and
+# printed as a table at the end of a run.
+_COLUMNS = (summary.param('crafter'), summary.param('distinguisher'),
+            summary.param('epsilon', 'eps claimed'),
+            summary.bound('eps_emp', 'eps_emp_lower', 'eps_emp [95% lower]'),
+            summary.rate('acc', 'accuracy [95% CI]'))
+SUMMARY = (
+    summary.Table('LDP-SGD audit: empirical epsilon (Eq. 3)',
+                  _COLUMNS + (summary.flag('privacy_violation', 'violation'),),
+                  where={'mechanism': 'ldp_sgd'}),
+    summary.Table('Input mechanism audit: empirical vs implied epsilon',
+                  (summary.param('mechanism'),) + _COLUMNS + (
+                      summary.metric('eps_implied', 'eps implied', digits=1),
+                      summary.flag('privacy_violation', 'violation'))),
+)
 
 
 def _int_at_least(config, field: str, low: int) -> int:
@@ -397,6 +415,7 @@ def sweep(config, state, store, key) -> None:
   todo = points(config, mechanism)
   vc = config.ldp_audit.violation_confidence
   vc = float(vc) if vc is not None else 1.0 - 0.05 / len(todo)
+  progress.plan(len(todo))
   setup = {}
   for params in todo:
     point_key = report.point_key(key, params)

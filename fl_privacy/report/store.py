@@ -4,9 +4,10 @@ Schema of `<workdir>/results.json` (the same for every experiment)::
 
   {"experiment": str,
    "config": {...},              # config.to_dict(), JSON-safe
-   "manifest": {"versions": {jax, jaxlib, flax, optax, numpy}, "python": str,
-                "git_revision": str | null, "devices": {...},
-                "start_time": str, "end_time": str | null},
+   "manifest": {"command": str, "cwd": str, "git_revision": str | null,
+                "git_dirty": bool | null, "versions": {...}, "python": str,
+                "devices": {...}, "start_time": str, "end_time": str | null,
+                "earlier_runs": [...]},   # fl_privacy/report/manifest.py
    "points": [{"params": {flat swept parameters},
                "metrics": {flat name -> number},
                "n_trials": int, "elapsed_s": float}, ...]}
@@ -42,6 +43,7 @@ import numpy as np
 
 from fl_privacy.report import atomic
 from fl_privacy.report import manifest as manifest_lib
+from fl_privacy.report import progress as progress_lib
 
 RESULTS_JSON = 'results.json'
 RESULTS_CSV = 'results.csv'
@@ -140,6 +142,7 @@ class ResultsStore:
     self.config = _round_trip(config)
     self._points: list[dict[str, Any]] = []
     start_time = None
+    previous_manifest = None
     previous = self._load()
     if previous is not None:
       if previous.get('experiment') != self.experiment:
@@ -155,7 +158,8 @@ class ResultsStore:
             '--workdir')
       self._points = list(previous.get('points', []))
       start_time = previous.get('manifest', {}).get('start_time')
-    self.manifest = manifest_lib.collect(start_time)
+      previous_manifest = previous.get('manifest')
+    self.manifest = manifest_lib.collect(start_time, previous_manifest)
     os.makedirs(self.workdir, exist_ok=True)
     self._write()
 
@@ -290,14 +294,24 @@ def run_point(store: ResultsStore, params: Mapping[str, Any],
   Returns:
     The point's metrics (as stored).
   """
+  tracker = progress_lib.active()
   saved = store.get(params)
   if saved is not None:
     logging.info('skipping %s: already saved in %s', describe_params(params),
                  store.workdir)
+    if tracker is not None:
+      tracker.point_finished(saved, computed=False)
     return saved['metrics']
+  if tracker is not None:
+    tracker.point_started(params)
   t0 = time.perf_counter()
   metrics, n_trials = compute()
   point = store.add(params, metrics, n_trials, time.perf_counter() - t0)
-  logging.info('saved %s (%d trials, %.1f s)', describe_params(params), n_trials,
-               point['elapsed_s'])
+  # The experiment's headline metrics (its summary columns), so a log alone says what
+  # each point measured.
+  headline = tracker.headline(point) if tracker is not None else ''
+  logging.info('saved %s (%d trials, %.1f s)%s', describe_params(params), n_trials,
+               point['elapsed_s'], f': {headline}' if headline else '')
+  if tracker is not None:
+    tracker.point_finished(point, computed=True)
   return point['metrics']

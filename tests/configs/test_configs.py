@@ -55,3 +55,25 @@ def test_arg_parsing():
   assert _base.parse_arg(None) == {}
   from configs import npz
   assert npz.get_config('path=/x.npz').data.path == '/x.npz'
+
+
+def test_python_m_configs_lists_every_config_and_its_sections():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from configs import __main__ as listing  # pylint: disable=g-import-not-at-top
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  proc = subprocess.run([sys.executable, '-m', 'configs'], cwd=repo, capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for name in listing.config_names():
+    assert f'{name}.py' in proc.stdout
+  assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
+  digits = listing.describe('digits')
+  assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit']
+  assert 'dishonest_mia' in digits['experiments']
+  one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
+                       text=True, timeout=120, check=False)
+  assert one.returncode == 0 and 'num_trials' in one.stdout
+  bad = subprocess.run([sys.executable, '-m', 'configs', 'nope'], cwd=repo,
+                       capture_output=True, text=True, timeout=120, check=False)
+  assert bad.returncode == 2 and 'no config' in bad.stderr

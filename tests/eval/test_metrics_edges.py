@@ -52,11 +52,11 @@ def test_roc_curve_edges_and_messages():
   # Exactly one positive (or negative) is enough.
   assert metrics.roc_auc([0.2, 0.9, 0.1], [0, 1, 0]) == 1.0
   assert metrics.roc_auc([0.2, 0.9, 0.1], [1, 0, 1]) == 0.0
-  with pytest.raises(ValueError, match='roc_curve needs both positive and negative labels'):
+  with pytest.raises(ValueError, match='^roc_curve needs both positive and negative labels$'):
     metrics.roc_curve([0.1, 0.2], [0, 0])
-  with pytest.raises(ValueError, match='roc_curve needs both positive and negative labels'):
+  with pytest.raises(ValueError, match='^roc_curve needs both positive and negative labels$'):
     metrics.roc_curve([0.1, 0.2], [1, 1])
-  with pytest.raises(ValueError, match='scores contain NaN'):
+  with pytest.raises(ValueError, match='^scores contain NaN$'):
     metrics.roc_curve([0.1, np.nan], [0, 1])
   with pytest.raises(ValueError, match=r'scores \(3,\) and labels \(2,\) differ'):
     metrics.roc_curve([0.1, 0.2, 0.3], [0, 1])

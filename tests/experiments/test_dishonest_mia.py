@@ -119,3 +119,16 @@ def test_attribution_finds_the_duplicate_in_the_client_data():
   record = dishonest_mia.attribute(config, pool, key, p, run, outcome)
   assert not record['exact_duplicates_in_client'] and not record['near_duplicates_in_client']
   assert record['cause'].startswith('none')
+
+
+def test_delta_figure_reads_on_its_own(smoke, monkeypatch):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import dishonest_mia_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  workdir, results = smoke
+  with open(workdir / 'deltas.json', encoding='utf-8') as f:
+    deltas = json.load(f)
+  with figure_checks.capture(monkeypatch) as found:
+    dishonest_mia_figures.save_delta_figure(ml_collections.ConfigDict(results['config']),
+                                            deltas, str(workdir))
+  assert found == {'delta': []}

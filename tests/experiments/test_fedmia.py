@@ -75,8 +75,9 @@ def test_resume_neither_retrains_nor_rescores(smoke):
 
 
 @pytest.mark.parametrize('override,field', [
-    ('--config.fedmia.record_every=3', 'fedmia.record_every'),
-    ('--config.fedmia.defenses.sparsify=(1.5,)', 'fedmia.defenses.sparsify'),
+    ('--config.fedmia.record_every=2', 'fedmia.record_every'),
+    ('--config.fedmia.defenses.update_noise=(-0.1,)', 'fedmia.defenses.update_noise'),
+    ('--config.fedmia.num_clients=2', 'fedmia.num_clients'),
 ])
 def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / 'never'

@@ -21,8 +21,9 @@ def _config(**fields):
 
 
 @pytest.mark.parametrize('fields,field', [
-    ({'fedmia.record_every': 3}, 'fedmia.record_every'),
-    ({'fedmia.single_round': 3}, 'fedmia.single_round'),
+    ({'fedmia.record_every': 2}, 'fedmia.record_every'),
+    ({'fedmia.single_round': 4}, 'fedmia.single_round'),
+    ({'fedmia.single_round': 0}, 'fedmia.single_round'),
     ({'fedmia.betas': (float('inf'), 0.0)}, 'fedmia.betas'),
     ({'fedmia.betas': (-1.0,)}, 'fedmia.betas'),
     ({'fedmia.num_clients': 2}, 'fedmia.num_clients'),
@@ -30,6 +31,7 @@ def _config(**fields):
     ({'fedmia.attacks': ('fedmia_ii', 'lira')}, 'fedmia.attacks'),
     ({'fedmia.sweep_attacks': ('fedmia_ii@median',)}, 'fedmia.sweep_attacks'),
     ({'fedmia.defenses.sparsify': (0.0,)}, 'fedmia.defenses.sparsify'),
+    ({'fedmia.defenses.sparsify': (1.5,)}, 'fedmia.defenses.sparsify'),
     ({'fedmia.defenses.sampling': (1.0,)}, 'fedmia.defenses.sampling'),
     ({'fedmia.defenses.quantize': (0,)}, 'fedmia.defenses.quantize'),
     ({'fedmia.defenses.update_noise': (-0.1,)}, 'fedmia.defenses.update_noise'),

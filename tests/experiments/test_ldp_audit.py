@@ -164,6 +164,30 @@ def test_input_mechanism_validation(mechanism, field, value):
   assert err.value.field == f'ldp_audit.{field}'
 
 
+def test_figures_read_on_their_own(smoke_run, monkeypatch):
+  from fl_privacy.pipelines import ldp_audit_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(smoke_run, 'results.json'), encoding='utf-8') as f:
+    stored = json.load(f)['points']
+  with figure_checks.capture(monkeypatch) as found:
+    ldp_audit_figures.draw_figures(stored, str(smoke_run))
+  assert set(found) == {'fig2_ldp_sgd'}
+  assert found['fig2_ldp_sgd'] == []
+
+
+def test_log_shows_eps_emp_per_point(tmp_path):
+  # The Gaussian audit needs no data and runs in seconds; the log line of every saved point
+  # carries the experiment's headline columns, the end of the run its table.
+  proc = _run(tmp_path / 'run', '--config.ldp_audit.mechanism=gaussian',
+              '--config.ldp_audit.num_trials=1000', '--config.ldp_audit.epsilons=(1.0,4.0)')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  saved = [l for l in proc.stderr.splitlines() if 'saved mechanism=gaussian' in l]
+  assert len(saved) == 2 and all('eps_emp [95% lower]' in l for l in saved)
+  table = proc.stdout.splitlines()
+  assert any(l.startswith('Input mechanism audit') for l in table)
+  assert sum(l.startswith('gaussian') for l in table) == 2
+
+
 def test_projected_and_literal_white_box_paths_agree_within_intervals():
   # The default white-box path is the projected shortcut; on the same crafted pairs the
   # literal Algorithm 1 must give the same outcome rates: the two paths' 95% intervals

@@ -72,3 +72,44 @@ def test_runs_from_another_folder(tmp_path):
               cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert len(_load(workdir)['points']) == 3
+
+
+def test_runs_without_config_and_prints_a_summary(tmp_path):
+  proc = _run(f'--workdir={tmp_path / "toy"}')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert _load(tmp_path / 'toy')['config']['dataset'] == 'toy'
+  # Not a terminal: no progress line on stderr; the table and the outputs on stdout.
+  assert '\r' not in proc.stderr and 'point 1/3' not in proc.stderr
+  assert 'rate [95% CI]' in proc.stdout and 'results: results.json' in proc.stdout
+  assert len([l for l in proc.stdout.splitlines() if l.startswith(('0.01', '0.3', '0.5'))]) == 3
+
+
+def test_progress_line_on_a_terminal(tmp_path):
+  import pty  # pylint: disable=g-import-not-at-top
+  master, slave = pty.openpty()
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  proc = subprocess.Popen([sys.executable, '-m', 'experiments.toy_game',
+                           '--config=configs/toy.py:smoke', f'--workdir={tmp_path / "toy"}'],
+                          env=env, cwd=REPO,
+                          stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+  os.close(slave)
+  chunks = []
+  while True:
+    try:
+      data = os.read(master, 4096)
+    except OSError:  # the terminal closed: the process has exited
+      break
+    if not data:
+      break
+    chunks.append(data)
+  assert proc.wait(timeout=120) == 0
+  os.close(master)
+  text = b''.join(chunks).decode(errors='replace')
+  assert 'point 1/3' in text and 'point 3/3' in text and 'ETA' in text
+  assert 'trials/s' in text and 'elapsed' in text
+
+
+def test_quiet_prints_no_table(tmp_path):
+  proc = _run('--quiet', f'--workdir={tmp_path / "toy"}', '--config=configs/toy.py:smoke')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout == ''

@@ -47,7 +47,8 @@ def _sweep(workdir, config, stop_after=None):
 def _without_times(path):
   with open(path) as f:
     data = json.load(f)
-  for key in ('start_time', 'end_time'):
+  # A resumed run's manifest also lists the earlier invocations (`earlier_runs`).
+  for key in ('start_time', 'end_time', 'earlier_runs'):
     data['manifest'].pop(key)
   for p in data['points']:
     p.pop('elapsed_s')
