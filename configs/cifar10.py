@@ -4,6 +4,7 @@
   python -m experiments.dishonest_mia --config=configs/cifar10.py
   python -m experiments.ldp_audit --config=configs/cifar10.py
   python -m experiments.fedmia --config=configs/cifar10.py         # AlexNet, 300 rounds: GPU
+  python -m experiments.pastel --config=configs/cifar10.py         # ResNet-18-GN: GPU
   add `:smoke` for a seconds-long run; `:data_dir=DIR` to read TFDS data from DIR.
 
 AMI roles follow the paper: target = first test image, adversary negatives = train
@@ -16,4 +17,4 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('cifar10', arg, data=_base.data_section('cifar10'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))

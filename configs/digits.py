@@ -9,9 +9,10 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.ldp_audit --config=configs/digits.py
   python -m experiments.duplicates --config=configs/digits.py
   python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, see BUILD.md
+  python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 15 trainings
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
-`dishonest`, `ldp_audit`, `fedmia` (each documented in configs/_<experiment>.py, with the
+`dishonest`, `ldp_audit`, `fedmia`, `pastel` (each documented in configs/_<experiment>.py, with the
 result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
 ami and dishonest clients run, default none).
 """
@@ -21,4 +22,4 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('digits', arg, data=_base.data_section('digits'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))

@@ -2,6 +2,7 @@
 
   python -m experiments.ami --config=configs/npz.py:path=/data/mine.npz
   python -m experiments.dishonest_mia --config=configs/npz.py:path=/data/mine.npz,smoke
+  python -m experiments.pastel --config=configs/npz.py:path=/data/mine.npz
   python -m experiments.fedmia --config=configs/npz.py:path=/data/mine.npz
 
 The file holds `images` (uint8 NHWC) or `x` (float32 features [N, d]) and `labels` or
@@ -16,4 +17,4 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('npz', arg, data=_base.data_section('npz'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))

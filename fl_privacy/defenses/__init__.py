@@ -22,6 +22,9 @@ any of them in `defense.name`:
 | `bitrand`, `ome`, `gaussian` | batch | the mechanism's (`epsilon`, ...; `sigma` for gaussian) | `mechanisms.registry` |
 | `ldp_sgd` | upload | `epsilon`, `clip_norm` | `mechanisms.ldp_sgd` (debiased report) |
 
+PASTEL's modules live beside them: `pastel` (the Jensen-Shannon regulariser, a `loss` hook
+built by `pastel.make`, reading the held-out batch from the client's `aux`).
+
 Bad parameters raise `validate.ConfigError` naming `<field_prefix>.<parameter>` (the config's
 `defense.<field>`), before any work.
 """

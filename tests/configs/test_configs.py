@@ -9,12 +9,12 @@ from configs import _base
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
 SECTIONS = {
-    'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
-    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
+    'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'),
+    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'),
     'mnist': ('dishonest', 'ldp_audit'),
     'fashion_mnist': ('ldp_audit',),
     'svhn_cropped': ('ldp_audit',),
-    'cifar10': ('ami', 'dishonest', 'ldp_audit', 'fedmia'),
+    'cifar10': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'),
     'cifar100': ('dishonest', 'fedmia'),
     'celeba': ('ami', 'dishonest'),
     'imagenette': ('ami',),

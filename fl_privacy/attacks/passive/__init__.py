@@ -4,6 +4,9 @@
   filters (Zhu et al., CVPR 2025, Eqs. 8-12).
 - `scores`: the attacks of the paper's Table 1 (single-round, best-round, series, FedMIA), each
   client as target, with aligned or public-code non-member scoring.
+- `whitebox`: the white-box attack of Nasr et al. (2019) on recorded snapshots (feature groups,
+  per-group MLPs and an encoder trained on a balanced half) and the loss threshold; PASTEL's
+  attack.
 - `evaluate`: pooled metrics with intervals (AUC by DeLong, TPR at low FPR by Clopper-Pearson).
 
 The measurements come from `fl.queries.measure` / `fl.recording.train_recorded`.
@@ -14,8 +17,9 @@ from __future__ import annotations
 from fl_privacy.attacks.passive import evaluate
 from fl_privacy.attacks.passive import fedmia
 from fl_privacy.attacks.passive import scores
+from fl_privacy.attacks.passive import whitebox
 from fl_privacy.attacks.passive.fedmia import FILTERS
 from fl_privacy.attacks.passive.scores import ATTACKS
 from fl_privacy.attacks.passive.scores import SCORINGS
 
-__all__ = ['ATTACKS', 'FILTERS', 'SCORINGS', 'evaluate', 'fedmia', 'scores']
+__all__ = ['ATTACKS', 'FILTERS', 'SCORINGS', 'evaluate', 'fedmia', 'scores', 'whitebox']

@@ -1,0 +1,110 @@
+"""The `pastel` config section: PASTEL and the DP baselines, judged by membership attacks.
+
+Used by `python -m experiments.pastel` (Elhattab and Bouchenak, "Mitigating Membership Inference
+Attacks in Federated Learning"; SEED-NOTES section 5). The dataset configs call
+`section(dataset, smoke)`; every field is documented in `section`'s docstring.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `pastel` section for `dataset` (digits and npz: the digits defaults; cifar10).
+
+  Fields:
+    model: 'mlp' (digits, npz) or any name of `fl_privacy.models.MODELS` ('resnet18_gn' for
+      cifar10).
+    mlp_hidden: hidden widths of the MLP (digits: (128, 64)).
+    num_clients: K, IID shards of the train split (digits 5; cifar10 10).
+    num_rounds: T (digits 40).
+    record_every: rounds between recorded snapshots (must divide T; digits 10).
+    local_epochs: E (digits 2).
+    batch_size: B (digits 32); also |V|, the held-out batch of the regulariser.
+    optimizer: the clients' optimizer (paper: 'adagrad'), fresh each round.
+    learning_rate: its step size (digits: AdaGrad 0.1, 0.97 test accuracy undefended).
+    ablation_optimizer: a second optimizer for `none` and `pastel` (at
+      `ablation_pastel_weight`), separating the regulariser from AdaGrad; 'none' to skip.
+    ablation_learning_rate: its step size (momentum SGD 0.01, momentum 0.9).
+    ablation_pastel_weight: lambda of the ablation's `pastel` training (1, the paper's Eq. 5).
+    defenses: subset of ('none', 'pastel', 'wdp', 'ldp', 'cdp').
+    pastel_weights: lambdas >= 0 of `pastel` (digits (0.1, 1, 10)).
+    pastel_layers: layer names the JS divergence is taken at; () = every Dense layer. A name
+      the model lacks is rejected with the list of available names.
+    pastel_representation: 'activation' (softmax of layer outputs, default) or 'gradient'
+      (normalised |dCE/dW_l|, Sect. 2.1); see fl_privacy/defenses/pastel.py.
+    pastel_temperature: tau of the 'activation' softmax.
+    validation_fraction: share of each client's shard held out for V, in (0, 0.5]; those rows
+      are neither members nor non-members in the attacks, and every defense trains on the
+      same members.
+    epsilons: target epsilons > 0 of each DP baseline (per round for 'wdp').
+    dp_delta: delta of every DP baseline.
+    clip_norm: per-example clip of 'ldp' (DP-SGD).
+    update_clip_norm: update clip of 'cdp' and 'wdp' (server side). Digits: 0.3, the median
+      L2 norm of the undefended run's uploads at the recorded rounds (0.30; clipping at the
+      median update norm as in adaptive clipping, Andrew et al. 2021), fixed before any DP run.
+    attacks: subset of ('nasr_whitebox', 'loss_threshold', 'fedmia_i', 'fedmia_ii'); the
+      FedMIA attacks need >= 3 clients and run on the `local` target only.
+    targets: subset of ('local', 'global').
+    attack_snapshots: recorded rounds the white-box attack reads (the last ones), at most
+      num_rounds / record_every.
+    attack_last_layer_grad: give the white-box attack the full last-layer gradient.
+    attack_steps: Adam steps of the attack model.
+    attack_learning_rate: Adam's step size.
+    attack_hidden: width of the attack's group MLPs and encoder.
+    feature_chunk_size: examples per per-example-gradient chunk (memory only).
+  """
+  s = ml_collections.ConfigDict()
+  s.model = 'mlp'
+  s.mlp_hidden = (128, 64)
+  s.num_clients = 5
+  s.num_rounds = 40
+  s.record_every = 10
+  s.local_epochs = 2
+  s.batch_size = 32
+  s.optimizer = 'adagrad'
+  s.learning_rate = 0.1
+  s.ablation_optimizer = 'momentum'
+  s.ablation_learning_rate = 0.01
+  s.ablation_pastel_weight = 1.0
+  s.defenses = ('none', 'pastel', 'wdp', 'ldp', 'cdp')
+  s.pastel_weights = (0.1, 1.0, 10.0)
+  s.pastel_layers = ()
+  s.pastel_representation = 'activation'
+  s.pastel_temperature = 1.0
+  s.validation_fraction = 0.2
+  s.epsilons = (1.0, 4.0, 16.0)
+  s.dp_delta = 1e-5
+  s.clip_norm = 1.0
+  s.update_clip_norm = 0.3
+  s.attacks = ('nasr_whitebox', 'loss_threshold', 'fedmia_i', 'fedmia_ii')
+  s.targets = ('local', 'global')
+  s.attack_snapshots = 2
+  s.attack_last_layer_grad = True
+  s.attack_steps = 300
+  s.attack_learning_rate = 1e-3
+  s.attack_hidden = 64
+  s.feature_chunk_size = 256
+  if dataset == 'cifar10':
+    # GPU advised; not run on the 2-core default machine (BUILD.md).
+    s.model = 'resnet18_gn'
+    s.num_clients = 10
+    s.num_rounds = 100
+    s.record_every = 10
+    s.local_epochs = 1
+    s.batch_size = 64
+    s.learning_rate = 0.01
+    s.pastel_layers = ('block8', 'fc1')
+    s.feature_chunk_size = 64
+  if smoke:
+    s.num_rounds = 4
+    s.record_every = 2
+    s.local_epochs = 1
+    s.defenses = ('none', 'pastel', 'cdp')
+    s.pastel_weights = (1.0,)
+    s.epsilons = (4.0,)
+    s.ablation_optimizer = 'none'
+    s.attacks = ('nasr_whitebox', 'loss_threshold')
+    s.attack_steps = 50
+  return s

@@ -1,0 +1,178 @@
+"""End to end: `python -m experiments.pastel` on the digits smoke config; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = 'configs/digits.py:smoke'
+
+
+def _run(workdir, *overrides):
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.pastel', f'--config={CONFIG}',
+       f'--workdir={workdir}', *overrides],
+      cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('pastel') / 'run'
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json', encoding='utf-8') as f:
+    return workdir, json.load(f)
+
+
+def test_results_schema_and_files(smoke):
+  workdir, results = smoke
+  assert results['experiment'] == 'pastel'
+  points = results['points']
+  trainings = {(p['params']['defense'], p['params']['strength']) for p in points}
+  assert trainings == {('none', 0.0), ('pastel', 1.0), ('cdp', 4.0)}
+  assert len(points) == 3 * 2 * 2  # trainings x attacks x targets
+  for p in points:
+    assert set(p['params']) == {'defense', 'strength', 'optimizer', 'attack', 'target'}
+    m = {k: float(v) for k, v in p['metrics'].items()}
+    for name in ('attack_auc', 'accuracy', 'tpr_at_fpr_1e-2'):
+      assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
+    assert m['n_pos'] == m['n_neg'] > 50
+    assert 0 <= m['jsd_last_round'] <= math.log(2)
+    if p['params']['defense'] == 'cdp':
+      assert abs(m['dp_epsilon'] - 4.0) < 0.05 and m['noise_multiplier'] > 0
+      assert m['dp_epsilon_per_round'] < m['dp_epsilon']
+    else:
+      assert math.isnan(m['dp_epsilon'])
+  for name in ('results.csv', 'table.md', 'pastel_privacy_utility.png', 'pastel_auc.png',
+               'pastel_loss_hist.png'):
+    assert (workdir / name).exists(), name
+  assert len(list((workdir / 'trained').glob('*.npz'))) == 3
+  table = (workdir / 'table.md').read_text()
+  assert '| Defense | Strength |' in table and 'AUC local' in table and 'AUC global' in table
+
+
+def test_same_rows_for_every_defense(smoke):
+  """Attacks score the same evaluation rows under every defense (paired comparison)."""
+  _, results = smoke
+  by_target = {}
+  for p in results['points']:
+    by_target.setdefault(p['params']['target'], set()).add(
+        (p['metrics']['n_pos'], p['metrics']['n_neg']))
+  assert all(len(v) == 1 for v in by_target.values())
+
+
+def test_resume_keeps_points_without_retraining(smoke):
+  workdir, results = smoke
+  proc = _run(workdir)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'pastel: training' not in proc.stderr  # the trained/ artifacts are reused
+  again = json.loads((workdir / 'results.json').read_text())
+  assert [p['metrics'] for p in again['points']] == [p['metrics'] for p in results['points']]
+
+
+@pytest.mark.parametrize('field,value', [
+    ('pastel_weights', (-1.0,)),
+    ('pastel_layers', ('fc9',)),
+    ('pastel_representation', 'logits'),
+    ('optimizer', 'rmsprop'),
+    ('ablation_optimizer', 'rmsprop'),
+    ('attacks', ('shadow',)),
+    ('defenses', ('dpsgd',)),
+    ('targets', ('server',)),
+    ('epsilons', (0.0,)),
+    ('clip_norm', 0.0),
+    ('update_clip_norm', -1.0),
+    ('validation_fraction', 0.6),
+    ('validation_fraction', 0.0),
+    ('attack_snapshots', 3),
+    ('record_every', 3),
+    ('dp_delta', 1.0),
+])
+def test_bad_field_raises_config_error_naming_it(field, value):
+  from configs import digits
+  from fl_privacy import validate
+  from fl_privacy.pipelines import pastel
+  config = digits.get_config('smoke')
+  config.pastel[field] = value
+  with pytest.raises(validate.ConfigError) as e:
+    pastel.prepare(config)
+  assert str(e.value).startswith(f'config.pastel.{field}: ')
+
+
+def test_unknown_layer_lists_the_available_names():
+  from configs import digits
+  from fl_privacy import validate
+  from fl_privacy.pipelines import pastel
+  config = digits.get_config('smoke')
+  config.pastel.pastel_layers = ('fc9',)
+  with pytest.raises(validate.ConfigError, match=r"\('fc1', 'fc2', 'fc3'\)"):
+    pastel.prepare(config)
+
+
+def test_fedmia_needs_three_clients():
+  from configs import digits
+  from fl_privacy import validate
+  from fl_privacy.pipelines import pastel
+  config = digits.get_config('smoke')
+  config.pastel.num_clients = 2
+  config.pastel.attacks = ('fedmia_i',)
+  with pytest.raises(validate.ConfigError, match='pastel.num_clients.*>= 3'):
+    pastel.prepare(config)
+
+
+@pytest.mark.parametrize('override,field', [
+    ('--config.pastel.pastel_weights=(-1.0,)', 'pastel.pastel_weights'),
+    ("--config.pastel.pastel_layers=('fc9',)", 'pastel.pastel_layers'),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, override, field):
+  workdir = tmp_path / 'never'
+  proc = _run(workdir, override)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert f'config.{field}' in proc.stderr
+  assert len(proc.stderr.strip().splitlines()[-1]) > 0
+  assert not os.path.exists(workdir)
+
+
+def test_dp_accounting_equals_dp_accounting_called_directly():
+  import dp_accounting
+  from dp_accounting import rdp
+  from configs import digits
+  from fl_privacy.pipelines import pastel
+
+  config = digits.get_config()
+  split = {'members': [list(range(230)), list(range(229))]}
+  s = config.pastel
+
+  def direct(event):
+    acc = rdp.RdpAccountant()
+    acc.compose(event)
+    return acc.get_epsilon(s.dp_delta)
+
+  info = pastel.dp_accounting(config, split, 'ldp', 4.0)
+  steps = s.local_epochs * math.ceil(229 / s.batch_size) * s.num_rounds
+  assert info['dp_steps'] == steps and info['dp_sampling_rate'] == s.batch_size / 229
+  want = direct(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      s.batch_size / 229, dp_accounting.GaussianDpEvent(info['noise_multiplier'])), steps))
+  assert info['dp_epsilon'] == pytest.approx(want, rel=1e-9)
+  assert 3.9 < info['dp_epsilon'] <= 4.0 + 1e-6
+  info = pastel.dp_accounting(config, split, 'cdp', 1.0)
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  assert info['dp_epsilon'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
+  assert info['dp_epsilon'] == pytest.approx(1.0, abs=0.01)
+  info = pastel.dp_accounting(config, split, 'wdp', 1.0)
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  assert info['dp_epsilon_per_round'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, 1)), rel=1e-9)
+  assert info['dp_epsilon_per_round'] == pytest.approx(1.0, abs=0.01)
+  # Weak DP composes: T rounds of a 1-DP round spend far more than 1.
+  assert info['dp_epsilon'] == pytest.approx(
+      direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
+  assert info['dp_epsilon'] > 5
