@@ -93,7 +93,8 @@ EXIT_INTERRUPTED = 130
 
 # The config section each experiment reads (`experiments.<name>` -> `config.<section>`).
 SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'duplicates': 'dishonest',
-            'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'toy_game': 'toy'}
+            'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'pastel': 'pastel',
+            'toy_game': 'toy'}
 _HELP_FLAGS = ('-h', '--help', '-help', '--helpshort', '--helpfull', '-?')
 
 
