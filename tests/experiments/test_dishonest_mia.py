@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-CONFIG = 'configs/digits.py:smoke'
+from tests.experiments import cli
 
 
 def _run(workdir, *overrides):
-  return subprocess.run(
-      [sys.executable, '-m', 'experiments.dishonest_mia', f'--config={CONFIG}',
-       f'--workdir={workdir}', *overrides],
-      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  return cli.run('dishonest_mia', workdir, *overrides, timeout=600)
 
 
 @pytest.fixture(scope='module')
 def smoke(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('dishonest') / 'run'
-  proc = _run(workdir)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(workdir / 'results.json', encoding='utf-8') as f:
-    return workdir, json.load(f)
+  return cli.smoke_results(tmp_path_factory, 'dishonest_mia', 'dishonest', timeout=600)
 
 
 def test_results_schema(smoke):

@@ -4,31 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-CONFIG = 'configs/digits.py:smoke'
+from tests.experiments import cli
+
 PARAMS = {'attack', 'defense', 'defense_param', 'beta', 'num_clients', 'local_epochs', 'model',
           'nonmember_scoring'}
 
 
 def _run(workdir, *overrides):
-  return subprocess.run(
-      [sys.executable, '-m', 'experiments.fedmia', f'--config={CONFIG}', f'--workdir={workdir}',
-       *overrides], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  return cli.run('fedmia', workdir, *overrides, timeout=600)
 
 
 @pytest.fixture(scope='module')
 def smoke(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp('fedmia') / 'run'
-  proc = _run(workdir)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(workdir / 'results.json', encoding='utf-8') as f:
-    return workdir, json.load(f)
+  return cli.smoke_results(tmp_path_factory, 'fedmia', 'fedmia', timeout=600)
 
 
 def test_results_schema_and_files(smoke):
