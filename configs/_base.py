@@ -113,11 +113,13 @@ def data_section(name: str, **fields) -> ml_collections.ConfigDict:
   """The `data` section; see `fl_privacy.data.load` for the meaning of each field."""
   section = ml_collections.ConfigDict()
   section.name = name
-  section.data_dir = None
-  section.path = None
+  # Placeholders rather than None so that `--config.data.max_examples=500` can set them:
+  # ml_collections refuses to override a field whose value is a bare None.
+  section.data_dir = config_dict.placeholder(str)
+  section.path = config_dict.placeholder(str)
   section.attribute = 'Smiling'
-  section.image_size = None
-  section.max_examples = None
+  section.image_size = config_dict.placeholder(int)
+  section.max_examples = config_dict.placeholder(int)
   for key, value in fields.items():
     section[key] = value
   return section

@@ -8,6 +8,7 @@ documented in `section`'s docstring. Expected results: BUILD.md ("FedMIA").
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 # Every attack of Table 1, the optimistic best-round variants, and FedMIA with each filter.
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm',
@@ -84,7 +85,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       ('alexnet_cifar',) if cifar else ('mlp',))
   s.hidden = (128,)
   s.num_clients = 10
-  s.per_client = 5000 if cifar else None
+  s.per_client = 5000 if cifar else config_dict.placeholder(int)
   s.num_rounds = 300 if cifar else 60
   s.record_every = 10 if cifar else 5
   s.local_epochs = 1
@@ -114,7 +115,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.models = ('mlp',)
     s.hidden = (32,)
     s.num_clients = 4
-    s.per_client = None
+    s.per_client = config_dict.placeholder(int)
     s.num_rounds = 3
     s.record_every = 1
     s.batch_size = 32

@@ -27,4 +27,4 @@ from experiments import common
 from fl_privacy.pipelines import pastel as pipeline
 
 if __name__ == '__main__':
-  common.main('pastel', pipeline.prepare, pipeline.sweep)
+  common.main('pastel', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)

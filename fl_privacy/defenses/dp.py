@@ -30,10 +30,12 @@ hand-written accountant:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any
 
+from absl import logging
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -143,6 +145,19 @@ def central_dp_hook(clip_norm: float, noise_multiplier: float):
 # Accounting (dp-accounting).
 
 
+@contextlib.contextmanager
+def _quiet_accountant():
+  # The RDP accountant logs one warning per fractional order whose series does not converge
+  # and drops that order; epsilon is then the minimum over the remaining orders, still a valid
+  # bound. Hundreds of such lines per calibration drown a run's log, so they are muted here.
+  old = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(old)
+
+
 def _accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
   if accountant == 'rdp':
     return dp_accounting.rdp.RdpAccountant()
@@ -179,7 +194,8 @@ def epsilon(noise_multiplier: float, *, delta: float, sampling_rate: float = 1.0
     return math.inf
   acc = _accountant(accountant)
   acc.compose(gaussian_event(noise_multiplier, sampling_rate=sampling_rate, steps=steps))
-  return float(acc.get_epsilon(delta))
+  with _quiet_accountant():
+    return float(acc.get_epsilon(delta))
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,11 +208,12 @@ def noise_multiplier_for(target_epsilon: float, *, delta: float, sampling_rate: 
   """
   if not target_epsilon > 0:
     raise ValueError(f'target_epsilon must be > 0 (got {target_epsilon})')
-  return float(dp_accounting.calibrate_dp_mechanism(
-      lambda: _accountant(accountant),
-      lambda z: gaussian_event(z, sampling_rate=sampling_rate, steps=steps),
-      target_epsilon, delta,
-      dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
+  with _quiet_accountant():
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: _accountant(accountant),
+        lambda z: gaussian_event(z, sampling_rate=sampling_rate, steps=steps),
+        target_epsilon, delta,
+        dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
 
 
 def dp_sgd_epsilon(noise_multiplier: float, *, batch_size: int, num_examples: int,

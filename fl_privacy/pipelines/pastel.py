@@ -61,7 +61,9 @@ from fl_privacy.pipelines import pastel_figures
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
+from fl_privacy.report import progress
 from fl_privacy.report import run_point
+from fl_privacy.report import summary
 
 DEFENSES = ('none', 'pastel', 'wdp', 'ldp', 'cdp')
 DP_DEFENSES = ('wdp', 'ldp', 'cdp')
@@ -71,6 +73,12 @@ TARGETS = ('local', 'global')
 TRAINED = 'trained'
 TABLE = 'table.md'
 _NO_ABLATION = (None, '', 'none', 'None')
+# The headline columns: logged per saved point and printed as a table at the end of a run.
+SUMMARY = summary.Table('PASTEL (attack AUC and accuracy: 95% intervals)', (
+    summary.param('defense'), summary.param('strength'), summary.param('optimizer'),
+    summary.param('attack'), summary.param('target'), summary.rate('attack_auc', 'AUC'),
+    summary.rate('tpr_at_fpr_1e-2', 'TPR@1%FPR'), summary.rate('accuracy', 'test acc.'),
+    summary.metric('dp_epsilon', 'DP eps', digits=2), summary.seconds()))
 # Rows the internal-gap diagnostic (jsd_last_round) reads per client (memory on big models).
 _JSD_ROWS = 512
 
@@ -658,6 +666,7 @@ def sweep(config, state, store, key) -> None:
   artifacts = ArtifactStore(store.workdir, TRAINED)
   plan = attack_plan(config)
   losses_for_figure = {}
+  progress.plan(len(trainings(config)) * len(plan))
   for tr in trainings(config):
     arrays = None
     todo = [p for p in (point_params(tr, a, t) for a, t in plan) if store.get(p) is None]

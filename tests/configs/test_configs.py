@@ -77,3 +77,24 @@ def test_python_m_configs_lists_every_config_and_its_sections():
   bad = subprocess.run([sys.executable, '-m', 'configs', 'nope'], cwd=repo,
                        capture_output=True, text=True, timeout=120, check=False)
   assert bad.returncode == 2 and 'no config' in bad.stderr
+
+
+@pytest.mark.parametrize('name', ['digits', 'cifar10', 'cifar100'])
+def test_optional_fields_can_be_set_from_the_command_line(name):
+  # ml_collections cannot parse an override of a field whose value is a bare None, so every
+  # optional field a user may want to set is a typed placeholder.
+  from absl import flags
+  from ml_collections import config_flags
+  overrides = ['--config.data.max_examples=500', '--config.data.image_size=16',
+               '--config.data.data_dir=/somewhere', '--config.data.path=x.npz']
+  if name in ('digits', 'cifar100'):
+    overrides.append('--config.fedmia.per_client=40')
+  argv = ['prog', f'--config={CONFIG_DIR / name}.py', *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', flag_values=values, sys_argv=argv)
+  values(argv)
+  data = values.config.data
+  assert (data.max_examples, data.image_size, data.data_dir, data.path) == (
+      500, 16, '/somewhere', 'x.npz')
+  if name in ('digits', 'cifar100'):
+    assert values.config.fedmia.per_client == 40

@@ -202,3 +202,12 @@ def test_same_outcomes_on_8_devices(reference, tmp_path):
   for suffix, lo in (('7', 0), ('64', 0), ('resume', 13)):
     _assert_same({k: sharded[f'{k}_{suffix}'] for k in reference},
                  {k: v[lo:] for k, v in reference.items()})
+
+
+def test_group_width_without_a_memory_analysis(monkeypatch):
+  # A backend without memory_analysis must not turn the whole byte budget into a width.
+  monkeypatch.setattr(runner, 'trial_bytes', lambda *a, **k: 0)
+  args = _args()
+  assert runner.group_width(_trial, jax.random.key(3), args, 8 << 20) == (
+      runner.UNKNOWN_BYTES_WIDTH)
+  assert runner.group_width(_trial, jax.random.key(3), args, 3) == 3
