@@ -286,3 +286,28 @@ def test_fast_trial_independent_of_chunk_size():
   b = runner.run_trials(fn, jax.random.key(0), 300, chunk_size=300, args=args, progress=False)
   np.testing.assert_array_equal(a['decision'], b['decision'])
   np.testing.assert_array_equal(a['score'], b['score'])
+
+
+def test_pair_trial_scores_the_same_batches_as_two_runs():
+  # The pipeline plays the paper's neuron and the calibrated one in one run; each must decide
+  # exactly as a run of its own with the same key would (same batches, same randomization).
+  x, _, neurons, _, _ = _game_setup()
+  other = neurons._replace(b=neurons.b - 0.5, c=neurons.c + 0.25)
+  enc = ami.Encoding()
+  sizes = enc.group_sizes()
+  ch = ami.channel_from_bit_probs(ami.bit_probabilities('bitrand', 4.0, D, enc), sizes)
+  sides = (ami.GameSide(codes=ami.pack_codes(fixed_point.encode(x[:2])[0], sizes)),
+           ami.GameSide(codes=ami.pack_codes(fixed_point.encode(x[2:])[0], sizes)),
+           tuple(jnp.asarray(t) for t in ch.thresholds))
+  kw = dict(batch_size=8, xor=ch.xor, encoding=enc)
+  key = jax.random.key(5)
+  pair = runner.run_trials(functools.partial(ami.fast_trial_pair, **kw), key, 400,
+                           args=(neurons, other) + sides, progress=False)
+  alone = [runner.run_trials(functools.partial(ami.fast_trial, **kw), key, 400,
+                             args=(n,) + sides, progress=False) for n in (neurons, other)]
+  np.testing.assert_array_equal(pair['decision'], alone[0]['decision'])
+  np.testing.assert_array_equal(pair['score'], alone[0]['score'])
+  np.testing.assert_array_equal(pair['decision_variant'], alone[1]['decision'])
+  np.testing.assert_array_equal(pair['score_variant'], alone[1]['score'])
+  # The two neurons really differ on these trials (else the test could not fail).
+  assert (alone[0]['decision'] != alone[1]['decision']).any()

@@ -59,6 +59,7 @@ from fl_privacy.attacks.ami.game import randomize_key
 from fl_privacy.attacks.ami.game import defense_key
 from fl_privacy.attacks.ami.game import apply_defense
 from fl_privacy.attacks.ami.game import fast_trial
+from fl_privacy.attacks.ami.game import fast_trial_pair
 from fl_privacy.attacks.ami.game import precomputed_values
 from fl_privacy.attacks.ami.game import fast_trial_no_ldp
 from fl_privacy.attacks.ami.game import neuron_from_params
@@ -106,6 +107,7 @@ __all__ = [
     'decisions',
     'dp_averaging',
     'fast_trial',
+    'fast_trial_pair',
     'fast_trial_no_ldp',
     'game',
     'game_rates',

@@ -121,7 +121,8 @@ def apply_defense(key: Array, defense: Any, x: Array, y: Array | None
 def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSide,
                pool: GameSide, thresholds: tuple, *, batch_size: int, xor: tuple = (),
                encoding: Encoding | None = None,
-               mechanism: Callable | None = None, defense: Any = None) -> dict:
+               mechanism: Callable | None = None, defense: Any = None,
+               variants: CraftedNeuron | None = None) -> dict:
   """One LDP game trial on the fast path: randomize codes, decode, member iff max v > 0.
 
   The client's whole batch is randomized afresh in every trial (Fig. 3).
@@ -139,9 +140,13 @@ def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSi
     mechanism: if given, `(key, x) -> x'` on `GameSide.x` replaces the code sampler (for
       channels `bit_probabilities` cannot tabulate); `thresholds` is then ignored.
     defense: the client's defense hooks (`apply_defense`) on the randomized batch, or None.
+    variants: optional other neurons [T, ...] (e.g. the calibrated bias) that score the very
+      same randomized batch; their decision costs one more activation, not another
+      randomization, and equals what a separate run with the same key would give.
 
   Returns:
-    {'b', 'target', 'decision', 'score'}.
+    {'b', 'target', 'decision', 'score'}, plus 'decision_variant' and 'score_variant' with
+    `variants`.
   """
   b, t, rows = trial_batch(key, index, targets, pool, batch_size=batch_size)
   if mechanism is not None:
@@ -151,9 +156,20 @@ def fast_trial(key: Array, index: Array, neurons: CraftedNeuron, targets: GameSi
     sizes = tuple(int(np.log2(tab.shape[-1] + 1)) for tab in thresholds)
     x = codes_to_values(codes, sizes, encoding)
   x, _, mask = apply_defense(key, defense, x, rows.y)
-  neuron = _take(neurons, t, jax.tree.leaves(targets)[0].shape[0])
-  decision, score = decide_from_activation(neuron, x, mask)
-  return {'b': b, 'target': t, 'decision': decision, 'score': score}
+  num_targets = jax.tree.leaves(targets)[0].shape[0]
+  decision, score = decide_from_activation(_take(neurons, t, num_targets), x, mask)
+  out = {'b': b, 'target': t, 'decision': decision, 'score': score}
+  if variants is not None:
+    out['decision_variant'], out['score_variant'] = decide_from_activation(
+        _take(variants, t, num_targets), x, mask)
+  return out
+
+
+def fast_trial_pair(key: Array, index: Array, neurons: CraftedNeuron, variants: CraftedNeuron,
+                    targets: GameSide, pool: GameSide, thresholds: tuple, **kwargs) -> dict:
+  """`fast_trial` with `variants` as a positional argument (a jit argument for the runner)."""
+  return fast_trial(key, index, neurons, targets, pool, thresholds, variants=variants,
+                    **kwargs)
 
 
 def precomputed_values(neurons: CraftedNeuron, target_x: Array, pool_x: Array
