@@ -22,6 +22,8 @@ SECTION_EXPERIMENTS = {
     'ami': ('ami',),
     'dishonest': ('dishonest_mia', 'duplicates'),
     'ldp_audit': ('ldp_audit',),
+    'fedmia': ('fedmia',),
+    'pastel': ('pastel',),
     'toy': ('toy_game',),
 }
 

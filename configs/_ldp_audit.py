@@ -63,7 +63,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       the debiasing constant; derivation in `mechanisms.ldp_sgd.relative_learning_rate`);
       'paper': Algorithm 2's eta_t = ||C|| sqrt(n) / (L sqrt(d)) * (e^eps - 1)/(e^eps + 1),
       n = 1, which with the unbiased constant makes every step ~1.25 ||C|| (larger than the
-      model, so loss-based black-box tests guess a constant).
+      model, so loss-based black-box tests give nearly the same answer on every trial).
     server_step_fraction: the step's norm as a fraction of ||C|| under 'relative', in (0, 1]
       (1e-3: the update-to-weight ratio of ordinary training).
     radius: radius of the parameter set C (the server projects onto this L2 ball); None = the

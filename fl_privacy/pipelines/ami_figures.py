@@ -62,7 +62,8 @@ def make_figures(points, workdir, config) -> None:
       ax.axhline(0.5, color='grey', lw=0.5, label='chance (0.5)')
       ax.set_ylim(0, 1.02)
       ax.set_xlabel(figures.EPSILON_AXIS if pts else 'no LDP: epsilon does not apply (-)')
-      ax.set_ylabel(f'{figures.RATE_AXIS}')
+      # Adv, TPR and TNR are fractions of trials, accuracy one of test examples.
+      ax.set_ylabel('Adv, TPR, TNR, accuracy (fraction)')
       ax.set_title(f'AMI under {mech}', fontsize=10)
     figures.legend_outside(axes[0][-1])
     fig.suptitle(f'{config.dataset}, |D| = {config.ami.batch_size}, '
@@ -139,7 +140,7 @@ def _histograms(points, workdir, plt) -> None:
       ax.hist(draws['target'], bins=50, alpha=0.6, color='tab:red', density=True,
               label='target M(t)')
       ax.axvline(0, color='green', ls=':', label='v = 0: the neuron fires above')
-      ax.set_xlabel('v = w.M(x) + b (a.u.)', fontsize=8)
+      ax.set_xlabel('v = w.M(.) + b of the chosen neuron (a.u.)', fontsize=8)
       ax.set_ylabel('density (1 / a.u. of v)', fontsize=8)
     for j in range(len(picks[mech]), cols):
       axes[i][j].axis('off')

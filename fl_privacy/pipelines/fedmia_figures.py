@@ -145,6 +145,7 @@ def noniid_figure(config, points):
 
 def rounds_figure(config, curves: dict):
   plt = _plt()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   models = list(curves) or ['(none)']
   fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
   for ax, model in zip(axes[0], models):
@@ -159,8 +160,13 @@ def rounds_figure(config, curves: dict):
         if scoring == 'aligned':
           ax.fill_between(c['round'], lo, hi, color=_colour(a), alpha=0.12, lw=0)
     _chance(ax)
+    # Aligned scoring stays within a few tenths of a percent, public-code scoring reaches tens
+    # of percent: a linear axis would flatten the first onto zero.
+    ax.set_yscale('symlog', linthresh=0.1, linscale=0.5)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
     ax.set_xlabel('communication round (multi-round attacks use every recorded round so far)')
-    ax.set_ylabel('TPR at 0.1% FPR (%)')
+    ax.set_ylabel('TPR at 0.1% FPR (%, symlog: linear below 0.1)')
     ax.set_title(f'{model}: attack strength over rounds (Fig. 5a); bands: 95% CI (aligned)',
                  fontsize=9)
     _legend_outside(ax)

@@ -18,6 +18,7 @@ from fl_privacy.report import figures
 _COLOURS = {'none': 'tab:gray', 'pastel': 'tab:green', 'wdp': 'tab:orange', 'ldp': 'tab:blue',
             'cdp': 'tab:purple'}
 _MARKERS = {'none': 'o', 'pastel': '*', 'wdp': 's', 'ldp': '^', 'cdp': 'D'}
+_CHANCE = 'chance (AUC 0.5)'
 _ATTACK_LABELS = {'nasr_whitebox': 'Nasr white-box', 'loss_threshold': 'loss threshold',
                   'fedmia_i': 'FedMIA-I', 'fedmia_ii': 'FedMIA-II'}
 
@@ -103,8 +104,9 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
   targets = list(config.pastel.targets)
   fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
   by = _by_training(points)
-  seen = set()
   for ax, target in zip(axes[0], targets):
+    # One errorbar series per defense (and optimizer): each appears once in the legend.
+    series: dict[str, dict] = {}
     for tr, cells in by.items():
       m = cells.get((attack, target))
       if m is None:
@@ -113,17 +115,26 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
       ablation = tr[2] != config.pastel.optimizer
       label = f'{d} ({tr[2]})' if ablation else d
       x, y = 100 * m['accuracy'], m['attack_auc']
-      ax.errorbar(x, y, xerr=[[x - 100 * m['accuracy_ci_low']], [100 * m['accuracy_ci_high'] - x]],
-                  yerr=[[y - m['attack_auc_ci_low']], [m['attack_auc_ci_high'] - y]],
-                  fmt=_MARKERS.get(d, 'o'), color=_COLOURS.get(d, 'k'), ms=8 if d == 'pastel'
-                  else 6, mfc='white' if ablation else _COLOURS.get(d, 'k'), capsize=2, lw=0.8,
-                  label=label if label not in seen else None)
-      seen.add(label)
+      s = series.setdefault(label, dict(d=d, ablation=ablation, x=[], y=[], xerr=[[], []],
+                                         yerr=[[], []]))
+      s['x'].append(x)
+      s['y'].append(y)
+      s['xerr'][0].append(x - 100 * m['accuracy_ci_low'])
+      s['xerr'][1].append(100 * m['accuracy_ci_high'] - x)
+      s['yerr'][0].append(y - m['attack_auc_ci_low'])
+      s['yerr'][1].append(m['attack_auc_ci_high'] - y)
       if d != 'none':
-        ax.annotate(f'{tr[1]:g}', (x, y), textcoords='offset points', xytext=(4, 4), fontsize=7)
-    ax.axhline(0.5, color='k', ls='--', lw=0.8)
+        ax.annotate(f'{tr[1]:g}', (x, y), textcoords='offset points', xytext=(4, 4), fontsize=7,
+                    color=_COLOURS.get(d, 'k'))
+    for label, s in series.items():
+      d = s['d']
+      ax.errorbar(s['x'], s['y'], xerr=s['xerr'], yerr=s['yerr'], fmt=_MARKERS.get(d, 'o'),
+                  color=_COLOURS.get(d, 'k'), ms=8 if d == 'pastel' else 6,
+                  mfc='white' if s['ablation'] else _COLOURS.get(d, 'k'), capsize=2, lw=0.8,
+                  label=label)
+    ax.axhline(0.5, color='k', ls='--', lw=0.8, label=_CHANCE)
     ax.set_xlabel('global model test accuracy (%)')
-    ax.set_ylabel(f'{_ATTACK_LABELS.get(attack, attack)} attack AUC')
+    ax.set_ylabel(f'{_ATTACK_LABELS.get(attack, attack)} attack AUC (ROC area, 95% CI)')
     ax.set_title(f'{target} target')
   handles, labels = axes[0][0].get_legend_handles_labels()
   for ax in axes[0][1:]:
@@ -135,6 +146,8 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
   fig.legend(handles, labels, loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8,
              title='defense (numbers: lambda or eps)')
   fig.tight_layout()
+  for ax in axes[0]:
+    figures.spread_annotations(ax)  # the strong-utility trainings crowd near 100%
   return fig
 
 
@@ -162,8 +175,8 @@ def auc_figure(config, points: list[dict]):
       if xs:
         ax.bar(xs, np.asarray(ys) - 0.5, width, bottom=0.5, yerr=[lo, hi], capsize=2,
                label=_ATTACK_LABELS.get(attack, attack))
-    ax.axhline(0.5, color='k', ls='--', lw=0.8)
-    ax.set_ylabel('attack AUC (0.5 = chance)')
+    ax.axhline(0.5, color='k', ls='--', lw=0.8, label=_CHANCE)
+    ax.set_ylabel('attack AUC (95% DeLong CI)')
     ax.set_title(f'{target} target')
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=35, ha='right', fontsize=8)
@@ -200,7 +213,7 @@ def loss_hist_figure(config, losses: dict):
       ax.hist(vals, bins=bins, density=True, alpha=0.5, color=colour, label=label)
     ax.set_xlabel(f'log10 cross-entropy loss (nats; below {floor:g} drawn at {floor:g})')
     ax.set_title(_name(_training(v['params'])))
-  axes[0][0].set_ylabel('density')
+    ax.set_ylabel('density (1 / unit of log10 loss)')
   handles, labels = axes[0][0].get_legend_handles_labels()
   fig.legend(handles, labels, loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
   fig.tight_layout()

@@ -108,6 +108,31 @@ def mark_unbounded(ax, x: float, lower: float | None, *, color=None, label=None,
     ax.set_ylim(top=top)
 
 
+def spread_annotations(ax, *, step: float = 7.0, tries: int = 12) -> None:
+  """Moves `ax`'s annotations (offset-points text) up or down until none overlaps another.
+
+  Call it after the layout is final (after `fig.tight_layout()`): overlaps depend on the
+  axes' size in pixels. Each annotation keeps its anchor point; only its offset changes,
+  alternately above and below where it was, by `step` points at a time.
+  """
+  import matplotlib.text as mtext  # pylint: disable=g-import-not-at-top
+  fig = ax.figure
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  placed = []
+  for t in ax.texts:
+    if not isinstance(t, mtext.Annotation) or not t.get_text():
+      continue
+    x0, y0 = t.xyann
+    for k in range(tries + 1):
+      shift = step * ((k + 1) // 2) * (1 if k % 2 else -1)
+      t.xyann = (x0, y0 + shift)
+      box = t.get_window_extent(renderer).padded(2)  # a gap, so that '1' '0.1' is no '10.1'
+      if not any(box.overlaps(b) for b in placed):
+        break
+    placed.append(t.get_window_extent(renderer).padded(2))
+
+
 def _label_is_auto(label: str) -> bool:
   return label.startswith('_child') or label.startswith('_container') or label == ''
 
@@ -143,11 +168,15 @@ def readability_problems(fig) -> list[str]:
     for coll in ax.collections:
       if type(coll).__name__ == 'PathCollection' and coll.get_label() != '_nolegend_':
         series.append(('scatter', coll.get_label()))
+    # A bar series' error bars are its own (`BarContainer.errorbar`), not another series.
+    of_bars = {id(c.errorbar) for c in ax.containers
+               if type(c).__name__ == 'BarContainer' and c.errorbar is not None}
     for cont in ax.containers:
-      if type(cont).__name__ == 'ErrorbarContainer':
+      if type(cont).__name__ == 'ErrorbarContainer' and id(cont) not in of_bars:
         series.append(('errorbar', cont.get_label()))
       elif type(cont).__name__ == 'BarContainer':
-        labels = [p.get_label() for p in cont.patches if not p.get_label().startswith('_')]
+        labels = [cont.get_label()] + [p.get_label() for p in cont.patches]
+        labels = [l for l in labels if l and not l.startswith('_')]
         series.append(('bars', labels[0] if labels else '_container'))
     for kind, label in series:
       if _label_is_auto(label):

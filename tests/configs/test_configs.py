@@ -69,7 +69,7 @@ def test_python_m_configs_lists_every_config_and_its_sections():
     assert f'{name}.py' in proc.stdout
   assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
   digits = listing.describe('digits')
-  assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit']
+  assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel']
   assert 'dishonest_mia' in digits['experiments']
   one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
                        text=True, timeout=120, check=False)

@@ -76,3 +76,17 @@ def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f'config.{field}' in proc.stderr
   assert not os.path.exists(workdir)
+
+
+def test_figures_read_on_their_own(smoke, monkeypatch):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import fedmia_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  workdir, results = smoke
+  config = ml_collections.ConfigDict(results['config'])
+  curves = json.loads((workdir / 'rounds.json').read_text())
+  with figure_checks.capture(monkeypatch) as found:  # the ROC needs the recordings: not here
+    fedmia_figures.save_all(config, None, results['points'], {}, curves, str(workdir))
+  assert set(found) == {'fedmia_noniid', 'fedmia_rounds', 'fedmia_clients_epochs',
+                        'fedmia_defenses'}
+  assert {k: v for k, v in found.items() if v} == {}

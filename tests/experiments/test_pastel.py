@@ -165,3 +165,20 @@ def test_dp_accounting_equals_dp_accounting_called_directly():
   assert info['dp_epsilon'] == pytest.approx(
       direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
   assert info['dp_epsilon'] > 5
+
+
+def test_figures_read_on_their_own(smoke, monkeypatch):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import pastel_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  workdir, results = smoke
+  config = ml_collections.ConfigDict(results['config'])
+  rng = np.random.default_rng(0)
+  losses = {f'{p["defense"]} {p["strength"]}': dict(params=p, member=rng.lognormal(size=50),
+                                                   nonmember=rng.lognormal(size=50))
+            for p in (pt['params'] for pt in results['points'])}
+  with figure_checks.capture(monkeypatch) as found:
+    pastel_figures.save_figures(config, results['points'], losses, str(workdir))
+  assert set(found) == {'pastel_privacy_utility', 'pastel_auc', 'pastel_loss_hist'}
+  assert {k: v for k, v in found.items() if v} == {}

@@ -40,6 +40,32 @@ def test_check_wants_a_unit_and_passes_a_readable_figure():
   plt.close(fig)
 
 
+def test_check_reads_a_bar_series_label_and_its_own_error_bars():
+  fig, ax = plt.subplots()
+  ax.bar([0, 1], [0.2, 0.3], yerr=[0.05, 0.05], label='attack A')
+  ax.bar([0.4, 1.4], [0.1, 0.2], yerr=[0.05, 0.05])
+  ax.set_xlabel('defense (name)')
+  ax.set_ylabel('AUC (ROC area)')
+  figures.legend_outside(ax)
+  problems = figures.readability_problems(fig)
+  plt.close(fig)
+  assert problems == ['axes 0: a bars without a label']
+
+
+def test_spread_annotations_separates_overlapping_texts():
+  fig, ax = plt.subplots()
+  ax.plot([0.5, 0.5001], [0.5, 0.5], 'o', label='points')
+  for text in ('1', '0.1', '10'):
+    ax.annotate(text, (0.5, 0.5), textcoords='offset points', xytext=(4, 4), fontsize=7)
+  ax.set_xlabel('x (a.u.)')
+  ax.set_ylabel('y (a.u.)')
+  figures.legend_outside(ax)
+  assert any('overlap' in p for p in figures.readability_problems(fig))
+  figures.spread_annotations(ax)
+  assert figures.readability_problems(fig) == []
+  plt.close(fig)
+
+
 def _point(eps, emp, lower, upper, distinguisher='likelihood_ratio'):
   return {'params': {'mechanism': 'bitrand', 'crafter': 'extreme_pair',
                      'distinguisher': distinguisher, 'epsilon': eps},
