@@ -30,6 +30,36 @@ def _band(ax, xs, pts, name, label, color):
   ax.fill_between(xs, lo, hi, alpha=0.25, color=color)
 
 
+def _no_ldp_column(ax, xs, m, colors, titles) -> None:
+  """The no-LDP point's rates: beside the epsilon axis as their own column, or (no LDP points
+  in the panel) as horizontal lines.
+
+  Drawn as lines across an epsilon axis, the no-LDP levels (all near 1) hide under the TPR
+  curve; as markers with their intervals in a column of their own, each reads alone.
+  """
+  names = ['adv', 'tpr', 'tnr', 'accuracy'] + (['adv_calibrated'] if 'adv_calibrated' in m else [])
+  colors = dict(colors, adv_calibrated='tab:purple')
+  titles = dict(titles, adv_calibrated='Adv calibrated')
+  if not xs:
+    for name in names:
+      ax.axhline(float(m[name]), color=colors[name], ls=':', lw=1,
+                 label=f'{titles[name]}, no LDP')
+    return
+  step = 0.12 * (max(xs) - min(xs)) or 1.0  # the column's offset scales with the axis
+  x0 = max(xs) + 1.5 * step
+  width = 0.5 * step
+  for i, name in enumerate(names):
+    x = x0 + width * (i / max(1, len(names) - 1) - 0.5)
+    y = float(m[name])
+    err = [[y - float(m.get(f'{name}_ci_low', y))], [float(m.get(f'{name}_ci_high', y)) - y]]
+    ax.errorbar([x], [y], yerr=err, fmt='D', ms=3.5, capsize=2, lw=1, color=colors[name],
+                label=f'{titles[name]}, no LDP')
+  ax.axvline(max(xs) + 0.75 * step, color='grey', ls='--', lw=0.6, label='_nolegend_')
+  ticks = [t for t in ax.get_xticks() if min(xs) - 1e-9 <= t <= max(xs) + 1e-9]
+  ax.set_xticks(ticks + [x0])
+  ax.set_xticklabels([f'{t:g}' for t in ticks] + ['no\nLDP'])
+
+
 def make_figures(points, workdir, config) -> None:
   """Writes the paper-style figures from the stored points (also after a resume)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -49,16 +79,12 @@ def make_figures(points, workdir, config) -> None:
       for name in ('adv', 'tpr', 'tnr', 'accuracy'):
         if pts:
           _band(ax, xs, pts, name, f'{titles[name]} (95% CI band)', colors[name])
-        if none:
-          ax.axhline(float(none[0]['metrics'][name]), color=colors[name], ls=':', lw=1,
-                     label=f'{titles[name]}, no LDP')
       # Our calibrated variant beside the paper's rule (same trials), when the run has it.
       if pts and all('adv_calibrated' in p['metrics'] for p in pts):
         _band(ax, xs, pts, 'adv_calibrated', 'Adv, calibrated bias (ours; 95% CI band)',
               'tab:purple')
-      if none and 'adv_calibrated' in none[0]['metrics']:
-        ax.axhline(float(none[0]['metrics']['adv_calibrated']), color='tab:purple', ls=':',
-                   lw=1, label='Adv calibrated, no LDP')
+      if none:
+        _no_ldp_column(ax, xs, none[0]['metrics'], colors, titles)
       ax.axhline(0.5, color='grey', lw=0.5, label='chance (0.5)')
       ax.set_ylim(0, 1.02)
       ax.set_xlabel(figures.EPSILON_AXIS if pts else 'no LDP: epsilon does not apply (-)')

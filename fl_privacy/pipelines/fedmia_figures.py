@@ -98,7 +98,9 @@ def roc_figure(config, key, records: dict):
       ax.set_ylim(floor, 1)
     ax.set_xscale('log')
     ax.set_yscale('log')
-    ax.set_xlabel('false positive rate (non-members flagged, fraction)')
+    # Log axes cannot show 0: rates below 1 / (non-members) are drawn at that floor.
+    shown = f'; 0 on either axis drawn at {floor:.2g}' if floor is not None else ''
+    ax.set_xlabel(f'false positive rate (non-members flagged, fraction{shown})')
     ax.set_ylabel('true positive rate (members flagged, fraction)')
     ax.set_title(f'{model}: ROC, round {s.single_round} for single-round attacks, '
                  f'{len(recorded)} rounds averaged', fontsize=8)
