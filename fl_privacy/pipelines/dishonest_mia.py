@@ -249,13 +249,17 @@ def attribute(config, pool, key, p: dict, run: int, outcome: dict) -> dict:
     found = duplicates.cross_matches(x_t, pool.x[others], float(s.near_threshold))
     near = [int(others[j]) for j in found[0][1] if int(others[j]) not in exact] if found else []
   nearest = int(outcome['nearest'])
+  # An exact duplicate has the target's detected features, so it fires the detector whenever
+  # the target would; a near duplicate only explains the run if it is the example that fired.
   if exact:
     cause = f'exact duplicate of the target: example {exact[0]}'
-  elif near:
-    cause = f'near duplicate of the target: example {near[0]}'
+  elif nearest in near and int(outcome['num_activating']) > 0:
+    cause = f'near duplicate of the target: example {nearest}'
   elif int(outcome['num_activating']) > 0:
-    cause = (f'none: no duplicate; example {nearest} (label {int(pool.y[nearest])}) matches the '
-             f'target on its {p["M"]} detected features within eps')
+    held = (f' (the client also holds near duplicate(s) {near}, which did not fire)'
+            if near else '')
+    cause = (f'none: no duplicate fired; example {nearest} (label {int(pool.y[nearest])}) '
+             f'matches the target on its {p["M"]} detected features within eps{held}')
   else:
     cause = 'none: no client example activates the detector (unexplained)'
   pixel = float(np.linalg.norm(data_lib.to_float(pool.x[nearest]) -

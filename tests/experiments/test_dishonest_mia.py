@@ -122,3 +122,36 @@ def test_delta_figure_reads_on_its_own(smoke, monkeypatch):
     dishonest_mia_figures.save_delta_figure(ml_collections.ConfigDict(results['config']),
                                             deltas, str(workdir))
   assert found == {'delta': []}
+
+
+def test_a_near_duplicate_that_did_not_fire_is_not_blamed():
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from configs import digits
+  from fl_privacy import data as data_lib
+  from fl_privacy.pipelines import dishonest_mia
+
+  config = digits.get_config()
+  pool = data_lib.load(config.data)['train']
+  p = dict(M=2, optimizer='sgd', num_batches=4, epochs=1)
+  key = jax.random.key(3)
+  run = 7
+  client = dishonest_mia.client_indices(key, p, run, len(pool), 32)
+  target = int(np.setdiff1d(np.arange(len(pool)), client)[0])
+  x = pool.x.copy()
+  near_copy = x[target].copy()
+  near_copy.flat[0] = min(int(near_copy.flat[0]) + 1, 16)  # one grey level: a near duplicate
+  x[client[5]] = near_copy
+  pool2 = dataclasses.replace(pool, x=x)
+  config.dishonest.near_threshold = 0.2
+  fired_elsewhere = dict(target=target, nearest=int(client[9]), nearest_distance=0.0,
+                         num_activating=1, delta=1.0)
+  record = dishonest_mia.attribute(config, pool2, key, p, run, fired_elsewhere)
+  assert record['near_duplicates_in_client'] == [int(client[5])]
+  assert record['cause'].startswith('none: no duplicate fired')
+  fired_by_copy = dict(fired_elsewhere, nearest=int(client[5]))
+  record = dishonest_mia.attribute(config, pool2, key, p, run, fired_by_copy)
+  assert record['cause'] == f'near duplicate of the target: example {int(client[5])}'
