@@ -10,7 +10,17 @@
 # folder, kept and printed at the end), so the working tree stays clean. The last lines are
 # the score (killed / total) and the surviving mutants; `cd <workdir> && mutmut show NAME`
 # prints one as a diff. MUTMUT_MAX_CHILDREN sets the parallel workers (default: all cores);
-# MUTATION_TIMEOUT caps the run in seconds.
+# MUTATION_TIMEOUT caps the run in seconds. A mutant whose tests take longer than
+# (their normal duration + MUTATION_TIMEOUT_CONSTANT s, default 1) x MUTATION_TIMEOUT_MULTIPLIER
+# (default 15) counts as a timeout (killed); on a loaded machine, or with the cache reset below
+# (a test that was warm when timed recompiles), give the constant some tens of seconds.
+#
+# JAX: mutmut forks each mutant's test run from a process that already ran the tests, so
+# cached traces would keep running unmutated code. The plugin below (mutation_reset.py, in the
+# scratch copy only) clears, at the start of every mutant's run, the functools caches of
+# fl_privacy, the runner's trial-size cache and, with MUTATION_CLEAR_JAX=1, all of JAX's
+# caches (slower: everything recompiles; use it where module-level jitted functions call the
+# mutated code).
 set -euo pipefail
 
 module=${1:?usage: tools/mutation.sh fl_privacy/<module>.py [test files ...]}
@@ -37,12 +47,41 @@ done
   echo 'also_copy ='
   echo '    configs'
   echo '    experiments'
+  echo '    mutation_reset.py'
   echo 'pytest_add_cli_args_test_selection ='
   for t in "$@"; do echo "    $t"; done
+  echo "timeout_multiplier = ${MUTATION_TIMEOUT_MULTIPLIER:-15}"
+  echo "timeout_constant = ${MUTATION_TIMEOUT_CONSTANT:-1}"
   echo 'pytest_add_cli_args ='
   echo '    -p'
   echo '    no:cacheprovider'
+  echo '    -p'
+  echo '    mutation_reset'
 } >> "$work/setup.cfg"
+cat > "$work/mutation_reset.py" <<'PY'
+"""pytest plugin (mutation runs only): forget cached traces before each mutant's tests."""
+import functools
+import os
+import sys
+
+
+def pytest_sessionstart(session):
+  del session
+  if '__mutmut_' not in os.environ.get('MUTANT_UNDER_TEST', ''):
+    return
+  for name, module in list(sys.modules.items()):
+    if not name.startswith('fl_privacy') or module is None:
+      continue
+    for value in list(vars(module).values()):
+      if isinstance(value, functools._lru_cache_wrapper):
+        value.cache_clear()
+  runner = sys.modules.get('fl_privacy.eval.runner')
+  if runner is not None:
+    runner._TRIAL_BYTES.clear()
+  if os.environ.get('MUTATION_CLEAR_JAX') == '1':
+    import jax
+    jax.clear_caches()
+PY
 
 cd "$work"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
