@@ -307,3 +307,67 @@ def test_hosts_run_their_slices_and_the_gather_is_trimmed(monkeypatch):
     out = run_as(p, gather)
     assert out.shape == (n - start,)
     np.testing.assert_array_equal(out, reference)
+
+
+# --- what run_trials does matches plan(), and padding stays in range ----------------------
+
+@pytest.mark.parametrize('kw', [dict(), dict(chunk_size=10), dict(start=7), dict(chunk_size=4)])
+def test_run_trials_splits_as_plan_says(kw):
+  key, n = jax.random.key(3), 50
+  per = runner.trial_bytes(_trial, key, _args())
+  budget = dict(batch_bytes=3 * per)
+  want = runner.plan(_trial, key, n, args=_args(), **budget, **kw)
+  calls = []
+  remove = runner.add_chunk_listener(lambda *a: calls.append(a))
+  try:
+    out = runner.run_trials(_trial, key, n, args=_args(), progress=False, **budget, **kw)
+  finally:
+    remove()
+  count = n - kw.get('start', 0)
+  chunks = -(-count // want['chunk'])
+  assert [c[:2] for c in calls] == [((i + 1) * want['chunk'], chunks * want['chunk'])
+                                    for i in range(chunks)]
+  np.testing.assert_array_equal(out['index'], np.arange(n - count, n))
+
+
+def test_padding_repeats_the_last_trial_and_never_passes_the_end():
+  seen = []
+
+  def trial(key, index):
+    jax.debug.callback(lambda i: seen.append(np.asarray(i).copy()), index)
+    return jax.random.bits(key, (), jnp.uint32)
+
+  out = runner.run_trials(trial, jax.random.key(4), 23, chunk_size=5, progress=False)
+  indices = np.concatenate([np.ravel(s) for s in seen])
+  assert indices.max() == 22 and indices.min() == 0
+  assert set(indices.tolist()) == set(range(23))  # 25 slots: 22 repeated in the padding
+  assert out.shape == (23,)
+
+
+def test_unhashable_trials_run_uncached():
+  key = jax.random.key(6)
+  out = runner.run_trials(_Unhashable(3), key, 5, chunk_size=2, progress=False)
+  for i in range(5):
+    np.testing.assert_array_equal(out[i], jax.random.uniform(jax.random.fold_in(key, i), (3,)))
+
+
+def test_group_width_is_an_integer_count():
+  key, args = jax.random.key(3), _args()
+  per = runner.trial_bytes(_trial, key, args)
+  width = runner.group_width(_trial, key, args, 10 * per + per // 2)
+  assert width == 10 and type(width) is int
+  # A one-byte trial (a bool outcome, no temporaries) is a known size, not an unknown one.
+  tiny = lambda key, index: index > 0
+  assert runner.trial_bytes(tiny, key, ()) == 1
+  assert runner.group_width(tiny, key, (), 100) == 100
+
+
+def test_group_width_without_analysis_and_a_tiny_budget(monkeypatch):
+  monkeypatch.setattr(runner, 'trial_bytes', lambda *a, **k: 0)
+  assert runner.group_width(_trial, jax.random.key(3), _args(), 1) == 1
+
+
+def test_empty_run_keeps_every_outcome_dtype():
+  out = runner.run_trials(_trial, jax.random.key(3), 10, start=10, args=_args(), progress=False)
+  assert {k: (v.shape, v.dtype) for k, v in out.items()} == {
+      'bit': ((0,), np.bool_), 'score': ((0,), np.float32), 'index': ((0,), np.int32)}
