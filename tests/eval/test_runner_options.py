@@ -218,8 +218,8 @@ def test_listener_sees_done_total_and_elapsed_after_every_chunk(monkeypatch):
 
 
 def test_progress_line_per_chunk(monkeypatch):
-  # 0, 0: a chunk that took no time at all must not divide by zero.
-  clock = _Clock([0.0, 0.0, 0.25, 1.0, 3.0])
+  # 10, 10: a chunk that took no time at all must not divide by zero.
+  clock = _Clock([10.0, 10.0, 10.25, 11.0, 13.0])
   monkeypatch.setattr(runner, 'time', types.SimpleNamespace(perf_counter=clock.perf_counter))
   lines = []
   monkeypatch.setattr(runner, 'logging',
