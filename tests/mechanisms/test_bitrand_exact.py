@@ -119,6 +119,7 @@ def test_claimed_vs_implied_reports_its_inputs():
     dict(int_bits=3, frac_bits=2, sign_bit=False, honour_sign=True),
     dict(int_bits=4, frac_bits=6, sign_bit=True, honour_sign=False),
     dict(num_features=512, alpha=0.05, rng_bits=16),
+    dict(num_features=1),  # r sets the bound on alpha (1 vs d = 40: a 1.5x larger alpha)
 ])
 def test_randomize_is_encode_flip_decode(kw):
   x = jnp.asarray(np.random.default_rng(4).uniform(-12, 12, (6, 40)), jnp.float32)
@@ -153,4 +154,34 @@ def test_bad_values_name_the_rule():
   with pytest.raises(validate.ConfigError) as e:
     bitrand.thresholds(np.array([0.5]), 8)
   assert (e.value.field, e.value.allowed, e.value.got) == ('rng_bits', 'one of (32, 16)', 8)
+  with pytest.raises(validate.ConfigError) as e:
+    bitrand.log_odds(-1.0, 8, 10, alpha=0.5)  # a given alpha does not skip the epsilon check
+  assert e.value.field == 'epsilon'
   bitrand.check_epsilon(1e-300)  # tiny but positive is fine
+
+
+def test_per_bit_epsilon_with_the_bound_or_a_given_alpha():
+  a = bitrand.alpha(2.0, 64, 10)
+  np.testing.assert_allclose(bitrand.per_bit_epsilon(2.0, 64, 10),
+                             np.abs(math.log(a) + np.arange(10) * 0.2), rtol=1e-12)
+  np.testing.assert_allclose(bitrand.per_bit_epsilon(2.0, 64, 10, alpha=0.5),
+                             np.abs(math.log(0.5) + np.arange(10) * 0.2), rtol=1e-12)
+  q = bitrand.flip_probabilities(2.0, 64, 10)
+  t = np.round(q * 2.0**32) / 2.0**32
+  np.testing.assert_allclose(bitrand.per_bit_epsilon(2.0, 64, 10, rng_bits=32),
+                             np.abs(np.log(t / (1 - t))), rtol=1e-9)
+  given = bitrand.claimed_vs_implied(2.0, 64, 10, alpha=0.5)
+  np.testing.assert_allclose(given['per_bit'], np.abs(math.log(0.5) + np.arange(10) * 0.2),
+                             rtol=1e-12)
+
+
+def test_thresholds_are_clipped_uint32_words_for_any_float_input():
+  q = np.array([-0.25, 0.0, 0.5, 1.0, 1.5])
+  want = np.array([0, 0, 2**31, 2**32 - 1, 2**32 - 1], np.uint32)
+  for values in (q, q.astype(np.float32)):  # float32 input: still computed in float64
+    got = bitrand.thresholds(values)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(bitrand.thresholds(q, 16), [0, 0, 2**15, 2**16 - 1, 2**16 - 1])
+  traced = np.asarray(jax.jit(bitrand.thresholds)(jnp.asarray(q, jnp.float32)))
+  np.testing.assert_array_equal(traced, [0, 0, 2**31, 2**32 - 256, 2**32 - 256])
