@@ -312,11 +312,20 @@ def craft_targets(key, config, state, randomize, ldp: bool):
 def play(key, config, state, neurons, mechanism, epsilon, randomize, calibrated=None):
   """Runs the security game; returns (outcomes, extra metrics).
 
-  With `calibrated` neurons (fast paths under LDP or a defense), every trial also scores its
-  randomized batch with them: the outcomes then carry `decision_variant` / `score_variant`,
-  identical to a second run with the same key, at the cost of one activation instead of a
-  second randomization. Otherwise the caller replays the game with them.
+  With `calibrated` neurons the outcomes also carry `decision_variant` / `score_variant`: the
+  same trials (same key: same batches and randomization) decided by them. The fast paths under
+  LDP or a defense score each randomized batch with both neurons in one run; the others
+  (no LDP: a gather of precomputed values; the literal gradient path) replay the game.
   """
+  out, extra = _play(key, config, state, neurons, mechanism, epsilon, randomize, calibrated)
+  if calibrated is not None and 'decision_variant' not in out:
+    other, _ = _play(key, config, state, calibrated, mechanism, epsilon, randomize)
+    out = dict(out, decision_variant=other['decision'], score_variant=other['score'])
+  return out, extra
+
+
+def _play(key, config, state, neurons, mechanism, epsilon, randomize, calibrated=None):
+  # `calibrated` is honoured only where it costs one activation (the fast LDP/defense paths).
   a = config.ami
   enc = state['encoding']
   d = state['pool_x'].shape[1]
@@ -476,22 +485,14 @@ def _game_point(key, config, state, mechanism: str, epsilon: float | None, workd
   craft_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   # Our extension (the calibrated bias) is scored on the very same trials as the paper's
-  # rule (same key: same batches and randomization), so the difference is the calibration
-  # alone; the fast paths score both neurons on each randomized batch in one run.
-  together = calibrated is not None and (ldp or state.get('defense') is not None) and (
-      a.decision_path != 'gradient')
-  out, extra = play(k_game, config, state, neurons, mechanism, epsilon, randomize,
-                    calibrated if together else None)
+  # rule, so the difference is the calibration alone.
+  out, extra = play(k_game, config, state, neurons, mechanism, epsilon, randomize, calibrated)
   game_s = time.perf_counter() - t0
   m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
   m.update(extra)
   if calibrated is not None:
-    if together:
-      out_c = {'b': out['b'], 'decision': out['decision_variant'],
-               'score': out['score_variant']}
-    else:
-      out_c, _ = play(k_game, config, state, calibrated, mechanism, epsilon, randomize)
-    m.update(calibrated_metrics(out_c))
+    m.update(calibrated_metrics({'b': out['b'], 'decision': out['decision_variant'],
+                                 'score': out['score_variant']}))
   m['trials_per_s'] = int(a.num_trials) / max(game_s, 1e-9)
   m['craft_s'] = craft_s
   steps = np.asarray(report.steps)

@@ -666,8 +666,9 @@ def sweep(config, state, store, key) -> None:
   artifacts = ArtifactStore(store.workdir, TRAINED)
   plan = attack_plan(config)
   losses_for_figure = {}
-  progress.plan(len(trainings(config)) * len(plan))
-  for tr in trainings(config):
+  todo_trainings = trainings(config)
+  progress.plan(len(todo_trainings) * len(plan))
+  for tr in todo_trainings:
     arrays = None
     todo = [p for p in (point_params(tr, a, t) for a, t in plan) if store.get(p) is None]
     if todo or tr['defense'] in ('none', 'pastel'):
