@@ -11,7 +11,7 @@ second (K x E x J steps per round).
 
   python -m benchmarks.pastel_train                        # digits MLP and a small ResNet round
   python -m benchmarks.pastel_train --models=mlp
-  python -m benchmarks.pastel_train --models=resnet --modes=lambda=0,activation --repeats=1
+  python -m benchmarks.pastel_train --models=resnet --repeats=1   # ~7 min on 2 CPU cores
   python -m benchmarks.pastel_train --resnet_clients=4 --resnet_examples=128   # GPU
 
 Models: the digits MLP(128, 64) on 8x8 digits (K = 5, 230 members and 57 held-out rows each,

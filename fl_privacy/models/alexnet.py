@@ -14,6 +14,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fl_privacy.models import cnn
+
 
 def _pad(p: int):
   return ((p, p), (p, p))
@@ -24,15 +26,20 @@ class AlexNetCifar(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
+    conv_impl: 'auto' (im2col + matmul on CPU, XLA's convolution elsewhere), 'xla' or
+      'im2col' (`cnn.Im2colConv`: same parameters, same function up to float rounding; see
+      there why CPU training loops need it).
   """
   num_classes: int = 100
+  conv_impl: str = 'auto'
 
   def setup(self):
-    self.conv1 = nn.Conv(64, (11, 11), strides=(4, 4), padding=_pad(5))
-    self.conv2 = nn.Conv(192, (5, 5), padding=_pad(2))
-    self.conv3 = nn.Conv(384, (3, 3), padding=_pad(1))
-    self.conv4 = nn.Conv(256, (3, 3), padding=_pad(1))
-    self.conv5 = nn.Conv(256, (3, 3), padding=_pad(1))
+    conv = lambda *a, **kw: cnn.make_conv(self.conv_impl, *a, **kw)
+    self.conv1 = conv(64, (11, 11), strides=(4, 4), padding=_pad(5))
+    self.conv2 = conv(192, (5, 5), padding=_pad(2))
+    self.conv3 = conv(384, (3, 3), padding=_pad(1))
+    self.conv4 = conv(256, (3, 3), padding=_pad(1))
+    self.conv5 = conv(256, (3, 3), padding=_pad(1))
     self.fc1 = nn.Dense(self.num_classes)
 
   def embed(self, x: jnp.ndarray) -> jnp.ndarray:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fl_privacy.models import cnn
+
 STAGES = (64, 128, 256, 512)
 BLOCKS_PER_STAGE = 2
 GROUPS = 32
@@ -19,10 +21,10 @@ GROUPS = 32
 GN_EPSILON = 1e-5
 
 
-def _conv3x3(features: int, stride: int, name: str | None = None) -> nn.Conv:
+def _conv3x3(impl: str, features: int, stride: int, name: str | None = None) -> nn.Module:
   # Explicit symmetric padding: 'SAME' pads a stride-2 conv asymmetrically.
-  return nn.Conv(features, (3, 3), strides=(stride, stride),
-                 padding=((1, 1), (1, 1)), use_bias=False, name=name)
+  return cnn.make_conv(impl, features, (3, 3), strides=(stride, stride),
+                       padding=((1, 1), (1, 1)), use_bias=False, name=name)
 
 
 def _norm(name: str | None = None) -> nn.GroupNorm:
@@ -35,20 +37,22 @@ class BasicBlockGN(nn.Module):
   Attributes:
     features: Output channels.
     stride: Stride of the first convolution and of the projection shortcut.
+    conv_impl: as `ResNet18GN.conv_impl`.
   """
   features: int
   stride: int = 1
+  conv_impl: str = 'auto'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    out = nn.relu(_norm('norm1')(_conv3x3(self.features, self.stride,
-                                          'conv1')(x)))
-    out = _norm('norm2')(_conv3x3(self.features, 1, 'conv2')(out))
+    out = nn.relu(_norm('norm1')(_conv3x3(self.conv_impl, self.features,
+                                          self.stride, 'conv1')(x)))
+    out = _norm('norm2')(_conv3x3(self.conv_impl, self.features, 1, 'conv2')(out))
     shortcut = x
     if self.stride != 1 or x.shape[-1] != self.features:
-      shortcut = nn.Conv(self.features, (1, 1),
-                         strides=(self.stride, self.stride), padding='VALID',
-                         use_bias=False, name='conv_shortcut')(x)
+      shortcut = cnn.make_conv(self.conv_impl, self.features, (1, 1),
+                               strides=(self.stride, self.stride), padding='VALID',
+                               use_bias=False, name='conv_shortcut')(x)
       shortcut = _norm('norm_shortcut')(shortcut)
     return nn.relu(out + shortcut)
 
@@ -62,18 +66,23 @@ class ResNet18GN(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
+    conv_impl: 'auto' (im2col + matmul on CPU, XLA's convolution elsewhere), 'xla' or
+      'im2col' (`cnn.Im2colConv`: same parameters, same function up to float rounding). On
+      CPU, XLA's convolutions inside the local-training loop run about 40x slower than
+      outside it (see `cnn.Im2colConv`); im2col avoids that.
   """
   num_classes: int = 10
+  conv_impl: str = 'auto'
 
   def setup(self):
-    self.conv1 = _conv3x3(STAGES[0], 1)
+    self.conv1 = _conv3x3(self.conv_impl, STAGES[0], 1)
     self.norm1 = _norm()
     index = 0
     for stage, features in enumerate(STAGES):
       for block in range(BLOCKS_PER_STAGE):
         index += 1
         stride = 2 if stage > 0 and block == 0 else 1
-        setattr(self, f'block{index}', BasicBlockGN(features, stride))
+        setattr(self, f'block{index}', BasicBlockGN(features, stride, self.conv_impl))
     self.num_blocks = index
     self.fc1 = nn.Dense(self.num_classes)
 

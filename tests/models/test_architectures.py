@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,3 +145,49 @@ def test_make_by_name():
   with pytest.raises(ConfigError) as err:
     models.make('vgg', 10)
   assert err.value.field == 'model'
+
+
+@pytest.mark.parametrize('kernel, strides, padding, use_bias, side', [
+    ((3, 3), (1, 1), ((1, 1), (1, 1)), False, 8),   # ResNet's 3x3
+    ((3, 3), (2, 2), ((1, 1), (1, 1)), False, 8),   # ResNet's strided 3x3
+    ((1, 1), (2, 2), 'VALID', False, 8),            # ResNet's projection shortcut
+    ((11, 11), (4, 4), ((5, 5), (5, 5)), True, 16),  # AlexNet's conv1
+    ((5, 5), (1, 1), 'SAME', True, 7),              # FlowerCNN on digits
+    ((4, 4), (3, 2), 'SAME', True, 9),              # asymmetric 'SAME' with strides
+    ((2, 3), (1, 2), ((0, 2), (1, 0)), True, 6),    # uneven kernel and padding
+])
+def test_im2col_conv_is_nn_conv(kernel, strides, padding, use_bias, side):
+  """Im2colConv has nn.Conv's parameters and computes its function and gradients."""
+  x = jax.random.normal(jax.random.key(3), (2, side, side + 1, 3))
+  kw = dict(strides=strides, padding=padding, use_bias=use_bias)
+  ref, ours = nn.Conv(5, kernel, **kw), models.cnn.Im2colConv(5, kernel, **kw)
+  variables = jax.jit(ref.init)(KEY, x)
+  chex.assert_trees_all_equal(variables, jax.jit(ours.init)(KEY, x))
+  if use_bias:  # a non-zero bias, so that a dropped bias shows
+    variables = jax.tree_util.tree_map(lambda v: v + 0.5, variables)
+
+  @jax.jit
+  def outputs_and_grads(v, x):
+    loss = lambda m: lambda v, x: jnp.sum(jnp.sin(m.apply(v, x)))
+    return [(m.apply(v, x), jax.grad(loss(m), argnums=(0, 1))(v, x)) for m in (ours, ref)]
+
+  (out, grads), (ref_out, ref_grads) = outputs_and_grads(variables, x)
+  np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(grads, ref_grads, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('make, shape', [
+    (lambda impl: models.ResNet18GN(10, conv_impl=impl), (2, 8, 8, 3)),
+    (lambda impl: models.AlexNetCifar(10, conv_impl=impl), (2, 16, 16, 3)),
+])
+def test_im2col_form_of_resnet_and_alexnet(make, shape):
+  """The CPU form (im2col) has the same parameters and logits as XLA's convolutions."""
+  x = jax.random.uniform(jax.random.key(4), shape)
+  xla, im2col = make('xla'), make('im2col')
+  variables = _random_variables(xla, x)
+  chex.assert_trees_all_equal_shapes(variables, jax.eval_shape(im2col.init, KEY, x))
+  np.testing.assert_allclose(jax.jit(im2col.apply)(variables, x),
+                             jax.jit(xla.apply)(variables, x), rtol=1e-4, atol=1e-4)
+  assert make('auto').conv_impl == 'auto'
+  with pytest.raises(ValueError, match='conv_impl'):
+    make('fft').init(KEY, x)
