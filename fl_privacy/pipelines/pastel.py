@@ -78,7 +78,7 @@ SUMMARY = summary.Table('PASTEL (attack AUC and accuracy: 95% intervals)', (
     summary.param('defense'), summary.param('strength'), summary.param('optimizer'),
     summary.param('attack'), summary.param('target'), summary.rate('attack_auc', 'AUC'),
     summary.rate('tpr_at_fpr_1e-2', 'TPR@1%FPR'), summary.rate('accuracy', 'test acc.'),
-    summary.metric('dp_epsilon', 'DP eps', digits=2), summary.seconds()))
+    summary.metric('dp_epsilon', 'DP eps', digits=2, nan='-'), summary.seconds()))
 # Rows the internal-gap diagnostic (jsd_last_round) reads per client (memory on big models).
 _JSD_ROWS = 512
 

@@ -88,10 +88,17 @@ def param(name: str, title: str | None = None) -> Column:
   return Column(title or name, cell)
 
 
-def metric(name: str, title: str | None = None, digits: int = 3) -> Column:
-  """A metric with `digits` decimals (integers keep their digits)."""
-  return Column(title or name,
-                lambda p: _fmt(p.get('metrics', {}).get(name), digits))
+def metric(name: str, title: str | None = None, digits: int = 3,
+           nan: str = 'nan') -> Column:
+  """A metric with `digits` decimals (integers keep their digits); NaN prints as `nan`.
+
+  `nan='-'` suits a metric that is NaN by design where it does not apply (a DP epsilon of
+  a defense that is not DP).
+  """
+  def cell(p):
+    text = _fmt(p.get('metrics', {}).get(name), digits)
+    return nan if text == 'nan' else text
+  return Column(title or name, cell)
 
 
 def rate(name: str, title: str | None = None, digits: int = 3) -> Column:

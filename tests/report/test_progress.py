@@ -100,6 +100,10 @@ def test_summary_formats_bounds_flags_and_missing_values():
   assert summary.bound('eps_emp', 'eps_emp_lower').cell(p) == 'inf [7.22]'
   assert summary.flag('v', 'violation').cell(p) == 'YES'
   assert summary.metric('absent').cell(p) == '-'
+  q = {'params': {}, 'metrics': {'dp_epsilon': 'nan', 'x': float('nan'), 'e': 4.0}}
+  assert summary.metric('x').cell(q) == 'nan'
+  assert summary.metric('dp_epsilon', nan='-').cell(q) == '-'
+  assert summary.metric('e', nan='-', digits=2).cell(q) == '4.00'
   assert summary.format_duration(3725) == '1:02:05'
   assert summary.format_duration(65) == '1:05'
 
