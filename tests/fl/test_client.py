@@ -146,3 +146,35 @@ def test_data_hook_mask_restricts_training_to_the_kept_rows(setup):
                      **kw)
   want = local.fedavg(loss_fn, params, x[:4], y[:4], mask=jnp.ones(4), **kw)
   chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_client_update_passes_hooks_mask_and_aux_to_fedavg(setup):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  # No hooks: Delta = w_t - w_local of plain FedAvg.
+  upload, trained = local.client_update(loss_fn, params, x, y, **kw)
+  plain = local.fedavg(loss_fn, params, x, y, **kw)
+  chex.assert_trees_all_equal(trained, plain)
+  chex.assert_trees_all_equal(upload, client.update(params, plain))
+
+  def scale_batch(key, xb, yb, mb, aux):
+    del key
+    return xb * aux, yb, mb
+
+  def scaled_noisy_upload(key, delta, aux):
+    return jax.tree_util.tree_map(lambda d: aux * d + jax.random.uniform(key), delta)
+
+  hooks = client.ClientHooks(batch=scale_batch, upload=scaled_noisy_upload)
+  mask = jnp.asarray([1, 1, 0, 1, 1, 1, 1], jnp.float32)
+  aux = jnp.float32(3.0)
+  upload, trained = local.client_update(loss_fn, params, x, y, hooks=hooks, mask=mask, aux=aux,
+                                        **kw)
+  want = local.fedavg(loss_fn, params, x, y, hooks=hooks, mask=mask, aux=aux, **kw)
+  chex.assert_trees_all_equal(trained, want)
+  noise = jax.random.uniform(client.upload_key(KEY))
+  chex.assert_trees_all_close(upload, jax.tree_util.tree_map(
+      lambda g, l: 3.0 * (g - l) + noise, params, want), rtol=1e-6, atol=1e-7)
+  # The hooks and the mask change training, so dropping either would show.
+  for other in (plain, local.fedavg(loss_fn, params, x, y, hooks=hooks, aux=aux, **kw),
+                local.fedavg(loss_fn, params, x, y, mask=mask, **kw)):
+    assert not np.allclose(want['params']['fc1']['kernel'], other['params']['fc1']['kernel'])
