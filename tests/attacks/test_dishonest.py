@@ -137,8 +137,16 @@ def test_eps_gradient_is_the_indicator_of_eq4(crafted):
 def test_craft_rejects_m_beyond_features_or_fc1():
   model = models.FlowerCNN(10, padding='SAME')
   variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
-  with pytest.raises(ValueError, match='M=61'):
+  with pytest.raises(ValueError, match=r'^M=61 needs M <= 64 features and 2M <= 120 units of fc1$'):
     dishonest.craft(variables, jnp.ones(64), 0, 61, EPS)
+  dishonest.craft(variables, jnp.ones(64), 0, 60, EPS)  # 2M = 120 units: fits exactly
+  with pytest.raises(ValueError, match=r'^fc1 takes 64 inputs, features have 63$'):
+    dishonest.craft(variables, jnp.ones(63), 0, 4, EPS)
+  # 4x4 inputs: 16 trunk features, so M = 17 exceeds the features while 2M fits fc1.
+  small = model.init(jax.random.key(0), jnp.zeros((1, 4, 4, 1)))
+  with pytest.raises(ValueError, match=r'^M=17 needs M <= 16 features and 2M <= 120 units'):
+    dishonest.craft(small, jnp.ones(16), 0, 17, EPS)
+  dishonest.craft(small, jnp.arange(16.0), 0, 16, EPS)  # M = F
 
 
 def test_delta_statistic_eq9():
