@@ -178,3 +178,15 @@ def test_client_update_passes_hooks_mask_and_aux_to_fedavg(setup):
   for other in (plain, local.fedavg(loss_fn, params, x, y, hooks=hooks, aux=aux, **kw),
                 local.fedavg(loss_fn, params, x, y, mask=mask, **kw)):
     assert not np.allclose(want['params']['fc1']['kernel'], other['params']['fc1']['kernel'])
+
+
+def test_masked_order_checks_and_batches_of_one():
+  mask = jnp.asarray([1, 0, 1, 1], jnp.float32)
+  with pytest.raises(ValueError, match=r'^batch_size must be >= 1 \(got 0\)$'):
+    local.masked_batch_order(KEY, mask, epochs=1, batch_size=0)
+  with pytest.raises(ValueError, match=r'^epochs must be >= 1 \(got 0\)$'):
+    local.masked_batch_order(KEY, mask, epochs=0, batch_size=2)
+  order, valid = local.masked_batch_order(KEY, mask, epochs=1, batch_size=1, shuffle=False)
+  np.testing.assert_array_equal(order, [[[0], [2], [3], [1]]])
+  np.testing.assert_array_equal(valid, [[[1], [1], [1], [0]]])
+  assert order.dtype == jnp.int32 and valid.dtype == jnp.float32
