@@ -190,3 +190,19 @@ def test_masked_order_checks_and_batches_of_one():
   np.testing.assert_array_equal(order, [[[0], [2], [3], [1]]])
   np.testing.assert_array_equal(valid, [[[1], [1], [1], [0]]])
   assert order.dtype == jnp.int32 and valid.dtype == jnp.float32
+
+
+def test_masked_order_is_the_documented_sort_of_real_rows():
+  """Epoch e sorts the real rows by bits(fold_in(fold_in(key, e), rank)), ties by index."""
+  mask = np.asarray([0, 1, 1, 0, 1, 1, 1, 0, 1], np.float32)  # 6 real rows, capacity 9
+  key = jax.random.key(4)
+  order, valid = local.masked_batch_order(key, jnp.asarray(mask), epochs=2, batch_size=4)
+  assert order.shape == (2, 3, 4) and valid.shape == (2, 3, 4)
+  real_rows = np.flatnonzero(mask)
+  for e in range(2):
+    epoch_key = jax.random.fold_in(key, e)
+    u = [int(jax.random.bits(jax.random.fold_in(epoch_key, r), (), jnp.uint32))
+         for r in range(len(real_rows))]
+    want = real_rows[np.lexsort((real_rows, u))]
+    np.testing.assert_array_equal(np.asarray(order[e]).reshape(-1)[:6], want)
+    np.testing.assert_array_equal(np.asarray(valid[e]).reshape(-1), [1] * 6 + [0] * 6)
