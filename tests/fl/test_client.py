@@ -206,3 +206,45 @@ def test_masked_order_is_the_documented_sort_of_real_rows():
     want = real_rows[np.lexsort((real_rows, u))]
     np.testing.assert_array_equal(np.asarray(order[e]).reshape(-1)[:6], want)
     np.testing.assert_array_equal(np.asarray(valid[e]).reshape(-1), [1] * 6 + [0] * 6)
+
+
+def test_hooks_get_the_documented_keys(setup):
+  """data: data_key; step (e, j): batch fold_in(step_key, 0), loss 1, grad 2."""
+  loss_fn, params, x, y = setup
+  seen = {'data': [], 'batch': [], 'loss': [], 'grad': []}
+
+  def record(name, key):
+    jax.debug.callback(lambda k: seen[name].append(np.asarray(k)), jax.random.key_data(key))
+
+  def data(key, xs, ys, mask, aux):
+    record('data', key)
+    return client.IDENTITY.data(key, xs, ys, mask, aux)
+
+  def batch(key, xb, yb, mb, aux):
+    record('batch', key)
+    return xb, yb, mb
+
+  def loss(key, fn, p, xb, yb, mb, aux):
+    record('loss', key)
+    return client.IDENTITY.loss(key, fn, p, xb, yb, mb, aux)
+
+  def grad(key, per_example, mask):
+    record('grad', key)
+    return jax.tree_util.tree_map(lambda g: jnp.tensordot(mask, g, axes=1), per_example)
+
+  def want(key, steps, salt):
+    return [jax.random.key_data(jax.random.fold_in(client.step_key(key, e, j), salt))
+            for e in range(2) for j in range(steps)]
+
+  kw = dict(optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  key = jax.random.key(9)
+  # Data hook: the shard gets a mask, so 3 steps per epoch (the last one partial).
+  local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(
+      data=data, batch=batch, loss=loss), **kw)
+  np.testing.assert_array_equal(seen['data'], [jax.random.key_data(client.data_key(key))])
+  np.testing.assert_array_equal(seen['batch'], want(key, 3, 0))
+  np.testing.assert_array_equal(seen['loss'], want(key, 3, 1))
+  # Unpadded shard, grad hook: 7 // 3 = 2 steps per epoch.
+  seen = {name: [] for name in seen}
+  local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(grad=grad), **kw)
+  np.testing.assert_array_equal(seen['grad'], want(key, 2, 2))
