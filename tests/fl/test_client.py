@@ -216,17 +216,18 @@ def test_hooks_get_the_documented_keys(setup):
   def record(name, key):
     jax.debug.callback(lambda k: seen[name].append(np.asarray(k)), jax.random.key_data(key))
 
+  # Each hook also multiplies by aux (1.0), so a hook that did not get aux would fail.
   def data(key, xs, ys, mask, aux):
     record('data', key)
-    return client.IDENTITY.data(key, xs, ys, mask, aux)
+    return xs * aux, ys, mask
 
   def batch(key, xb, yb, mb, aux):
     record('batch', key)
-    return xb, yb, mb
+    return xb * aux, yb, mb
 
   def loss(key, fn, p, xb, yb, mb, aux):
     record('loss', key)
-    return client.IDENTITY.loss(key, fn, p, xb, yb, mb, aux)
+    return aux * client.IDENTITY.loss(key, fn, p, xb, yb, mb, None)
 
   def grad(key, per_example, mask):
     record('grad', key)
@@ -240,7 +241,7 @@ def test_hooks_get_the_documented_keys(setup):
   key = jax.random.key(9)
   # Data hook: the shard gets a mask, so 3 steps per epoch (the last one partial).
   local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(
-      data=data, batch=batch, loss=loss), **kw)
+      data=data, batch=batch, loss=loss), aux=jnp.float32(1.0), **kw)
   np.testing.assert_array_equal(seen['data'], [jax.random.key_data(client.data_key(key))])
   np.testing.assert_array_equal(seen['batch'], want(key, 3, 0))
   np.testing.assert_array_equal(seen['loss'], want(key, 3, 1))
