@@ -198,6 +198,11 @@ def _game(opt, m=4, j=2, e=1):
                         optimizer=optimizers.make(opt, 1e-3, **kw))
 
 
+_PLAY_GAME = _game('sgd', m=8, j=1)
+# `play` of one game (M = 8, J = 1, SGD with momentum), compiled once for the tests that call it.
+_play = jax.jit(functools.partial(dishonest.play, _PLAY_GAME))
+
+
 @functools.lru_cache(maxsize=None)
 def _outcomes(opt):
   """24 runs (E = 2, J = 2, M = 4) of `opt` on digits, computed once per test session."""
@@ -266,10 +271,9 @@ def test_exact_duplicate_of_target_is_a_false_positive(digits):
   x, y = digits
   x = x.at[1].set(x[0])
   y = y.at[1].set(y[0])
-  game = _game('sgd', m=8, j=1)
   client = jnp.arange(1, 33, dtype=jnp.int32)
-  out = jax.jit(lambda xs, ys: dishonest.play(game, jax.random.key(0), jax.random.key(1), xs, ys,
-                                              client, jnp.int32(0), jnp.bool_(False)))(x, y)
+  out = _play(jax.random.key(0), jax.random.key(1), x, y, client, jnp.int32(0),
+              jnp.bool_(False))
   assert int(out['nearest']) == 1
   assert float(out['nearest_distance']) == 0.0
   assert int(out['num_activating']) == 1
@@ -299,3 +303,32 @@ def test_every_matmul_of_a_run_is_full_precision():
   assert len(found) > 10
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
   assert all(p == highest for p in found), set(map(str, found))
+
+
+def test_play_inside_and_outside_and_run_uses_its_documented_keys(digits):
+  """One member and one outside target through `play`; `run` = `play` on `draw_client`'s
+  data with init / data / train keys fold_in(key, 0 / 1 / 2)."""
+  x, y = digits
+  game = _PLAY_GAME
+  client = jnp.arange(1, 33, dtype=jnp.int32)
+  play = functools.partial(_play, jax.random.key(0), jax.random.key(1), x, y, client)
+  inside = play(jnp.int32(5), jnp.bool_(True))
+  assert bool(inside['member']) and int(inside['target']) == 5
+  assert float(inside['delta']) >= game.threshold and bool(inside['decision'])
+  assert int(inside['nearest']) != 5 and int(inside['num_activating']) == 0
+  outside = play(jnp.int32(40), jnp.bool_(False))
+  assert not bool(outside['member']) and int(outside['target']) == 40
+  assert float(outside['delta']) == 0.0 and not bool(outside['decision'])
+  assert int(outside['num_activating']) == 0
+  assert float(outside['nearest_distance']) > game.epsilon
+  assert int(outside['nearest']) in set(np.asarray(client).tolist())
+  # run = play on the drawn client.
+  key = jax.random.key(21)
+  got = jax.jit(lambda k, i: dishonest.run(game, k, i, x, y))(key, jnp.int32(3))
+  idx, target, member = dishonest.draw_client(jax.random.fold_in(key, 1), jnp.int32(3),
+                                              x.shape[0], game.num_examples)
+  want = _play(jax.random.fold_in(key, 0), jax.random.fold_in(key, 2), x, y, idx, target,
+               member)
+  assert set(got) == set(dishonest.OUTCOME_FIELDS)
+  for k in dishonest.OUTCOME_FIELDS:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
