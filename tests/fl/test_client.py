@@ -249,3 +249,20 @@ def test_hooks_get_the_documented_keys(setup):
   seen = {name: [] for name in seen}
   local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(grad=grad), **kw)
   np.testing.assert_array_equal(seen['grad'], want(key, 2, 2))
+
+
+def test_a_bool_mask_reaches_the_data_hook_as_float32(setup):
+  loss_fn, params, x, y = setup
+  dtypes = []
+
+  def data(key, xs, ys, mask, aux):
+    del key, aux
+    dtypes.append(mask.dtype)
+    return xs, ys, mask
+
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=3)
+  got = local.fedavg(loss_fn, params, x, y, mask=[True] * 6 + [False],
+                     hooks=client.ClientHooks(data=data), **kw)
+  assert dtypes == [jnp.float32]
+  want = local.fedavg(loss_fn, params, x, y, mask=jnp.asarray([1.0] * 6 + [0.0]), **kw)
+  chex.assert_trees_all_equal(got, want)
