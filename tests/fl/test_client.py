@@ -266,3 +266,14 @@ def test_a_bool_mask_reaches_the_data_hook_as_float32(setup):
   assert dtypes == [jnp.float32]
   want = local.fedavg(loss_fn, params, x, y, mask=jnp.asarray([1.0] * 6 + [0.0]), **kw)
   chex.assert_trees_all_equal(got, want)
+
+
+def test_hooked_unpadded_path_keeps_shuffle_false(setup):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  hooks = client.ClientHooks(upload=_upload_only)
+  plain = local.fedavg(loss_fn, params, x, y, shuffle=False, **kw)
+  hooked = local.fedavg(loss_fn, params, x, y, shuffle=False, hooks=hooks, **kw)
+  chex.assert_trees_all_equal(hooked, plain)
+  shuffled = local.fedavg(loss_fn, params, x, y, hooks=hooks, **kw)
+  assert not np.allclose(shuffled['params']['fc1']['kernel'], plain['params']['fc1']['kernel'])
