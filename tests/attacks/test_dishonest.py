@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +16,7 @@ from fl_privacy import data as data_lib
 from fl_privacy import models
 from fl_privacy.attacks import dishonest
 from fl_privacy.eval import runner
+from fl_privacy.fl import client as client_lib
 from fl_privacy.fl import losses
 from fl_privacy.fl import optimizers
 
@@ -183,6 +185,8 @@ def test_draw_client_halves_and_membership():
     idx = np.asarray(idx)
     assert len(set(idx)) == 32 and idx.max() < 100
     assert bool(member) == (i % 2 == 0) == (int(target) in idx)
+    # Reproducible draws: an inside target is the client's first example.
+    assert not bool(member) or int(target) == idx[0]
 
 
 @pytest.fixture(scope='module')
@@ -332,3 +336,41 @@ def test_play_inside_and_outside_and_run_uses_its_documented_keys(digits):
   assert set(got) == set(dishonest.OUTCOME_FIELDS)
   for k in dishonest.OUTCOME_FIELDS:
     np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+class _PixelNet(nn.Module):
+  """Raw pixels as the trunk and dense layers not named fc1..fc3: the game's `layers`."""
+
+  def setup(self):
+    self.first = nn.Dense(16)
+    self.second = nn.Dense(8)
+    self.out = nn.Dense(10)
+
+  def embed(self, x):
+    return x.reshape((x.shape[0], -1))
+
+  def head(self, h):
+    return self.out(nn.relu(self.second(nn.relu(self.first(h)))))
+
+  def __call__(self, x):
+    return self.head(self.embed(x))
+
+
+def _double_upload(key, delta, aux):
+  del key, aux
+  return jax.tree.map(lambda d: 2.0 * d, delta)
+
+
+def test_play_uses_the_games_layers_and_the_upload_hook(digits):
+  """The server reads w_t - upload: an upload hook that doubles Delta doubles Eq. (9)'s Delta."""
+  x, y = digits
+  games = [dishonest.Game(model=_PixelNet(), num_components=4, num_batches=1, epochs=1,
+                          batch_size=32, optimizer=optimizers.make('sgd', 1e-3),
+                          layers=('first', 'second', 'out'), hooks=hooks)
+           for hooks in (None, client_lib.ClientHooks(upload=_double_upload))]
+  client = jnp.arange(1, 33, dtype=jnp.int32)
+  plain, doubled = (jax.jit(functools.partial(dishonest.play, game))(
+      jax.random.key(0), jax.random.key(1), x, y, client, jnp.int32(5), jnp.bool_(True))
+                    for game in games)
+  assert float(plain['delta']) >= 0.1
+  np.testing.assert_allclose(doubled['delta'], 2 * plain['delta'], rtol=1e-4)
