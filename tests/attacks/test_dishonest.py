@@ -320,6 +320,7 @@ def test_play_inside_and_outside_and_run_uses_its_documented_keys(digits):
   assert bool(inside['member']) and int(inside['target']) == 5
   assert float(inside['delta']) >= game.threshold and bool(inside['decision'])
   assert int(inside['nearest']) != 5 and int(inside['num_activating']) == 0
+  assert inside['num_activating'].dtype == jnp.int32
   outside = play(jnp.int32(40), jnp.bool_(False))
   assert not bool(outside['member']) and int(outside['target']) == 40
   assert float(outside['delta']) == 0.0 and not bool(outside['decision'])
