@@ -177,6 +177,12 @@ def test_server_step_is_one_optimizer_step_on_the_target(crafted):
   chex.assert_trees_all_close(stepped, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
   # The target fires the detector, so its own step moves eps.
   assert float(dishonest.detector_bias({'params': stepped})) != pytest.approx(EPS, abs=1e-9)
+  # The optimizer sees the parameters (coupled weight decay reads them).
+  decayed = jax.jit(lambda params, x: dishonest.server_step(
+      loss_fn, params, x[0], jnp.int32(3), optimizers.make('sgd', 0.5, weight_decay=0.1)))(
+          params, x)
+  chex.assert_trees_all_close(
+      decayed, jax.tree.map(lambda p, g: p - 0.5 * (g + 0.1 * p), params, grads))
 
 
 def test_draw_client_halves_and_membership():
