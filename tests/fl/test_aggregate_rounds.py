@@ -36,6 +36,11 @@ def test_mean_and_weighted_mean_match_numpy():
                               rtol=1e-6)
   np.testing.assert_allclose(aggregate.mean(trees)['a'], trees['a'].mean(0),
                              rtol=1e-6)
+  # A half-precision tree stays half precision (the weights take the leaf's dtype).
+  half = aggregate.weighted_mean({'h': jnp.asarray(trees['a'], jnp.float16)}, weights)
+  assert half['h'].dtype == jnp.float16
+  np.testing.assert_allclose(half['h'], np.average(trees['a'], 0, weights), rtol=2e-3,
+                             atol=2e-3)
 
 
 @pytest.fixture(scope='module')
