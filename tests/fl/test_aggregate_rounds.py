@@ -225,6 +225,10 @@ def test_participation_fraction_outside_0_1_is_rejected():
     with pytest.raises(ValueError,
                        match=rf'^participation fraction must be in \(0, 1\] \(got {bad}\)$'):
       rounds.participants(KEY, 0, 4, bad)
+  # Everyone takes part at fraction 1, as a bool mask like the drawn ones.
+  for fraction in (1.0, 0.5):
+    parts = rounds.participants(KEY, 0, 4, fraction)
+    assert parts.dtype == jnp.bool_ and parts.shape == (4,)
   # A tenth of 4 clients rounds to 0: still one participant.
   np.testing.assert_array_equal(
       jax.vmap(lambda t: rounds.participants(KEY, t, 4, 0.1).sum())(jnp.arange(20)), 1)
