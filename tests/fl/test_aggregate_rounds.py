@@ -216,6 +216,9 @@ def test_pad_clients_messages_capacity_and_aux():
   assert data.x.dtype == np.float64 and data.y.dtype == np.float64
   full = rounds.pad_clients([np.ones((2, 2))], [np.zeros(2)], aux=aux, capacity=2)
   assert full.mask is None and full.aux is aux
+  np.testing.assert_array_equal(full.x, np.ones((1, 2, 2)))
+  np.testing.assert_array_equal(full.y, np.zeros((1, 2)))
+  assert data.mask.dtype == np.float32
   np.testing.assert_array_equal(rounds.ClientData(np.ones((2, 4, 1)), np.ones((2, 4))).sizes(),
                                 [4, 4])
 
