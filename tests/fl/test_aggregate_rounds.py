@@ -311,3 +311,18 @@ def test_aux_reaches_every_client_with_its_own_row(setup):
                                   **dict(kw, key=rounds.client_key(KEY, 0, k)))
     chex.assert_trees_all_close(jax.tree_util.tree_map(lambda u: u[k], log.observed), want,
                                 rtol=1e-5, atol=1e-6)
+
+
+def test_run_passes_shuffle_to_the_clients(setup):
+  loss_fn, params, x, y = setup
+  opt = optimizers.make('sgd', 0.3)
+  observe = lambda key, t, k, g, upload: upload  # noqa: E731
+  init = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape, a.dtype), params)
+  _, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=1,
+                      optimizer=opt, epochs=1, batch_size=3, shuffle=False, observe=observe,
+                      init=init)
+  for k in range(3):
+    want, _ = local.client_update(loss_fn, params, x[k], y[k], key=rounds.client_key(KEY, 0, k),
+                                  optimizer=opt, epochs=1, batch_size=3, shuffle=False)
+    chex.assert_trees_all_close(jax.tree_util.tree_map(lambda u: u[k], log.observed), want,
+                                rtol=1e-5, atol=1e-6)
