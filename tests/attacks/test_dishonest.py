@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +16,7 @@ from fl_privacy import data as data_lib
 from fl_privacy import models
 from fl_privacy.attacks import dishonest
 from fl_privacy.eval import runner
+from fl_privacy.fl import client as client_lib
 from fl_privacy.fl import losses
 from fl_privacy.fl import optimizers
 
@@ -137,8 +139,16 @@ def test_eps_gradient_is_the_indicator_of_eq4(crafted):
 def test_craft_rejects_m_beyond_features_or_fc1():
   model = models.FlowerCNN(10, padding='SAME')
   variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
-  with pytest.raises(ValueError, match='M=61'):
+  with pytest.raises(ValueError, match=r'^M=61 needs M <= 64 features and 2M <= 120 units of fc1$'):
     dishonest.craft(variables, jnp.ones(64), 0, 61, EPS)
+  dishonest.craft(variables, jnp.ones(64), 0, 60, EPS)  # 2M = 120 units: fits exactly
+  with pytest.raises(ValueError, match=r'^fc1 takes 64 inputs, features have 63$'):
+    dishonest.craft(variables, jnp.ones(63), 0, 4, EPS)
+  # 4x4 inputs: 16 trunk features, so M = 17 exceeds the features while 2M fits fc1.
+  small = model.init(jax.random.key(0), jnp.zeros((1, 4, 4, 1)))
+  with pytest.raises(ValueError, match=r'^M=17 needs M <= 16 features and 2M <= 120 units'):
+    dishonest.craft(small, jnp.ones(16), 0, 17, EPS)
+  dishonest.craft(small, jnp.arange(16.0), 0, 16, EPS)  # M = F
 
 
 def test_delta_statistic_eq9():
@@ -167,6 +177,12 @@ def test_server_step_is_one_optimizer_step_on_the_target(crafted):
   chex.assert_trees_all_close(stepped, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
   # The target fires the detector, so its own step moves eps.
   assert float(dishonest.detector_bias({'params': stepped})) != pytest.approx(EPS, abs=1e-9)
+  # The optimizer sees the parameters (coupled weight decay reads them).
+  decayed = jax.jit(lambda params, x: dishonest.server_step(
+      loss_fn, params, x[0], jnp.int32(3), optimizers.make('sgd', 0.5, weight_decay=0.1)))(
+          params, x)
+  chex.assert_trees_all_close(
+      decayed, jax.tree.map(lambda p, g: p - 0.5 * (g + 0.1 * p), params, grads))
 
 
 def test_draw_client_halves_and_membership():
@@ -175,6 +191,8 @@ def test_draw_client_halves_and_membership():
     idx = np.asarray(idx)
     assert len(set(idx)) == 32 and idx.max() < 100
     assert bool(member) == (i % 2 == 0) == (int(target) in idx)
+    # Reproducible draws: an inside target is the client's first example.
+    assert not bool(member) or int(target) == idx[0]
 
 
 @pytest.fixture(scope='module')
@@ -188,6 +206,11 @@ def _game(opt, m=4, j=2, e=1):
   return dishonest.Game(model=models.FlowerCNN(10, padding='SAME'), num_components=m,
                         num_batches=j, epochs=e, batch_size=32,
                         optimizer=optimizers.make(opt, 1e-3, **kw))
+
+
+_PLAY_GAME = _game('sgd', m=8, j=1)
+# `play` of one game (M = 8, J = 1, SGD with momentum), compiled once for the tests that call it.
+_play = jax.jit(functools.partial(dishonest.play, _PLAY_GAME))
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,10 +281,9 @@ def test_exact_duplicate_of_target_is_a_false_positive(digits):
   x, y = digits
   x = x.at[1].set(x[0])
   y = y.at[1].set(y[0])
-  game = _game('sgd', m=8, j=1)
   client = jnp.arange(1, 33, dtype=jnp.int32)
-  out = jax.jit(lambda xs, ys: dishonest.play(game, jax.random.key(0), jax.random.key(1), xs, ys,
-                                              client, jnp.int32(0), jnp.bool_(False)))(x, y)
+  out = _play(jax.random.key(0), jax.random.key(1), x, y, client, jnp.int32(0),
+              jnp.bool_(False))
   assert int(out['nearest']) == 1
   assert float(out['nearest_distance']) == 0.0
   assert int(out['num_activating']) == 1
@@ -291,3 +313,71 @@ def test_every_matmul_of_a_run_is_full_precision():
   assert len(found) > 10
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
   assert all(p == highest for p in found), set(map(str, found))
+
+
+def test_play_inside_and_outside_and_run_uses_its_documented_keys(digits):
+  """One member and one outside target through `play`; `run` = `play` on `draw_client`'s
+  data with init / data / train keys fold_in(key, 0 / 1 / 2)."""
+  x, y = digits
+  game = _PLAY_GAME
+  client = jnp.arange(1, 33, dtype=jnp.int32)
+  play = functools.partial(_play, jax.random.key(0), jax.random.key(1), x, y, client)
+  inside = play(jnp.int32(5), jnp.bool_(True))
+  assert bool(inside['member']) and int(inside['target']) == 5
+  assert float(inside['delta']) >= game.threshold and bool(inside['decision'])
+  assert int(inside['nearest']) != 5 and int(inside['num_activating']) == 0
+  assert inside['num_activating'].dtype == jnp.int32
+  outside = play(jnp.int32(40), jnp.bool_(False))
+  assert not bool(outside['member']) and int(outside['target']) == 40
+  assert float(outside['delta']) == 0.0 and not bool(outside['decision'])
+  assert int(outside['num_activating']) == 0
+  assert float(outside['nearest_distance']) > game.epsilon
+  assert int(outside['nearest']) in set(np.asarray(client).tolist())
+  # run = play on the drawn client.
+  key = jax.random.key(21)
+  got = jax.jit(lambda k, i: dishonest.run(game, k, i, x, y))(key, jnp.int32(3))
+  idx, target, member = dishonest.draw_client(jax.random.fold_in(key, 1), jnp.int32(3),
+                                              x.shape[0], game.num_examples)
+  want = _play(jax.random.fold_in(key, 0), jax.random.fold_in(key, 2), x, y, idx, target,
+               member)
+  assert set(got) == set(dishonest.OUTCOME_FIELDS)
+  for k in dishonest.OUTCOME_FIELDS:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+class _PixelNet(nn.Module):
+  """Raw pixels as the trunk and dense layers not named fc1..fc3: the game's `layers`."""
+
+  def setup(self):
+    self.first = nn.Dense(16)
+    self.second = nn.Dense(8)
+    self.out = nn.Dense(10)
+
+  def embed(self, x):
+    return x.reshape((x.shape[0], -1))
+
+  def head(self, h):
+    return self.out(nn.relu(self.second(nn.relu(self.first(h)))))
+
+  def __call__(self, x):
+    return self.head(self.embed(x))
+
+
+def _double_upload(key, delta, aux):
+  del key, aux
+  return jax.tree.map(lambda d: 2.0 * d, delta)
+
+
+def test_play_uses_the_games_layers_and_the_upload_hook(digits):
+  """The server reads w_t - upload: an upload hook that doubles Delta doubles Eq. (9)'s Delta."""
+  x, y = digits
+  games = [dishonest.Game(model=_PixelNet(), num_components=4, num_batches=1, epochs=1,
+                          batch_size=32, optimizer=optimizers.make('sgd', 1e-3),
+                          layers=('first', 'second', 'out'), hooks=hooks)
+           for hooks in (None, client_lib.ClientHooks(upload=_double_upload))]
+  client = jnp.arange(1, 33, dtype=jnp.int32)
+  plain, doubled = (jax.jit(functools.partial(dishonest.play, game))(
+      jax.random.key(0), jax.random.key(1), x, y, client, jnp.int32(5), jnp.bool_(True))
+                    for game in games)
+  assert float(plain['delta']) >= 0.1
+  np.testing.assert_allclose(doubled['delta'], 2 * plain['delta'], rtol=1e-4)

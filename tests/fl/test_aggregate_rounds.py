@@ -36,6 +36,11 @@ def test_mean_and_weighted_mean_match_numpy():
                               rtol=1e-6)
   np.testing.assert_allclose(aggregate.mean(trees)['a'], trees['a'].mean(0),
                              rtol=1e-6)
+  # A half-precision tree stays half precision (the weights take the leaf's dtype).
+  half = aggregate.weighted_mean({'h': jnp.asarray(trees['a'], jnp.float16)}, weights)
+  assert half['h'].dtype == jnp.float16
+  np.testing.assert_allclose(half['h'], np.average(trees['a'], 0, weights), rtol=2e-3,
+                             atol=2e-3)
 
 
 @pytest.fixture(scope='module')
@@ -189,3 +194,135 @@ def test_pad_clients_rejects_bad_shapes():
   np.testing.assert_array_equal(data.mask, [[1, 1, 1], [1, 0, 0]])
   np.testing.assert_array_equal(data.sizes(), [3, 1])
   assert rounds.pad_clients([np.ones((2, 2))], [np.zeros(2)]).mask is None
+
+
+def test_pad_clients_messages_capacity_and_aux():
+  with pytest.raises(ValueError, match=r'^2 input shards but 1 label shards$'):
+    rounds.pad_clients([np.zeros((3, 2)), np.zeros((3, 2))], [np.zeros(3)])
+  with pytest.raises(ValueError, match=r'^every shard needs as many labels as inputs$'):
+    rounds.pad_clients([np.zeros((3, 2))], [np.zeros(2)])
+  with pytest.raises(ValueError,
+                     match=r'^every client needs at least one example \(sizes \[2, 0\]\)$'):
+    rounds.pad_clients([np.zeros((2, 2)), np.zeros((0, 2))], [np.zeros(2), np.zeros(0)])
+  with pytest.raises(ValueError, match=r'^capacity 2 is below the largest shard \(3\)$'):
+    rounds.pad_clients([np.zeros((3, 2))], [np.zeros(3)], capacity=2)
+  aux = {'held_out': np.arange(2.0)}
+  data = rounds.pad_clients([np.ones((1, 2)), np.ones((2, 2))], [np.ones(1), np.ones(2)],
+                            aux=aux, capacity=3)
+  assert data.aux is aux
+  np.testing.assert_array_equal(data.mask, [[1, 0, 0], [1, 1, 0]])
+  np.testing.assert_array_equal(data.x[:, :, 0], [[1, 0, 0], [1, 1, 0]])
+  np.testing.assert_array_equal(data.y, [[1, 0, 0], [1, 1, 0]])
+  assert data.x.dtype == np.float64 and data.y.dtype == np.float64
+  full = rounds.pad_clients([np.ones((2, 2))], [np.zeros(2)], aux=aux, capacity=2)
+  assert full.mask is None and full.aux is aux
+  np.testing.assert_array_equal(full.x, np.ones((1, 2, 2)))
+  np.testing.assert_array_equal(full.y, np.zeros((1, 2)))
+  assert data.mask.dtype == np.float32
+  np.testing.assert_array_equal(rounds.ClientData(np.ones((2, 4, 1)), np.ones((2, 4))).sizes(),
+                                [4, 4])
+
+
+def test_participation_fraction_outside_0_1_is_rejected():
+  for bad in (0.0, -0.5, 1.5):
+    with pytest.raises(ValueError,
+                       match=rf'^participation fraction must be in \(0, 1\] \(got {bad}\)$'):
+      rounds.participants(KEY, 0, 4, bad)
+  # Everyone takes part at fraction 1, as a bool mask like the drawn ones.
+  for fraction in (1.0, 0.5):
+    parts = rounds.participants(KEY, 0, 4, fraction)
+    assert parts.dtype == jnp.bool_ and parts.shape == (4,)
+  # A tenth of 4 clients rounds to 0: still one participant.
+  np.testing.assert_array_equal(
+      jax.vmap(lambda t: rounds.participants(KEY, t, 4, 0.1).sum())(jnp.arange(20)), 1)
+
+
+def test_run_checks_its_arguments(setup):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, num_rounds=1, optimizer=optimizers.make('sgd', 0.1), epochs=1,
+            batch_size=3)
+  with pytest.raises(ValueError, match=r'^clients.x has 3 clients, clients.y 2$'):
+    rounds.run(loss_fn, params, rounds.ClientData(x, y[:2]), **kw)
+  with pytest.raises(ValueError, match=r'^observe without reduce needs `init` shaped like one '
+                     r'round of observations$'):
+    rounds.run(loss_fn, params, rounds.ClientData(x, y), observe=lambda *a: 0.0, **kw)
+
+
+def test_server_and_observe_hooks_get_their_keys_rounds_and_weights(setup):
+  """The aggregate hook's key and weights, observe's key, round and client, reduce's part."""
+  loss_fn, params, x, y = setup
+  sizes = [6, 3, 5]
+  data = rounds.pad_clients([np.asarray(x[k][:n]) for k, n in enumerate(sizes)],
+                            [np.asarray(y[k][:n]) for k, n in enumerate(sizes)])
+
+  def noisy_sum(key, uploads, weights):
+    shift = jax.random.uniform(key) + jnp.sum(weights * jnp.arange(3))
+    return jax.tree_util.tree_map(lambda u: jnp.zeros(u.shape[1:], u.dtype) + shift, uploads)
+
+  def observe(key, t, k, global_params, upload):
+    del global_params, upload
+    return jax.random.key_data(key), t, k
+
+  def reduce(state, t, seen, part):
+    del state
+    return seen, t, part
+
+  init = (jnp.zeros((3, 2), jnp.uint32), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32)), \
+      jnp.int32(0), jnp.zeros(3, bool)
+  final, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=1, first_round=4,
+                          optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=2,
+                          hooks=client.ClientHooks(aggregate=noisy_sum), observe=observe,
+                          reduce=reduce, init=init, evaluate=lambda p: 0.0)
+  server_key = jax.random.fold_in(jax.random.fold_in(KEY, 4), rounds.SERVER_SALT)
+  shift = jax.random.uniform(server_key) + 0 * 6 + 1 * 3 + 2 * 5
+  chex.assert_trees_all_close(final, jax.tree_util.tree_map(lambda p: p - shift, params),
+                              rtol=1e-6, atol=1e-6)
+  (keys, ts, ks), t, part = log.observed
+  for k in range(3):
+    want = jax.random.fold_in(rounds.client_key(KEY, 4, k), rounds.OBSERVE_SALT)
+    np.testing.assert_array_equal(keys[k], jax.random.key_data(want))
+  np.testing.assert_array_equal(ts, 4)
+  np.testing.assert_array_equal(ks, [0, 1, 2])
+  assert int(t) == 4
+  np.testing.assert_array_equal(part, True)
+  np.testing.assert_array_equal(log.participants, [[True, True, True]])
+  np.testing.assert_array_equal(log.evaluations, [0.0])
+  _, plain = rounds.run(loss_fn, params, data, key=KEY, num_rounds=1, epochs=1, batch_size=2,
+                        optimizer=optimizers.make('sgd', 0.1))
+  assert plain.observed is None and plain.evaluations is None
+
+
+def test_aux_reaches_every_client_with_its_own_row(setup):
+  loss_fn, params, x, y = setup
+
+  def scale_batch(key, xb, yb, mb, aux):
+    del key
+    return xb * aux, yb, mb
+
+  hooks = client.ClientHooks(batch=scale_batch)
+  aux = jnp.asarray([0.5, 2.0, 3.0])
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.3), epochs=1, batch_size=3)
+  observe = lambda key, t, k, g, upload: upload  # noqa: E731
+  init = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape, a.dtype), params)
+  _, log = rounds.run(loss_fn, params, rounds.ClientData(x, y, aux=aux), num_rounds=1,
+                      hooks=hooks, observe=observe, init=init, **kw)
+  for k in range(3):
+    want, _ = local.client_update(loss_fn, params, x[k], y[k], hooks=hooks, aux=aux[k],
+                                  **dict(kw, key=rounds.client_key(KEY, 0, k)))
+    chex.assert_trees_all_close(jax.tree_util.tree_map(lambda u: u[k], log.observed), want,
+                                rtol=1e-5, atol=1e-6)
+
+
+def test_run_passes_shuffle_to_the_clients(setup):
+  loss_fn, params, x, y = setup
+  opt = optimizers.make('sgd', 0.3)
+  observe = lambda key, t, k, g, upload: upload  # noqa: E731
+  init = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape, a.dtype), params)
+  _, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=1,
+                      optimizer=opt, epochs=1, batch_size=3, shuffle=False, observe=observe,
+                      init=init)
+  for k in range(3):
+    want, _ = local.client_update(loss_fn, params, x[k], y[k], key=rounds.client_key(KEY, 0, k),
+                                  optimizer=opt, epochs=1, batch_size=3, shuffle=False)
+    chex.assert_trees_all_close(jax.tree_util.tree_map(lambda u: u[k], log.observed), want,
+                                rtol=1e-5, atol=1e-6)

@@ -146,3 +146,134 @@ def test_data_hook_mask_restricts_training_to_the_kept_rows(setup):
                      **kw)
   want = local.fedavg(loss_fn, params, x[:4], y[:4], mask=jnp.ones(4), **kw)
   chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_client_update_passes_hooks_mask_and_aux_to_fedavg(setup):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  # No hooks: Delta = w_t - w_local of plain FedAvg.
+  upload, trained = local.client_update(loss_fn, params, x, y, **kw)
+  plain = local.fedavg(loss_fn, params, x, y, **kw)
+  chex.assert_trees_all_equal(trained, plain)
+  chex.assert_trees_all_equal(upload, client.update(params, plain))
+
+  def scale_batch(key, xb, yb, mb, aux):
+    del key
+    return xb * aux, yb, mb
+
+  def scaled_noisy_upload(key, delta, aux):
+    return jax.tree_util.tree_map(lambda d: aux * d + jax.random.uniform(key), delta)
+
+  hooks = client.ClientHooks(batch=scale_batch, upload=scaled_noisy_upload)
+  mask = jnp.asarray([1, 1, 0, 1, 1, 1, 1], jnp.float32)
+  aux = jnp.float32(3.0)
+  upload, trained = local.client_update(loss_fn, params, x, y, hooks=hooks, mask=mask, aux=aux,
+                                        **kw)
+  want = local.fedavg(loss_fn, params, x, y, hooks=hooks, mask=mask, aux=aux, **kw)
+  chex.assert_trees_all_equal(trained, want)
+  noise = jax.random.uniform(client.upload_key(KEY))
+  chex.assert_trees_all_close(upload, jax.tree_util.tree_map(
+      lambda g, l: 3.0 * (g - l) + noise, params, want), rtol=1e-6, atol=1e-7)
+  # The hooks and the mask change training, so dropping either would show.
+  for other in (plain, local.fedavg(loss_fn, params, x, y, hooks=hooks, aux=aux, **kw),
+                local.fedavg(loss_fn, params, x, y, mask=mask, **kw)):
+    assert not np.allclose(want['params']['fc1']['kernel'], other['params']['fc1']['kernel'])
+
+
+def test_masked_order_checks_and_batches_of_one():
+  mask = jnp.asarray([1, 0, 1, 1], jnp.float32)
+  with pytest.raises(ValueError, match=r'^batch_size must be >= 1 \(got 0\)$'):
+    local.masked_batch_order(KEY, mask, epochs=1, batch_size=0)
+  with pytest.raises(ValueError, match=r'^epochs must be >= 1 \(got 0\)$'):
+    local.masked_batch_order(KEY, mask, epochs=0, batch_size=2)
+  order, valid = local.masked_batch_order(KEY, mask, epochs=1, batch_size=1, shuffle=False)
+  np.testing.assert_array_equal(order, [[[0], [2], [3], [1]]])
+  np.testing.assert_array_equal(valid, [[[1], [1], [1], [0]]])
+  assert order.dtype == jnp.int32 and valid.dtype == jnp.float32
+
+
+def test_masked_order_is_the_documented_sort_of_real_rows():
+  """Epoch e sorts the real rows by bits(fold_in(fold_in(key, e), rank)), ties by index."""
+  mask = np.asarray([0, 1, 1, 0, 1, 1, 1, 0, 1], np.float32)  # 6 real rows, capacity 9
+  key = jax.random.key(4)
+  order, valid = local.masked_batch_order(key, jnp.asarray(mask), epochs=2, batch_size=4)
+  assert order.shape == (2, 3, 4) and valid.shape == (2, 3, 4)
+  real_rows = np.flatnonzero(mask)
+  for e in range(2):
+    epoch_key = jax.random.fold_in(key, e)
+    u = [int(jax.random.bits(jax.random.fold_in(epoch_key, r), (), jnp.uint32))
+         for r in range(len(real_rows))]
+    want = real_rows[np.lexsort((real_rows, u))]
+    np.testing.assert_array_equal(np.asarray(order[e]).reshape(-1)[:6], want)
+    np.testing.assert_array_equal(np.asarray(valid[e]).reshape(-1), [1] * 6 + [0] * 6)
+
+
+def test_hooks_get_the_documented_keys(setup):
+  """data: data_key; step (e, j): batch fold_in(step_key, 0), loss 1, grad 2."""
+  loss_fn, params, x, y = setup
+  seen = {'data': [], 'batch': [], 'loss': [], 'grad': []}
+
+  def record(name, key):
+    jax.debug.callback(lambda k: seen[name].append(np.asarray(k)), jax.random.key_data(key))
+
+  # Each hook also multiplies by aux (1.0), so a hook that did not get aux would fail.
+  def data(key, xs, ys, mask, aux):
+    record('data', key)
+    return xs * aux, ys, mask
+
+  def batch(key, xb, yb, mb, aux):
+    record('batch', key)
+    return xb * aux, yb, mb
+
+  def loss(key, fn, p, xb, yb, mb, aux):
+    record('loss', key)
+    return aux * client.IDENTITY.loss(key, fn, p, xb, yb, mb, None)
+
+  def grad(key, per_example, mask):
+    record('grad', key)
+    return jax.tree_util.tree_map(lambda g: jnp.tensordot(mask, g, axes=1), per_example)
+
+  def want(key, steps, salt):
+    return [jax.random.key_data(jax.random.fold_in(client.step_key(key, e, j), salt))
+            for e in range(2) for j in range(steps)]
+
+  kw = dict(optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  key = jax.random.key(9)
+  # Data hook: the shard gets a mask, so 3 steps per epoch (the last one partial).
+  local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(
+      data=data, batch=batch, loss=loss), aux=jnp.float32(1.0), **kw)
+  np.testing.assert_array_equal(seen['data'], [jax.random.key_data(client.data_key(key))])
+  np.testing.assert_array_equal(seen['batch'], want(key, 3, 0))
+  np.testing.assert_array_equal(seen['loss'], want(key, 3, 1))
+  # Unpadded shard, grad hook: 7 // 3 = 2 steps per epoch.
+  seen = {name: [] for name in seen}
+  local.fedavg(loss_fn, params, x, y, key=key, hooks=client.ClientHooks(grad=grad), **kw)
+  np.testing.assert_array_equal(seen['grad'], want(key, 2, 2))
+
+
+def test_a_bool_mask_reaches_the_data_hook_as_float32(setup):
+  loss_fn, params, x, y = setup
+  dtypes = []
+
+  def data(key, xs, ys, mask, aux):
+    del key, aux
+    dtypes.append(mask.dtype)
+    return xs, ys, mask
+
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=3)
+  got = local.fedavg(loss_fn, params, x, y, mask=[True] * 6 + [False],
+                     hooks=client.ClientHooks(data=data), **kw)
+  assert dtypes == [jnp.float32]
+  want = local.fedavg(loss_fn, params, x, y, mask=jnp.asarray([1.0] * 6 + [0.0]), **kw)
+  chex.assert_trees_all_equal(got, want)
+
+
+def test_hooked_unpadded_path_keeps_shuffle_false(setup):
+  loss_fn, params, x, y = setup
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3)
+  hooks = client.ClientHooks(upload=_upload_only)
+  plain = local.fedavg(loss_fn, params, x, y, shuffle=False, **kw)
+  hooked = local.fedavg(loss_fn, params, x, y, shuffle=False, hooks=hooks, **kw)
+  chex.assert_trees_all_equal(hooked, plain)
+  shuffled = local.fedavg(loss_fn, params, x, y, hooks=hooks, **kw)
+  assert not np.allclose(shuffled['params']['fc1']['kernel'], plain['params']['fc1']['kernel'])

@@ -129,3 +129,15 @@ def test_bad_batch_size_raises(setup):
   with pytest.raises(ValueError, match='batch_size'):
     fl.fedavg(loss_fn, params, x[0], y[0], key=KEY,
               optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=9)
+
+
+def test_batch_order_messages_and_bounds():
+  for bad in (0, 11):
+    with pytest.raises(ValueError, match=rf'^batch_size must be in \[1, 10\] \(got {bad}\)$'):
+      local.batch_order(KEY, 10, epochs=1, batch_size=bad)
+  with pytest.raises(ValueError, match=r'^epochs must be >= 1 \(got 0\)$'):
+    local.batch_order(KEY, 10, epochs=0, batch_size=2)
+  np.testing.assert_array_equal(
+      local.batch_order(KEY, 3, epochs=1, batch_size=1, shuffle=False), [[0], [1], [2]])
+  np.testing.assert_array_equal(
+      local.batch_order(KEY, 3, epochs=1, batch_size=3, shuffle=False), [[0, 1, 2]])

@@ -63,3 +63,36 @@ def test_unknown_name_is_config_error():
     optimizers.make('rmsprop', 0.1)
   assert err.value.field == 'optimizer'
   assert err.value.got == 'rmsprop'
+
+
+@pytest.mark.parametrize('name,kw,want', [
+    ('sgd', {'momentum': 0.5, 'nesterov': True}, optax.sgd(0.1, momentum=0.5, nesterov=True)),
+    ('momentum', {'nesterov': True}, optax.sgd(0.1, momentum=0.9, nesterov=True)),
+    ('adam', {'b1': 0.5, 'b2': 0.9, 'eps': 1e-2}, optax.adam(0.1, b1=0.5, b2=0.9, eps=1e-2)),
+    ('adagrad', {'initial_accumulator_value': 2.0, 'eps': 1e-3},
+     optax.adagrad(0.1, initial_accumulator_value=2.0, eps=1e-3)),
+    ('adagrad', {}, optax.adagrad(0.1)),
+])
+def test_options_reach_the_optax_constructor(name, kw, want):
+  params = {'w': jnp.array([1.0, -2.0, 0.5])}
+  grads = [{'w': jnp.array([0.5, -0.25, 2.0])}, {'w': jnp.array([-1.0, 0.3, 0.1])}]
+  got_state, want_state = optimizers.make(name, 0.1, **kw).init(params), want.init(params)
+  for g in grads:
+    got, got_state = optimizers.make(name, 0.1, **kw).update(g, got_state, params)
+    ref, want_state = want.update(g, want_state, params)
+    np.testing.assert_allclose(got['w'], ref['w'], rtol=1e-6)
+  # ... and differ from the defaults, so a dropped option would show.
+  if kw:
+    plain = optimizers.make(name, 0.1)
+    state = plain.init(params)
+    for g in grads:
+      base, state = plain.update(g, state, params)
+    assert not np.allclose(base['w'], ref['w'])
+
+
+def test_unknown_name_error_names_the_field_and_the_choices():
+  with pytest.raises(ConfigError) as err:
+    optimizers.make('nadam', 0.1, field='fedmia.optimizer')
+  assert err.value.field == 'fedmia.optimizer'
+  assert err.value.allowed == "one of ('sgd', 'momentum', 'adam', 'adagrad')"
+  assert err.value.got == 'nadam'

@@ -80,3 +80,13 @@ def test_member_gradient_aligns_with_its_update():
   assert got.cos[0, 0] == pytest.approx(1.0, abs=1e-5)
   # ||D||^2 - ||D - g||^2 = 0.25 |g|^2 - 0.25 |g|^2.
   assert abs(got.diff[0, 0]) <= 1e-4 * got.grad_sq[0]
+
+
+def test_measure_checks_its_arguments():
+  model, params, uploads, x, y = _setup()
+  with pytest.raises(ValueError, match=r'^chunk_size must be >= 1 \(got 0\)$'):
+    queries.measure(model.apply, params, uploads, x, y, chunk_size=0)
+  with pytest.raises(ValueError, match=r'^7 queries but 6 labels$'):
+    queries.measure(model.apply, params, uploads, x, y[:6], chunk_size=2)
+  with pytest.raises(ValueError, match=r'^measure needs at least one query$'):
+    queries.measure(model.apply, params, uploads, x[:0], y[:0], chunk_size=2)

@@ -81,3 +81,45 @@ def test_padded_clients_record_as_unpadded():
   b = recording.train_recorded(MODEL.apply, params, padded, qx, qy, **kw)
   for name in ('loss', 'cos', 'diff', 'grad_sq'):
     np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_recorded_rounds_checks():
+  np.testing.assert_array_equal(recording.recorded_rounds(3, 1), [0, 1, 2])
+  for n, every in ((10, 4), (4, 0), (4, -2)):
+    with pytest.raises(ValueError,
+                       match=rf'^record_every \({every}\) must divide num_rounds \({n}\)$'):
+      recording.recorded_rounds(n, every)
+
+
+def test_test_split_progress_and_a_run_without_test_split():
+  xs, ys, qx, qy, params = _data(num_clients=2, per_client=4)
+  clients = rounds.pad_clients(xs, ys)
+  kw = dict(key=jax.random.key(3), num_rounds=2, record_every=1, optimizer=OPT, epochs=1,
+            batch_size=4, chunk_size=3)
+  seen = []
+  got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, test_x=qx, test_y=qy,
+                                 progress=lambda i, info: seen.append((i, info)), **kw)
+  loss_fn = losses.make_loss_fn(MODEL.apply)
+  p = params
+  for t in range(2):
+    p, _ = rounds.run(loss_fn, p, clients, key=kw['key'], num_rounds=1, first_round=t,
+                      optimizer=OPT, epochs=1, batch_size=4)
+    logits = MODEL.apply(p, qx)
+    correct = int(np.sum(np.argmax(logits, -1) == qy))
+    assert got['test_correct'][t] == correct
+    np.testing.assert_allclose(got['test_loss'][t], float(losses.cross_entropy(logits, qy)),
+                               rtol=1e-5)
+    assert seen[t][0] == t and seen[t][1]['round'] == t
+    assert seen[t][1]['test_accuracy'] == pytest.approx(correct / 10)
+  assert got['test_correct'].dtype == np.int64 and got['test_loss'].dtype == np.float64
+  assert got['rounds'].dtype == np.int32 and got['loss'].dtype == np.float32
+  assert int(got['num_test']) == 10
+  with pytest.raises(ValueError, match=r'^chunk_size must be >= 1 \(got 0\)$'):
+    recording.train_recorded(MODEL.apply, params, clients, qx, qy, **dict(kw, chunk_size=0))
+  seen.clear()
+  bare = recording.train_recorded(MODEL.apply, params, clients, qx, qy,
+                                  progress=lambda i, info: seen.append((i, info)), **kw)
+  np.testing.assert_array_equal(bare['test_correct'], [0, 0])
+  assert bare['test_loss'].shape == (2,) and np.all(np.isnan(bare['test_loss']))
+  assert int(bare['num_test']) == 0 and np.isnan(seen[1][1]['test_accuracy'])
+  np.testing.assert_array_equal(bare['loss'], got['loss'])
