@@ -181,3 +181,29 @@ def test_subspace_shortcut_full_dimension_is_a_unit_vector():
   r = ldp_sgd.randomize_in_subspace(jax.random.key(3), jnp.ones((5, 3)), 1.0,
                                     1.0, 3)
   np.testing.assert_allclose(np.linalg.norm(r, axis=-1), 1.0, atol=1e-5)
+
+
+def test_clip_and_projection_below_unit_norm():
+  # Norms below 1 with a bound below them: the guard against dividing by zero
+  # (max(norm, tiny)) must not act as a floor at 1.
+  g = jnp.asarray([[0.3, 0.4], [0.03, 0.04]])
+  np.testing.assert_allclose(ldp_sgd.clip(g, 0.25),
+                             [[0.15, 0.2], [0.03, 0.04]], rtol=1e-6)
+  out = ldp_sgd.project_l2({'a': jnp.asarray([0.3, 0.4])}, 0.25)
+  np.testing.assert_allclose(out['a'], [0.15, 0.2], rtol=1e-6)
+
+
+@pytest.mark.parametrize('dim', [3, 40])
+def test_subspace_shortcut_norm_is_beta(dim):
+  # The projection of a uniform unit vector in d dims onto a k-dim subspace has
+  # squared norm Beta(k / 2, (d - k) / 2), independently across the batch; dim
+  # = k + 1 is the edge where the rest of the space has one degree of freedom.
+  # A 3-d batch checks that the leading axes are all batch axes.
+  shape, k = (4, 5_000), 2
+  coef = jnp.broadcast_to(jnp.asarray([0.3, -0.2], jnp.float32), shape + (k,))
+  r = np.asarray(ldp_sgd.randomize_in_subspace(jax.random.key(31), coef, 1.5,
+                                               1.0, dim))
+  assert r.shape == shape + (k,)
+  sq = np.sum(r.astype(np.float64)**2, axis=-1).ravel()
+  beta = sp_stats.beta(k / 2, (dim - k) / 2)
+  assert sp_stats.kstest(sq, beta.cdf).pvalue > 1e-3
