@@ -112,3 +112,30 @@ def test_clip_and_noise_rejects_unknown_reduction():
   with pytest.raises(validate.ConfigError) as e:
     gaussian.clip_and_noise(jax.random.key(0), jnp.ones((2, 3)), 1.0, 1.0, reduce='max')
   assert e.value.field == 'reduce'
+
+
+def test_error_messages_name_the_rule_and_the_value():
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.sigma_for(1.0, 1e-5, sensitivity=-2.0)
+  assert (e.value.allowed, e.value.got) == ('a finite number > 0', -2.0)
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.sigma_for(1.0, 1.5)
+  assert (e.value.allowed, e.value.got) == ('in (0, 1)', 1.5)
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.clip_and_noise(jax.random.key(0), jnp.ones((2, 3)), 1.0, 1.0, reduce='max')
+  assert (e.value.allowed, e.value.got) == ("one of ('mean', 'sum')", 'max')
+
+
+def test_clip_and_noise_default_reduction_is_the_mean():
+  g = {'w': jnp.asarray(np.random.default_rng(2).normal(size=(4, 3)), jnp.float32)}
+  key = jax.random.key(4)
+  np.testing.assert_array_equal(gaussian.clip_and_noise(key, g, 1.0, 0.5)['w'],
+                                gaussian.clip_and_noise(key, g, 1.0, 0.5, reduce='mean')['w'])
+
+
+def test_clip_keeps_each_leaf_dtype():
+  g = {'a': jnp.full((3, 2), 2.0, jnp.float16), 'b': jnp.full((3,), 2.0, jnp.bfloat16)}
+  clipped, _ = gaussian.clip_per_example(g, 1.0)
+  assert clipped['a'].dtype == jnp.float16 and clipped['b'].dtype == jnp.bfloat16
+  # norm sqrt(3 * 4) per example: every entry scaled to 2 / sqrt(12)
+  np.testing.assert_allclose(np.asarray(clipped['a'], np.float32), 2 / math.sqrt(12), rtol=1e-2)
