@@ -128,3 +128,16 @@ def test_decode_pattern_equals_decode_of_the_bits(sign_bit, honour_sign, int_bit
       fixed_point.decode_pattern(jnp.asarray(pattern), int_bits, frac_bits, sign_bit,
                                  honour_sign),
       fixed_point.decode(jnp.asarray(bits), int_bits, frac_bits, sign_bit, honour_sign))
+
+
+def test_every_default_is_the_papers_signed_1_5_4_format():
+  x = jnp.asarray([-1.5, 0.0625, 31.9375, -40.0])
+  bits, n = fixed_point.encode(x)
+  want_bits, want_n = fixed_point.encode(x, 5, 4, True)
+  np.testing.assert_array_equal(bits, want_bits)
+  assert int(n) == int(want_n) == 1
+  np.testing.assert_array_equal(fixed_point.decode(bits), [-1.5, 0.0625, 31.9375, -31.9375])
+  np.testing.assert_array_equal(fixed_point.bit_weights(), fixed_point.bit_weights(5, 4, True))
+  pattern = jnp.asarray([(1 << 9) | 24, 1, 511, (1 << 9) | 511], jnp.uint32)
+  np.testing.assert_array_equal(fixed_point.decode_pattern(pattern),
+                                [-1.5, 0.0625, 31.9375, -31.9375])
