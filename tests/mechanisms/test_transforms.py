@@ -90,3 +90,76 @@ def test_bad_parameters_fail_when_built(name, kw, field):
   with pytest.raises(validate.ConfigError) as e:
     transforms.make(name, **kw)
   assert e.value.field == field
+
+
+def test_every_parameter_reaches_the_mechanism():
+  # Non-default values for every keyword, through `make` and through the registry.
+  from fl_privacy.mechanisms import ldp_sgd
+  from fl_privacy.mechanisms import registry
+  key, x = jax.random.key(5), _x()
+  leaf_key = jax.random.fold_in(key, 0)
+  fmt = dict(int_bits=3, frac_bits=2, sign_bit=True, honour_sign=False)
+  kw = dict(fmt, num_features=64, rng_bits=16)
+  np.testing.assert_array_equal(
+      transforms.make('bitrand', epsilon=2.0, alpha=0.3, **kw).randomize(key, x),
+      bitrand.randomize(leaf_key, x, 2.0, alpha=0.3, **kw))
+  np.testing.assert_array_equal(
+      transforms.make('ome', epsilon=2.0, alpha=3.0, **kw).randomize(key, x),
+      ome.randomize(leaf_key, x, 2.0, 3.0, **kw))
+  unsigned = dict(int_bits=3, frac_bits=2, sign_bit=False)
+  np.testing.assert_array_equal(
+      transforms.make('bitrand', epsilon=2.0, **unsigned).randomize(key, x),
+      bitrand.randomize(leaf_key, x, 2.0, **unsigned))
+  np.testing.assert_array_equal(
+      transforms.make('ome', epsilon=2.0, **unsigned).randomize(key, x),
+      ome.randomize(leaf_key, x, 2.0, **unsigned))
+  np.testing.assert_array_equal(
+      transforms.make('gaussian', epsilon=8.0, delta=1e-2, sensitivity=3.0).randomize(key, x),
+      gaussian.add_noise(key, x, gaussian.sigma_for(8.0, 1e-2, 3.0)))
+  # registry's bitwise randomizers and LDP-SGD's
+  bits = jnp.asarray(np.random.default_rng(1).integers(0, 2, (4, 6, 5)), jnp.uint8)
+  bit_kw = dict(num_features=64, rng_bits=16)
+  np.testing.assert_array_equal(
+      registry.bit_randomizer('bitrand', 2.0, alpha=0.3, **bit_kw)(key, bits),
+      bitrand.randomize_bits(key, bits, 2.0, alpha=0.3, **bit_kw))
+  np.testing.assert_array_equal(
+      registry.bit_randomizer('ome', 2.0, alpha=3.0, **bit_kw)(key, bits),
+      ome.randomize_bits(key, bits, 2.0, 3.0, **bit_kw))
+  np.testing.assert_array_equal(
+      registry.bit_randomizer('ome', 2.0)(key, bits),
+      ome.randomize_bits(key, bits, 2.0, ome.DEFAULT_ALPHA))
+  np.testing.assert_array_equal(
+      registry.randomizer('ome', epsilon=2.0)(key, x),
+      ome.randomize(key, x, 2.0, ome.DEFAULT_ALPHA))
+  np.testing.assert_array_equal(
+      registry.randomizer('ldp_sgd', epsilon=2.0, clip_norm=0.5)(key, x),
+      ldp_sgd.randomize(key, x, 2.0, 0.5))
+
+
+def test_registry_defaults_names_and_checks():
+  from fl_privacy.mechanisms import registry
+  key, x = jax.random.key(6), _x()
+  np.testing.assert_array_equal(registry.randomizer('bitrand', epsilon=2.0)(key, x),
+                                bitrand.randomize(key, x, 2.0))
+  np.testing.assert_array_equal(registry.randomizer('none')(key, x), x)
+  with pytest.raises(validate.ConfigError) as e:
+    registry.randomizer('laplace')
+  assert e.value.field == 'mechanism' and e.value.got == 'laplace'
+  assert e.value.allowed == f'one of {registry.NAMES}'
+  # Registered but not bitwise: refused by name, not a crash on the missing build_bits.
+  with pytest.raises(validate.ConfigError) as e:
+    registry.bit_randomizer('gaussian', 1.0)
+  assert e.value.allowed == f'one of {registry.BITWISE_MECHANISMS}'
+  with pytest.raises(validate.ConfigError) as e:
+    registry.spec('ldp_sgd', 'defense.mechanism', registry.INPUT_MECHANISMS)
+  assert e.value.field == 'defense.mechanism'
+  as_float = registry.as_float(lambda key, x: x)(key, np.arange(3))
+  assert as_float.dtype == jnp.float32
+  with pytest.raises(validate.ConfigError) as e:
+    registry.randomizer('gaussian', epsilon=1.0)
+  assert (e.value.field, e.value.allowed) == ('sigma', 'given, or epsilon and delta given')
+  with pytest.raises(validate.ConfigError) as e:
+    registry.randomizer('gaussian', sigma=-1.0)
+  assert (e.value.allowed, e.value.got) == ('a number >= 0', -1.0)
+  # sigma = 0 is allowed: no noise.
+  np.testing.assert_array_equal(registry.randomizer('gaussian', sigma=0.0)(key, x), x)
