@@ -53,13 +53,14 @@ def test_kept_hemisphere_probability(epsilon):
   assert low <= np.exp(epsilon) / (1 + np.exp(epsilon)) <= high
 
 
-def test_pole_probability_for_small_gradients():
+@pytest.mark.parametrize('norm,clip_norm', [(0.3, 1.0), (0.6, 2.0)])
+def test_pole_probability_for_small_gradients(norm, clip_norm):
   # ||g|| = 0.3 L: P(report on g's side) = pk * pz + (1 - pk)(1 - pz).
   n, dim, eps = 20_000, 16, 3.0
   u = _direction(dim, 2)
-  g = jnp.broadcast_to(jnp.asarray(0.3 * u), (n, dim))
-  r = ldp_sgd.randomize(jax.random.key(8), g, eps, 1.0)
-  pk, pz = 1 / (1 + np.exp(-eps)), 0.65
+  g = jnp.broadcast_to(jnp.asarray(norm * u), (n, dim))
+  r = ldp_sgd.randomize(jax.random.key(8), g, eps, clip_norm)
+  pk, pz = 1 / (1 + np.exp(-eps)), 0.5 + norm / (2 * clip_norm)
   low, high = _cp(int(jnp.sum(r @ u > 0)), n)
   assert low <= pk * pz + (1 - pk) * (1 - pz) <= high
 
@@ -233,3 +234,28 @@ def test_low_precision_inputs_are_computed_in_float32():
   np.testing.assert_allclose(ldp_sgd.server_estimate(reports, 1.0, 0.5),
                              ldp_sgd.server_estimate(reports.astype(jnp.float32), 1.0, 0.5),
                              rtol=1e-6)
+
+
+def test_randomize_is_the_documented_draw_from_three_keys():
+  # Algorithm 1 on the keys split(key, 3) = (pole, direction, keep): a zero gradient
+  # takes e_0 as its direction (a fair pole, so any fixed direction has the same law,
+  # but the draw is pinned).
+  n, dim, eps, clip_norm = 16, 5, 1.0, 2.0
+  g = np.random.default_rng(7).normal(size=(n, dim)).astype(np.float32)
+  g[:8] = 0.0
+  g[8:10] *= 0.1
+  key = jax.random.key(14)
+  k_pole, k_dir, k_keep = jax.random.split(key, 3)
+  norm = np.linalg.norm(g, axis=-1)
+  direction = np.where(norm[:, None] > 0, g / np.maximum(norm, 1e-30)[:, None],
+                       np.eye(dim, dtype=np.float32)[0])
+  p_pole = 0.5 + np.minimum(norm, clip_norm) / (2 * clip_norm)
+  pole = np.where(jax.random.bernoulli(k_pole, jnp.asarray(p_pole, jnp.float32), (n,)),
+                  1.0, -1.0)
+  v = np.asarray(jax.random.normal(k_dir, (n, dim), jnp.float32))
+  v = v / np.linalg.norm(v, axis=-1, keepdims=True)
+  side = np.where(np.sum(direction * v, axis=-1) >= 0, 1.0, -1.0) * pole
+  keep = np.asarray(jax.random.bernoulli(k_keep, 1 / (1 + np.exp(-eps)), (n,)))
+  want = np.where(keep, side, -side)[:, None] * v
+  np.testing.assert_allclose(ldp_sgd.randomize(key, jnp.asarray(g), eps, clip_norm), want,
+                             rtol=1e-5, atol=1e-6)
