@@ -166,6 +166,7 @@ def test_traced_epsilon_and_alpha_give_the_concrete_probabilities():
   assert isinstance(want, np.ndarray) and want.dtype == np.float64
   flips = ome.flip_probabilities(2.0, 640, 3.0)
   assert isinstance(flips, np.ndarray) and flips.dtype == np.float64
+  np.testing.assert_allclose(flips, np.stack([want[:, 0], 1 - want[:, 1]], axis=1), rtol=1e-12)
   for fn in (lambda e, a: ome.output_probabilities(e, 640, a),
              lambda e, a: ome.output_probabilities(e, 640, 3.0),
              lambda e, a: ome.output_probabilities(2.0, 640, a)):
@@ -187,6 +188,8 @@ def test_claimed_vs_implied_fields_and_short_vectors():
   # r = 1, l = 3: bits 0 and 2 even, bit 1 odd (one bit of that parity).
   np.testing.assert_allclose(ome.per_bit_epsilon(eps, 1, 3, alpha),
                              [per_parity[[0, 1, 0]]], rtol=1e-9)
+  # A concrete jax epsilon: probabilities in float32, the epsilons still float64.
+  assert ome.per_bit_epsilon(jnp.float32(eps), 1, 3, alpha).dtype == np.float64
   got = ome.claimed_vs_implied(eps, 1, 3, alpha, rng_bits=32)
   assert set(got) == {'claimed', 'alpha', 'rng_bits', 'per_parity', 'per_vector'}
   assert got['claimed'] == eps and got['alpha'] == alpha and got['rng_bits'] == 32
