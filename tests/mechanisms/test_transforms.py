@@ -93,38 +93,34 @@ def test_bad_parameters_fail_when_built(name, kw, field):
 
 
 def test_every_parameter_reaches_the_mechanism():
-  # Non-default values for every keyword, through `make` and through the registry.
+  # Non-default values for every keyword, through `make` and through the registry. BitRand
+  # reads r (num_features) only for its alpha bound, so r and alpha go in separate calls;
+  # epsilons are large enough for r to move the probabilities well beyond sampling luck.
   from fl_privacy.mechanisms import ldp_sgd
   from fl_privacy.mechanisms import registry
   key, x = jax.random.key(5), _x()
   leaf_key = jax.random.fold_in(key, 0)
-  fmt = dict(int_bits=3, frac_bits=2, sign_bit=True, honour_sign=False)
-  kw = dict(fmt, num_features=64, rng_bits=16)
-  np.testing.assert_array_equal(
-      transforms.make('bitrand', epsilon=2.0, alpha=0.3, **kw).randomize(key, x),
-      bitrand.randomize(leaf_key, x, 2.0, alpha=0.3, **kw))
-  np.testing.assert_array_equal(
-      transforms.make('ome', epsilon=2.0, alpha=3.0, **kw).randomize(key, x),
-      ome.randomize(leaf_key, x, 2.0, 3.0, **kw))
-  unsigned = dict(int_bits=3, frac_bits=2, sign_bit=False)
-  np.testing.assert_array_equal(
-      transforms.make('bitrand', epsilon=2.0, **unsigned).randomize(key, x),
-      bitrand.randomize(leaf_key, x, 2.0, **unsigned))
-  np.testing.assert_array_equal(
-      transforms.make('ome', epsilon=2.0, **unsigned).randomize(key, x),
-      ome.randomize(leaf_key, x, 2.0, **unsigned))
+  fmt = dict(int_bits=3, frac_bits=2, sign_bit=True, honour_sign=False, rng_bits=16)
+  for kw in (dict(fmt, epsilon=20.0, num_features=4), dict(fmt, epsilon=2.0, alpha=0.3),
+             dict(epsilon=2.0, int_bits=3, frac_bits=2, sign_bit=False)):
+    np.testing.assert_array_equal(transforms.make('bitrand', **kw).randomize(key, x),
+                                  bitrand.randomize(leaf_key, x, **kw))
+  for kw in (dict(fmt, epsilon=300.0, alpha=3.0, num_features=4),
+             dict(epsilon=2.0, int_bits=3, frac_bits=2, sign_bit=False)):
+    np.testing.assert_array_equal(transforms.make('ome', **kw).randomize(key, x),
+                                  ome.randomize(leaf_key, x, **kw))
   np.testing.assert_array_equal(
       transforms.make('gaussian', epsilon=8.0, delta=1e-2, sensitivity=3.0).randomize(key, x),
       gaussian.add_noise(key, x, gaussian.sigma_for(8.0, 1e-2, 3.0)))
   # registry's bitwise randomizers and LDP-SGD's
-  bits = jnp.asarray(np.random.default_rng(1).integers(0, 2, (4, 6, 5)), jnp.uint8)
-  bit_kw = dict(num_features=64, rng_bits=16)
+  bits = jnp.asarray(np.random.default_rng(1).integers(0, 2, (40, 6, 5)), jnp.uint8)
+  for eps, kw in ((20.0, dict(num_features=1, rng_bits=16)), (2.0, dict(alpha=0.3))):
+    np.testing.assert_array_equal(registry.bit_randomizer('bitrand', eps, **kw)(key, bits),
+                                  bitrand.randomize_bits(key, bits, eps, **kw))
+  kw = dict(num_features=64, rng_bits=16)
   np.testing.assert_array_equal(
-      registry.bit_randomizer('bitrand', 2.0, alpha=0.3, **bit_kw)(key, bits),
-      bitrand.randomize_bits(key, bits, 2.0, alpha=0.3, **bit_kw))
-  np.testing.assert_array_equal(
-      registry.bit_randomizer('ome', 2.0, alpha=3.0, **bit_kw)(key, bits),
-      ome.randomize_bits(key, bits, 2.0, 3.0, **bit_kw))
+      registry.bit_randomizer('ome', 300.0, alpha=3.0, **kw)(key, bits),
+      ome.randomize_bits(key, bits, 300.0, 3.0, **kw))
   np.testing.assert_array_equal(
       registry.bit_randomizer('ome', 2.0)(key, bits),
       ome.randomize_bits(key, bits, 2.0, ome.DEFAULT_ALPHA))
