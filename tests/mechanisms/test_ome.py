@@ -178,7 +178,7 @@ def test_traced_epsilon_and_alpha_give_the_concrete_probabilities():
 def test_claimed_vs_implied_fields_and_short_vectors():
   eps, alpha = 2.0, 3.0
 
-  def by_parity(num_bits):
+  def by_parity(num_bits, alpha=alpha):
     p = ome.output_probabilities(eps, num_bits, alpha)
     one = np.abs(np.log(p[:, 1] / p[:, 0]))
     zero = np.abs(np.log((1 - p[:, 1]) / (1 - p[:, 0])))
@@ -188,6 +188,11 @@ def test_claimed_vs_implied_fields_and_short_vectors():
   # r = 1, l = 3: bits 0 and 2 even, bit 1 odd (one bit of that parity).
   np.testing.assert_allclose(ome.per_bit_epsilon(eps, 1, 3, alpha),
                              [per_parity[[0, 1, 0]]], rtol=1e-9)
+  # alpha < 1: at odd positions the output 0 carries the larger ratio.
+  small = by_parity(3, 0.1)
+  np.testing.assert_allclose(ome.per_bit_epsilon(eps, 1, 3, 0.1), [small[[0, 1, 0]]],
+                             rtol=1e-9)
+  assert small[1] > 5.0
   # A concrete jax epsilon: probabilities in float32, the epsilons still float64.
   assert ome.per_bit_epsilon(jnp.float32(eps), 1, 3, alpha).dtype == np.float64
   got = ome.claimed_vs_implied(eps, 1, 3, alpha, rng_bits=32)

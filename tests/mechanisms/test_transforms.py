@@ -157,5 +157,7 @@ def test_registry_defaults_names_and_checks():
   with pytest.raises(validate.ConfigError) as e:
     registry.randomizer('gaussian', sigma=-1.0)
   assert (e.value.allowed, e.value.got) == ('a number >= 0', -1.0)
+  np.testing.assert_array_equal(registry.randomizer('gaussian', epsilon=8.0, delta=1e-2)(key, x),
+                                gaussian.add_noise(key, x, gaussian.sigma_for(8.0, 1e-2)))
   # sigma = 0 is allowed: no noise.
   np.testing.assert_array_equal(registry.randomizer('gaussian', sigma=0.0)(key, x), x)
