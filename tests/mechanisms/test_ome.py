@@ -155,6 +155,10 @@ def test_randomize_bits_is_raw_words_below_the_documented_thresholds(rng_bits):
   np.testing.assert_array_equal(
       ome.randomize(key, x, eps, alpha, **kw),
       fixed_point.decode(ome.randomize_bits(key, enc, eps, alpha, **kw), 5, 4, True, True))
+  unsigned, _ = fixed_point.encode(x, 3, 2, False)
+  np.testing.assert_array_equal(
+      ome.randomize(key, x, eps, alpha, int_bits=3, frac_bits=2, sign_bit=False, **kw),
+      fixed_point.decode(ome.randomize_bits(key, unsigned, eps, alpha, **kw), 3, 2, False))
   if rng_bits == 32:
     np.testing.assert_array_equal(
         ome.randomize(key, x, eps),
