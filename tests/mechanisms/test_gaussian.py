@@ -139,3 +139,13 @@ def test_clip_keeps_each_leaf_dtype():
   assert clipped['a'].dtype == jnp.float16 and clipped['b'].dtype == jnp.bfloat16
   # norm sqrt(3 * 4) per example: every entry scaled to 2 / sqrt(12)
   np.testing.assert_allclose(np.asarray(clipped['a'], np.float32), 2 / math.sqrt(12), rtol=1e-2)
+
+
+def test_leaf_i_is_x_plus_sigma_times_the_normal_of_fold_in_key_i():
+  # The module's documented draw: leaf i + sigma * normal(fold_in(key, i)).
+  tree = {'a': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones((4,))}
+  key, sigma = jax.random.key(9), 0.7
+  out = gaussian.add_noise(key, tree, sigma)
+  for i, name in enumerate(('a', 'b')):  # tree_util order
+    want = tree[name] + sigma * jax.random.normal(jax.random.fold_in(key, i), tree[name].shape)
+    np.testing.assert_allclose(out[name], want, rtol=1e-6, atol=1e-6)
