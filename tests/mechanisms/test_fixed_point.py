@@ -141,3 +141,19 @@ def test_every_default_is_the_papers_signed_1_5_4_format():
   pattern = jnp.asarray([(1 << 9) | 24, 1, 511, (1 << 9) | 511], jnp.uint32)
   np.testing.assert_array_equal(fixed_point.decode_pattern(pattern),
                                 [-1.5, 0.0625, 31.9375, -31.9375])
+
+
+def test_float16_input_is_encoded_in_float32():
+  # 0.5 * 2**20 overflows float16: the input must be widened before it is scaled.
+  x = jnp.asarray([0.5, -0.25, 3e-5], jnp.float16)
+  bits, n = fixed_point.encode(x, 0, 20)
+  want_bits, want_n = fixed_point.encode(x.astype(jnp.float32), 0, 20)
+  np.testing.assert_array_equal(bits, want_bits)
+  assert int(n) == int(want_n) == 0
+
+
+def test_decode_error_names_both_bit_counts():
+  bits, _ = fixed_point.encode(jnp.ones((2, 3)))
+  with pytest.raises(ValueError) as e:
+    fixed_point.decode(bits, 5, 4, sign_bit=False)
+  assert str(e.value) == 'bits has 10 bits per feature; the format (0 + 5 + 4) has 9'
