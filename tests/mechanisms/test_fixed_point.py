@@ -157,3 +157,18 @@ def test_decode_error_names_both_bit_counts():
   with pytest.raises(ValueError) as e:
     fixed_point.decode(bits, 5, 4, sign_bit=False)
   assert str(e.value) == 'bits has 10 bits per feature; the format (0 + 5 + 4) has 9'
+
+
+def test_format_bounds_messages_and_the_sign_of_zero():
+  for int_bits, frac_bits in ((1, 0), (0, 1), (20, 10)):  # 1 and 30 magnitude bits: allowed
+    fixed_point.check_format(int_bits, frac_bits)
+  with pytest.raises(validate.ConfigError) as e:
+    fixed_point.check_format(-1, 4)
+  assert (e.value.field, e.value.allowed, e.value.got) == ('int_bits', 'an integer >= 0', -1)
+  with pytest.raises(validate.ConfigError) as e:
+    fixed_point.check_format(20, 11)
+  assert (e.value.allowed, e.value.got) == (
+      'such that 1 <= int_bits + frac_bits <= 30', (20, 11))
+  # 0 is not negative: its sign bit is 0.
+  bits, _ = fixed_point.encode(jnp.asarray([0.0, -0.0]))
+  np.testing.assert_array_equal(bits[:, 0], [0, 0])
