@@ -78,10 +78,15 @@ def test_unknown_mechanism_names_the_field():
     transforms.make('laplace', epsilon=1.0)
   assert e.value.field == 'mechanism'
   assert 'bitrand' in str(e.value)
+  # A registered gradient mechanism is not an input mechanism.
+  with pytest.raises(validate.ConfigError) as e:
+    transforms.make('ldp_sgd', epsilon=1.0)
+  assert e.value.field == 'mechanism'
 
 
 @pytest.mark.parametrize('name,kw,field', [
     ('bitrand', dict(epsilon=-1.0), 'epsilon'),
+    ('ome', dict(epsilon=-1.0), 'epsilon'),
     ('ome', dict(epsilon=1.0, rng_bits=8), 'rng_bits'),
     ('gaussian', dict(epsilon=1.0), 'sigma'),
     ('gaussian', dict(sigma=-1.0), 'sigma'),
