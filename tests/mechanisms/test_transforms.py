@@ -156,6 +156,7 @@ def test_registry_defaults_names_and_checks():
   assert e.value.field == 'defense.mechanism'
   as_float = registry.as_float(lambda key, x: x)(key, np.arange(3))
   assert as_float.dtype == jnp.float32
+  assert registry.as_float(lambda key, x: key)(key, x) is key
   with pytest.raises(validate.ConfigError) as e:
     registry.randomizer('gaussian', epsilon=1.0)
   assert (e.value.field, e.value.allowed) == ('sigma', 'given, or epsilon and delta given')
