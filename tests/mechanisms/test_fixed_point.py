@@ -128,3 +128,47 @@ def test_decode_pattern_equals_decode_of_the_bits(sign_bit, honour_sign, int_bit
       fixed_point.decode_pattern(jnp.asarray(pattern), int_bits, frac_bits, sign_bit,
                                  honour_sign),
       fixed_point.decode(jnp.asarray(bits), int_bits, frac_bits, sign_bit, honour_sign))
+
+
+def test_every_default_is_the_papers_signed_1_5_4_format():
+  x = jnp.asarray([-1.5, 0.0625, 31.9375, -40.0])
+  bits, n = fixed_point.encode(x)
+  want_bits, want_n = fixed_point.encode(x, 5, 4, True)
+  np.testing.assert_array_equal(bits, want_bits)
+  assert int(n) == int(want_n) == 1
+  np.testing.assert_array_equal(fixed_point.decode(bits), [-1.5, 0.0625, 31.9375, -31.9375])
+  np.testing.assert_array_equal(fixed_point.bit_weights(), fixed_point.bit_weights(5, 4, True))
+  pattern = jnp.asarray([(1 << 9) | 24, 1, 511, (1 << 9) | 511], jnp.uint32)
+  np.testing.assert_array_equal(fixed_point.decode_pattern(pattern),
+                                [-1.5, 0.0625, 31.9375, -31.9375])
+
+
+def test_float16_input_is_encoded_in_float32():
+  # 0.5 * 2**20 overflows float16: the input must be widened before it is scaled.
+  x = jnp.asarray([0.5, -0.25, 3e-5], jnp.float16)
+  bits, n = fixed_point.encode(x, 0, 20)
+  want_bits, want_n = fixed_point.encode(x.astype(jnp.float32), 0, 20)
+  np.testing.assert_array_equal(bits, want_bits)
+  assert int(n) == int(want_n) == 0
+
+
+def test_decode_error_names_both_bit_counts():
+  bits, _ = fixed_point.encode(jnp.ones((2, 3)))
+  with pytest.raises(ValueError) as e:
+    fixed_point.decode(bits, 5, 4, sign_bit=False)
+  assert str(e.value) == 'bits has 10 bits per feature; the format (0 + 5 + 4) has 9'
+
+
+def test_format_bounds_messages_and_the_sign_of_zero():
+  for int_bits, frac_bits in ((1, 0), (0, 1), (20, 10)):  # 1 and 30 magnitude bits: allowed
+    fixed_point.check_format(int_bits, frac_bits)
+  with pytest.raises(validate.ConfigError) as e:
+    fixed_point.check_format(-1, 4)
+  assert (e.value.field, e.value.allowed, e.value.got) == ('int_bits', 'an integer >= 0', -1)
+  with pytest.raises(validate.ConfigError) as e:
+    fixed_point.check_format(20, 11)
+  assert (e.value.allowed, e.value.got) == (
+      'such that 1 <= int_bits + frac_bits <= 30', (20, 11))
+  # 0 is not negative: its sign bit is 0.
+  bits, _ = fixed_point.encode(jnp.asarray([0.0, -0.0]))
+  np.testing.assert_array_equal(bits[:, 0], [0, 0])

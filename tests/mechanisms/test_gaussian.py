@@ -112,3 +112,40 @@ def test_clip_and_noise_rejects_unknown_reduction():
   with pytest.raises(validate.ConfigError) as e:
     gaussian.clip_and_noise(jax.random.key(0), jnp.ones((2, 3)), 1.0, 1.0, reduce='max')
   assert e.value.field == 'reduce'
+
+
+def test_error_messages_name_the_rule_and_the_value():
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.sigma_for(1.0, 1e-5, sensitivity=-2.0)
+  assert (e.value.allowed, e.value.got) == ('a finite number > 0', -2.0)
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.sigma_for(1.0, 1.5)
+  assert (e.value.allowed, e.value.got) == ('in (0, 1)', 1.5)
+  with pytest.raises(validate.ConfigError) as e:
+    gaussian.clip_and_noise(jax.random.key(0), jnp.ones((2, 3)), 1.0, 1.0, reduce='max')
+  assert (e.value.allowed, e.value.got) == ("one of ('mean', 'sum')", 'max')
+
+
+def test_clip_and_noise_default_reduction_is_the_mean():
+  g = {'w': jnp.asarray(np.random.default_rng(2).normal(size=(4, 3)), jnp.float32)}
+  key = jax.random.key(4)
+  np.testing.assert_array_equal(gaussian.clip_and_noise(key, g, 1.0, 0.5)['w'],
+                                gaussian.clip_and_noise(key, g, 1.0, 0.5, reduce='mean')['w'])
+
+
+def test_clip_keeps_each_leaf_dtype():
+  g = {'a': jnp.full((3, 2), 2.0, jnp.float16), 'b': jnp.full((3,), 2.0, jnp.bfloat16)}
+  clipped, _ = gaussian.clip_per_example(g, 1.0)
+  assert clipped['a'].dtype == jnp.float16 and clipped['b'].dtype == jnp.bfloat16
+  # norm sqrt(3 * 4) per example: every entry scaled to 2 / sqrt(12)
+  np.testing.assert_allclose(np.asarray(clipped['a'], np.float32), 2 / math.sqrt(12), rtol=1e-2)
+
+
+def test_leaf_i_is_x_plus_sigma_times_the_normal_of_fold_in_key_i():
+  # The module's documented draw: leaf i + sigma * normal(fold_in(key, i)).
+  tree = {'a': jnp.arange(6.0).reshape(2, 3), 'b': jnp.ones((4,))}
+  key, sigma = jax.random.key(9), 0.7
+  out = gaussian.add_noise(key, tree, sigma)
+  for i, name in enumerate(('a', 'b')):  # tree_util order
+    want = tree[name] + sigma * jax.random.normal(jax.random.fold_in(key, i), tree[name].shape)
+    np.testing.assert_allclose(out[name], want, rtol=1e-6, atol=1e-6)

@@ -53,13 +53,14 @@ def test_kept_hemisphere_probability(epsilon):
   assert low <= np.exp(epsilon) / (1 + np.exp(epsilon)) <= high
 
 
-def test_pole_probability_for_small_gradients():
+@pytest.mark.parametrize('norm,clip_norm', [(0.3, 1.0), (0.6, 2.0)])
+def test_pole_probability_for_small_gradients(norm, clip_norm):
   # ||g|| = 0.3 L: P(report on g's side) = pk * pz + (1 - pk)(1 - pz).
   n, dim, eps = 20_000, 16, 3.0
   u = _direction(dim, 2)
-  g = jnp.broadcast_to(jnp.asarray(0.3 * u), (n, dim))
-  r = ldp_sgd.randomize(jax.random.key(8), g, eps, 1.0)
-  pk, pz = 1 / (1 + np.exp(-eps)), 0.65
+  g = jnp.broadcast_to(jnp.asarray(norm * u), (n, dim))
+  r = ldp_sgd.randomize(jax.random.key(8), g, eps, clip_norm)
+  pk, pz = 1 / (1 + np.exp(-eps)), 0.5 + norm / (2 * clip_norm)
   low, high = _cp(int(jnp.sum(r @ u > 0)), n)
   assert low <= pk * pz + (1 - pk) * (1 - pz) <= high
 
@@ -181,3 +182,80 @@ def test_subspace_shortcut_full_dimension_is_a_unit_vector():
   r = ldp_sgd.randomize_in_subspace(jax.random.key(3), jnp.ones((5, 3)), 1.0,
                                     1.0, 3)
   np.testing.assert_allclose(np.linalg.norm(r, axis=-1), 1.0, atol=1e-5)
+
+
+def test_clip_and_projection_below_unit_norm():
+  # Norms below 1 with a bound below them: the guard against dividing by zero
+  # (max(norm, tiny)) must not act as a floor at 1.
+  g = jnp.asarray([[0.3, 0.4], [0.03, 0.04]])
+  np.testing.assert_allclose(ldp_sgd.clip(g, 0.25),
+                             [[0.15, 0.2], [0.03, 0.04]], rtol=1e-6)
+  out = ldp_sgd.project_l2({'a': jnp.asarray([0.3, 0.4])}, 0.25)
+  np.testing.assert_allclose(out['a'], [0.15, 0.2], rtol=1e-6)
+
+
+@pytest.mark.parametrize('dim', [3, 40])
+def test_subspace_shortcut_norm_is_beta(dim):
+  # The projection of a uniform unit vector in d dims onto a k-dim subspace has
+  # squared norm Beta(k / 2, (d - k) / 2), independently across the batch; dim
+  # = k + 1 is the edge where the rest of the space has one degree of freedom.
+  # A 3-d batch checks that the leading axes are all batch axes.
+  shape, k = (4, 5_000), 2
+  coef = jnp.broadcast_to(jnp.asarray([0.3, -0.2], jnp.float32), shape + (k,))
+  r = np.asarray(ldp_sgd.randomize_in_subspace(jax.random.key(31), coef, 1.5,
+                                               1.0, dim))
+  assert r.shape == shape + (k,)
+  sq = np.sum(r.astype(np.float64)**2, axis=-1).ravel()
+  beta = sp_stats.beta(k / 2, (dim - k) / 2)
+  assert sp_stats.kstest(sq, beta.cdf).pvalue > 1e-3
+
+
+def test_low_precision_inputs_are_computed_in_float32():
+  # A float16 gradient, epsilon or report is converted to float32 first: the same
+  # reports and estimates as from its float32 copy, float32 results. (Kept in float16,
+  # the pole's probability 1/2 + ||g|| / 2L, below 1 for these small gradients, would
+  # be drawn as a float16 Bernoulli, from other bits; the mean of 4,000 float16
+  # reports loses ~3 digits.)
+  n, dim = 4_000, 16
+  g16 = jnp.asarray(0.02 * np.random.default_rng(6).normal(size=(n, dim)), jnp.float16)
+  g32 = g16.astype(jnp.float32)
+  key = jax.random.key(13)
+  np.testing.assert_array_equal(ldp_sgd.randomize(key, g16, 1.0, 0.5),
+                                ldp_sgd.randomize(key, g32, 1.0, 0.5))
+  c16 = g16[:, :3]
+  np.testing.assert_array_equal(ldp_sgd.randomize_in_subspace(key, c16, 1.0, 0.5, 40),
+                                ldp_sgd.randomize_in_subspace(key, c16.astype(jnp.float32),
+                                                              1.0, 0.5, 40))
+  eps16 = jnp.float16(1.3)
+  assert ldp_sgd.keep_probability(eps16).dtype == jnp.float32
+  assert ldp_sgd.debias_scale(dim, eps16, 1.0).dtype == jnp.float32
+  assert ldp_sgd.paper_learning_rate(2.0, 4, dim, eps16, 1.0).dtype == jnp.float32
+  reports = ldp_sgd.randomize(key, g32, 1.0, 0.5).astype(jnp.float16)
+  np.testing.assert_allclose(ldp_sgd.server_estimate(reports, 1.0, 0.5),
+                             ldp_sgd.server_estimate(reports.astype(jnp.float32), 1.0, 0.5),
+                             rtol=1e-6)
+
+
+def test_randomize_is_the_documented_draw_from_three_keys():
+  # Algorithm 1 on the keys split(key, 3) = (pole, direction, keep): a zero gradient
+  # takes e_0 as its direction (a fair pole, so any fixed direction has the same law,
+  # but the draw is pinned).
+  n, dim, eps, clip_norm = 16, 5, 1.0, 2.0
+  g = np.random.default_rng(7).normal(size=(n, dim)).astype(np.float32)
+  g[:8] = 0.0
+  g[8:10] *= 0.1
+  key = jax.random.key(14)
+  k_pole, k_dir, k_keep = jax.random.split(key, 3)
+  norm = np.linalg.norm(g, axis=-1)
+  direction = np.where(norm[:, None] > 0, g / np.maximum(norm, 1e-30)[:, None],
+                       np.eye(dim, dtype=np.float32)[0])
+  p_pole = 0.5 + np.minimum(norm, clip_norm) / (2 * clip_norm)
+  pole = np.where(jax.random.bernoulli(k_pole, jnp.asarray(p_pole, jnp.float32), (n,)),
+                  1.0, -1.0)
+  v = np.asarray(jax.random.normal(k_dir, (n, dim), jnp.float32))
+  v = v / np.linalg.norm(v, axis=-1, keepdims=True)
+  side = np.where(np.sum(direction * v, axis=-1) >= 0, 1.0, -1.0) * pole
+  keep = np.asarray(jax.random.bernoulli(k_keep, 1 / (1 + np.exp(-eps)), (n,)))
+  want = np.where(keep, side, -side)[:, None] * v
+  np.testing.assert_allclose(ldp_sgd.randomize(key, jnp.asarray(g), eps, clip_norm), want,
+                             rtol=1e-5, atol=1e-6)

@@ -130,3 +130,82 @@ def test_bad_arguments_raise_config_error(field, kw):
   with pytest.raises(validate.ConfigError) as e:
     ome.randomize(jax.random.key(0), jnp.ones((2, 3)), **kw)
   assert e.value.field == field
+
+
+@pytest.mark.parametrize('rng_bits', [32, 16])
+def test_randomize_bits_is_raw_words_below_the_documented_thresholds(rng_bits):
+  # Odd l and r != d: the parity runs over the whole d*l vector and eps is divided by the
+  # given r * l. Each output bit is exactly `word < threshold` for that bit's case.
+  eps, alpha, r = 3.0, 2.0, 7
+  bits = jnp.asarray(np.random.default_rng(3).integers(0, 2, (3, 4, 5)), jnp.uint8)
+  key = jax.random.key(5)
+  t = bitrand.thresholds(ome.output_probabilities(eps, r * 5, alpha), rng_bits)
+  odd = ome.odd_positions(4, 5).astype(int)
+  want_threshold = np.where(np.asarray(bits) == 1, t[odd, 1], t[0, 0])
+  want = bitrand.bernoulli_below(key, jnp.asarray(want_threshold), bits.shape, rng_bits)
+  got = ome.randomize_bits(key, bits, eps, alpha, num_features=r, rng_bits=rng_bits)
+  assert got.dtype == jnp.uint8
+  np.testing.assert_array_equal(got, np.asarray(want).astype(np.uint8))
+  # The three cases really differ here (else the check above could not tell them apart).
+  assert len({int(t[0, 0]), int(t[0, 1]), int(t[1, 1])}) == 3
+  # randomize = encode, randomize_bits, decode with the documented defaults.
+  x = jnp.asarray(np.random.default_rng(4).uniform(-40, 40, (6, 4)), jnp.float32)
+  enc, _ = fixed_point.encode(x, 5, 4, True)
+  kw = dict(num_features=r, rng_bits=rng_bits)
+  np.testing.assert_array_equal(
+      ome.randomize(key, x, eps, alpha, **kw),
+      fixed_point.decode(ome.randomize_bits(key, enc, eps, alpha, **kw), 5, 4, True, True))
+  unsigned, _ = fixed_point.encode(x, 3, 2, False)
+  np.testing.assert_array_equal(
+      ome.randomize(key, x, eps, alpha, int_bits=3, frac_bits=2, sign_bit=False, **kw),
+      fixed_point.decode(ome.randomize_bits(key, unsigned, eps, alpha, **kw), 3, 2, False))
+  if rng_bits == 32:
+    np.testing.assert_array_equal(
+        ome.randomize(key, x, eps),
+        fixed_point.decode(ome.randomize_bits(key, enc, eps, 100.0), 5, 4, True, True))
+
+
+def test_traced_epsilon_and_alpha_give_the_concrete_probabilities():
+  want = ome.output_probabilities(2.0, 640, 3.0)
+  assert isinstance(want, np.ndarray) and want.dtype == np.float64
+  flips = ome.flip_probabilities(2.0, 640, 3.0)
+  assert isinstance(flips, np.ndarray) and flips.dtype == np.float64
+  np.testing.assert_allclose(flips, np.stack([want[:, 0], 1 - want[:, 1]], axis=1), rtol=1e-12)
+  for fn in (lambda e, a: ome.output_probabilities(e, 640, a),
+             lambda e, a: ome.output_probabilities(e, 640, 3.0),
+             lambda e, a: ome.output_probabilities(2.0, 640, a)):
+    np.testing.assert_allclose(jax.jit(fn)(2.0, 3.0), want, rtol=1e-6)
+  np.testing.assert_allclose(
+      jax.jit(lambda e: ome.flip_probabilities(e, 640, 3.0))(2.0), flips, rtol=1e-6)
+
+
+def test_claimed_vs_implied_fields_and_short_vectors():
+  eps, alpha = 2.0, 3.0
+
+  def by_parity(num_bits, alpha=alpha):
+    p = ome.output_probabilities(eps, num_bits, alpha)
+    one = np.abs(np.log(p[:, 1] / p[:, 0]))
+    zero = np.abs(np.log((1 - p[:, 1]) / (1 - p[:, 0])))
+    return np.maximum(one, zero)
+
+  per_parity = by_parity(3)
+  # r = 1, l = 3: bits 0 and 2 even, bit 1 odd (one bit of that parity).
+  np.testing.assert_allclose(ome.per_bit_epsilon(eps, 1, 3, alpha),
+                             [per_parity[[0, 1, 0]]], rtol=1e-9)
+  # alpha < 1: at odd positions the output 0 carries the larger ratio.
+  small = by_parity(3, 0.1)
+  np.testing.assert_allclose(ome.per_bit_epsilon(eps, 1, 3, 0.1), [small[[0, 1, 0]]],
+                             rtol=1e-9)
+  assert small[1] > 5.0
+  # A concrete jax epsilon: probabilities in float32, the epsilons still float64.
+  assert ome.per_bit_epsilon(jnp.float32(eps), 1, 3, alpha).dtype == np.float64
+  got = ome.claimed_vs_implied(eps, 1, 3, alpha, rng_bits=32)
+  assert set(got) == {'claimed', 'alpha', 'rng_bits', 'per_parity', 'per_vector'}
+  assert got['claimed'] == eps and got['alpha'] == alpha and got['rng_bits'] == 32
+  np.testing.assert_allclose(got['per_parity'], per_parity, rtol=1e-6)
+  np.testing.assert_allclose(got['per_vector'], 2 * per_parity[0] + per_parity[1], rtol=1e-6)
+  # A single bit has only an even position: the odd entry is nan.
+  single = ome.claimed_vs_implied(eps, 1, 1, alpha)
+  assert single['rng_bits'] is None
+  assert single['per_parity'][0] == pytest.approx(by_parity(1)[0])
+  assert math.isnan(single['per_parity'][1])
