@@ -143,3 +143,21 @@ def test_upload_hook_reaches_the_recorded_uploads_and_chunks_of_one():
   np.testing.assert_allclose(got['diff'][0], -np.tile(got['grad_sq'][0], (2, 1)), rtol=1e-6)
   want = losses.per_example_cross_entropy(MODEL.apply(params, qx[:3]), qy[:3])
   np.testing.assert_allclose(got['loss'][0], np.tile(want, (2, 1)), rtol=1e-5)
+
+
+def _scalar_inputs_model(params, x):
+  """Logits [N, 3] of scalar inputs [N] (examples with no trailing axes)."""
+  return x[:, None] * params['w'] + params['b']
+
+
+def test_queries_without_trailing_axes():
+  rng = np.random.default_rng(6)
+  xs = [rng.normal(size=4).astype(np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 3, 4).astype(np.int32) for _ in range(2)]
+  qx, qy = rng.normal(size=5).astype(np.float32), np.asarray([0, 1, 2, 1, 0], np.int32)
+  params = {'w': jnp.asarray([1.0, -1.0, 0.5]), 'b': jnp.zeros(3)}
+  got = recording.train_recorded(_scalar_inputs_model, params, rounds.pad_clients(xs, ys), qx,
+                                 qy, key=jax.random.key(7), num_rounds=1, record_every=1,
+                                 optimizer=OPT, epochs=1, batch_size=2, chunk_size=8)
+  assert got['loss'].shape == (1, 2, 5) and got['grad_sq'].shape == (1, 5)
+  assert np.all(np.isfinite(got['loss']))
