@@ -161,3 +161,17 @@ def test_queries_without_trailing_axes():
                                  optimizer=OPT, epochs=1, batch_size=2, chunk_size=8)
   assert got['loss'].shape == (1, 2, 5) and got['grad_sq'].shape == (1, 5)
   assert np.all(np.isfinite(got['loss']))
+
+
+def test_a_half_precision_model_records_float32():
+  rng = np.random.default_rng(8)
+  xs = [rng.normal(size=4).astype(np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 3, 4).astype(np.int32) for _ in range(2)]
+  qx, qy = jnp.asarray(rng.normal(size=3), jnp.bfloat16), np.asarray([0, 1, 2], np.int32)
+  params = {'w': jnp.asarray([1.0, -1.0, 0.5], jnp.bfloat16), 'b': jnp.zeros(3, jnp.bfloat16)}
+  clients = rounds.pad_clients([jnp.asarray(a, jnp.bfloat16) for a in xs], ys)
+  got = recording.train_recorded(_scalar_inputs_model, params, clients, qx, qy,
+                                 key=jax.random.key(9), num_rounds=1, record_every=1,
+                                 optimizer=optax.sgd(0.1), epochs=1, batch_size=2)
+  for name in ('loss', 'cos', 'diff', 'grad_sq'):
+    assert got[name].dtype == np.float32, name
