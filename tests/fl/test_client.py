@@ -277,3 +277,27 @@ def test_hooked_unpadded_path_keeps_shuffle_false(setup):
   chex.assert_trees_all_equal(hooked, plain)
   shuffled = local.fedavg(loss_fn, params, x, y, hooks=hooks, **kw)
   assert not np.allclose(shuffled['params']['fc1']['kernel'], plain['params']['fc1']['kernel'])
+
+
+def test_identity_loss_calls_a_three_argument_loss_without_a_mask(setup):
+  loss_fn, params, x, y = setup
+  # Without a mask the default `loss` hook calls loss_fn(params, x, y): a loss that takes no
+  # mask argument works on the unpadded path.
+  three = lambda p, xb, yb: loss_fn(p, xb, yb)  # noqa: E731
+  np.testing.assert_array_equal(client.IDENTITY.loss(KEY, three, params, x, y, None, None),
+                                loss_fn(params, x, y))
+  mask = jnp.asarray([1.0] * 4 + [0.0] * 3)
+  np.testing.assert_array_equal(client.IDENTITY.loss(KEY, loss_fn, params, x, y, mask, None),
+                                loss_fn(params, x, y, mask))
+
+
+def test_update_and_apply_update_subtract():
+  w = {'a': jnp.asarray([1.0, 2.0]), 'b': jnp.asarray(3.0)}
+  local_w = {'a': jnp.asarray([0.5, 4.0]), 'b': jnp.asarray(1.0)}
+  delta = client.update(w, local_w)
+  chex.assert_trees_all_equal(delta, {'a': jnp.asarray([0.5, -2.0]), 'b': jnp.asarray(2.0)})
+  # The server step w - mean Delta with a single client's Delta gives back its local model.
+  chex.assert_trees_all_equal(client.apply_update(w, delta), local_w)
+  chex.assert_trees_all_equal(client.apply_update(w, {'a': jnp.asarray([1.0, 1.0]),
+                                                      'b': jnp.asarray(-1.0)}),
+                              {'a': jnp.asarray([0.0, 1.0]), 'b': jnp.asarray(4.0)})

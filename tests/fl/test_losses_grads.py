@@ -98,3 +98,13 @@ def test_make_loss_fn_takes_the_mask(setup):
   np.testing.assert_allclose(loss_fn(params, x, y, mask), loss_fn(params, x[keep], y[keep]),
                              rtol=1e-6)
   assert not np.isclose(loss_fn(params, x, y, mask), loss_fn(params, x, y))
+
+
+def test_masked_mean_keeps_the_dtype_of_the_values():
+  # The mask takes the values' dtype, so a half-precision loss stays half precision
+  # (an integer or float32 mask does not promote it).
+  values = jnp.asarray([1.0, 2.0, 4.0], jnp.bfloat16)
+  for mask in (jnp.asarray([1, 0, 1], jnp.int32), jnp.asarray([1.0, 0.0, 1.0], jnp.float32)):
+    got = losses.masked_mean(values, mask)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.float32(got), 2.5)

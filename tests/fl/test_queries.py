@@ -90,3 +90,35 @@ def test_measure_checks_its_arguments():
     queries.measure(model.apply, params, uploads, x, y[:6], chunk_size=2)
   with pytest.raises(ValueError, match=r'^measure needs at least one query$'):
     queries.measure(model.apply, params, uploads, x[:0], y[:0], chunk_size=2)
+
+
+def test_flatten_stack_of_one_leaf_and_of_a_tree():
+  # A bare array is a one-leaf tree: [K, ...] -> [K, P].
+  a = jnp.arange(12.0).reshape(3, 2, 2)
+  np.testing.assert_array_equal(queries.flatten_stack(a), np.arange(12.0).reshape(3, 4))
+  tree = {'b': jnp.ones((3, 2), jnp.bfloat16), 'w': a}
+  got = queries.flatten_stack(tree)
+  assert got.dtype == jnp.float32 and got.shape == (3, 6)
+  want = np.concatenate([np.ones((3, 2)), np.arange(12.0).reshape(3, 4)], axis=1)
+  np.testing.assert_array_equal(got, want)
+
+
+def _scalar_inputs_model(params, x):
+  """Logits [N, 3] of scalar inputs [N] (queries with no trailing axes)."""
+  return x[:, None] * params['w'] + params['b']
+
+
+def test_measure_takes_queries_without_trailing_axes():
+  key = jax.random.key(5)
+  params = {'w': jnp.asarray([1.0, -1.0, 0.5]), 'b': jnp.asarray([0.0, 0.2, -0.1])}
+  uploads = jax.tree_util.tree_map(
+      lambda p: 0.1 * jax.random.normal(jax.random.fold_in(key, p.size), (2,) + p.shape), params)
+  x = jax.random.normal(jax.random.fold_in(key, 1), (5,))
+  y = jnp.asarray([0, 1, 2, 1, 0])
+  got = queries.measure_numpy(_scalar_inputs_model, params, uploads, x, y, chunk_size=4)
+  assert got.loss.shape == (2, 5) and got.grad_sq.shape == (5,)
+  for k in range(2):
+    local = jax.tree_util.tree_map(lambda p, u: p - u[k], params, uploads)
+    np.testing.assert_allclose(
+        got.loss[k], losses.per_example_cross_entropy(_scalar_inputs_model(local, x), y),
+        rtol=1e-5)

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from fl_privacy import models
+from fl_privacy.fl import client
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
 from fl_privacy.fl import recording
@@ -123,3 +124,54 @@ def test_test_split_progress_and_a_run_without_test_split():
   assert bare['test_loss'].shape == (2,) and np.all(np.isnan(bare['test_loss']))
   assert int(bare['num_test']) == 0 and np.isnan(seen[1][1]['test_accuracy'])
   np.testing.assert_array_equal(bare['loss'], got['loss'])
+
+
+def _zero_upload(key, delta, aux):
+  del key, aux
+  return jax.tree_util.tree_map(jnp.zeros_like, delta)
+
+
+def test_upload_hook_reaches_the_recorded_uploads_and_chunks_of_one():
+  xs, ys, qx, qy, params = _data(num_clients=2, per_client=4)
+  clients = rounds.pad_clients(xs, ys)
+  # Every client uploads zeros: the server measures at w_0 against zero updates.
+  got = recording.train_recorded(MODEL.apply, params, clients, qx[:3], qy[:3],
+                                 key=jax.random.key(4), num_rounds=1, record_every=1,
+                                 optimizer=OPT, epochs=1, batch_size=4, chunk_size=1,
+                                 hooks=client.ClientHooks(upload=_zero_upload))
+  np.testing.assert_array_equal(got['cos'], 0.0)
+  np.testing.assert_allclose(got['diff'][0], -np.tile(got['grad_sq'][0], (2, 1)), rtol=1e-6)
+  want = losses.per_example_cross_entropy(MODEL.apply(params, qx[:3]), qy[:3])
+  np.testing.assert_allclose(got['loss'][0], np.tile(want, (2, 1)), rtol=1e-5)
+
+
+def _scalar_inputs_model(params, x):
+  """Logits [N, 3] of scalar inputs [N] (examples with no trailing axes)."""
+  return x[:, None] * params['w'] + params['b']
+
+
+def test_queries_without_trailing_axes():
+  rng = np.random.default_rng(6)
+  xs = [rng.normal(size=4).astype(np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 3, 4).astype(np.int32) for _ in range(2)]
+  qx, qy = rng.normal(size=5).astype(np.float32), np.asarray([0, 1, 2, 1, 0], np.int32)
+  params = {'w': jnp.asarray([1.0, -1.0, 0.5]), 'b': jnp.zeros(3)}
+  got = recording.train_recorded(_scalar_inputs_model, params, rounds.pad_clients(xs, ys), qx,
+                                 qy, key=jax.random.key(7), num_rounds=1, record_every=1,
+                                 optimizer=OPT, epochs=1, batch_size=2, chunk_size=8)
+  assert got['loss'].shape == (1, 2, 5) and got['grad_sq'].shape == (1, 5)
+  assert np.all(np.isfinite(got['loss']))
+
+
+def test_a_half_precision_model_records_float32():
+  rng = np.random.default_rng(8)
+  xs = [rng.normal(size=4).astype(np.float32) for _ in range(2)]
+  ys = [rng.integers(0, 3, 4).astype(np.int32) for _ in range(2)]
+  qx, qy = jnp.asarray(rng.normal(size=3), jnp.bfloat16), np.asarray([0, 1, 2], np.int32)
+  params = {'w': jnp.asarray([1.0, -1.0, 0.5], jnp.bfloat16), 'b': jnp.zeros(3, jnp.bfloat16)}
+  clients = rounds.pad_clients([jnp.asarray(a, jnp.bfloat16) for a in xs], ys)
+  got = recording.train_recorded(_scalar_inputs_model, params, clients, qx, qy,
+                                 key=jax.random.key(9), num_rounds=1, record_every=1,
+                                 optimizer=optax.sgd(0.1), epochs=1, batch_size=2)
+  for name in ('loss', 'cos', 'diff', 'grad_sq'):
+    assert got[name].dtype == np.float32, name
