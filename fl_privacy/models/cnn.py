@@ -44,7 +44,7 @@ class Im2colConv(nn.Module):
   slower in two places this avoids: its backward under vmap over runs (grouped
   convolutions), and any convolution inside a loop (`lax.scan` of local steps), where the
   kernel gradient is left in a layout the fast Eigen path does not take (jax-ml/jax#12868;
-  about 40x slower for ResNet-18 on jax 0.10.2).
+  20-40x slower for ResNet-18 on jax 0.10.2, `benchmarks.conv_in_loop`).
 
   Attributes:
     features: output channels.

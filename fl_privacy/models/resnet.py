@@ -68,7 +68,7 @@ class ResNet18GN(nn.Module):
     num_classes: Number of output logits.
     conv_impl: 'auto' (im2col + matmul on CPU, XLA's convolution elsewhere), 'xla' or
       'im2col' (`cnn.Im2colConv`: same parameters, same function up to float rounding). On
-      CPU, XLA's convolutions inside the local-training loop run about 40x slower than
+      CPU, XLA's convolutions inside the local-training loop run 20-40x slower than
       outside it (see `cnn.Im2colConv`); im2col avoids that.
   """
   num_classes: int = 10
