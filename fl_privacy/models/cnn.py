@@ -117,12 +117,8 @@ class FlowerCNN(nn.Module):
 
   def setup(self):
     _check_padding(self.padding)
-    if _conv_impl(self.conv_impl) == 'im2col':
-      self.conv1 = Im2colConv(6, (5, 5), padding=self.padding)
-      self.conv2 = Im2colConv(16, (5, 5), padding=self.padding)
-    else:
-      self.conv1 = nn.Conv(6, (5, 5), padding=self.padding)
-      self.conv2 = nn.Conv(16, (5, 5), padding=self.padding)
+    self.conv1 = make_conv(self.conv_impl, 6, (5, 5), padding=self.padding)
+    self.conv2 = make_conv(self.conv_impl, 16, (5, 5), padding=self.padding)
     self.fc1 = nn.Dense(120)
     self.fc2 = nn.Dense(84)
     self.fc3 = nn.Dense(self.num_classes)
