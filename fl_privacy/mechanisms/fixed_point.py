@@ -19,6 +19,8 @@ honour_sign=False)` reproduces that behaviour so both numbers can be reported.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -60,6 +62,10 @@ def quantum(frac_bits: int = 4) -> float:
   return 2.0**-frac_bits
 
 
+# Jitted with the format static: called eagerly (the pipelines' setup, certification,
+# copies), its dozen ops would otherwise each compile once per input shape (about 60 eager
+# XLA compilations of the AMI main job).
+@functools.partial(jax.jit, static_argnames=('int_bits', 'frac_bits', 'sign_bit'))
 def encode(x: jax.Array, int_bits: int = 5, frac_bits: int = 4,
            sign_bit: bool = True) -> tuple[jax.Array, jax.Array]:
   """Encodes real features as fixed-point bits (sign, then most to least significant).
@@ -107,6 +113,8 @@ def bit_weights(int_bits: int = 5, frac_bits: int = 4,
   return weights
 
 
+@functools.partial(jax.jit,
+                   static_argnames=('int_bits', 'frac_bits', 'sign_bit', 'honour_sign'))
 def decode(bits: jax.Array, int_bits: int = 5, frac_bits: int = 4,
            sign_bit: bool = True, honour_sign: bool = True) -> jax.Array:
   """Decodes fixed-point bits back to real features.

@@ -103,10 +103,12 @@ def rounds_needed(*, epsilon: float, delta: float, num_neurons: int = 1, signal:
   return hi
 
 
-def _threshold(s: jax.Array, g: float, delta: float, rule: str) -> jax.Array:
+def _threshold(s: np.ndarray, g: float, delta: float, rule: str) -> np.ndarray:
+  # float32 numpy, as the simulation's arithmetic (an eager jnp op would compile per length).
+  s = np.asarray(s, np.float32)
   if rule == 'known_signal':
-    return jnp.full_like(s, 0.5 * g)
-  return s * -_NORMAL.inv_cdf(delta / 2.0)
+    return np.full_like(s, 0.5 * g)
+  return s * np.float32(-_NORMAL.inv_cdf(delta / 2.0))
 
 
 def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta: float,
@@ -135,7 +137,7 @@ def monte_carlo_errors(key: jax.Array, max_rounds: int, *, epsilon: float, delta
   length = max(64, 1 << max(0, int(max_rounds - 1).bit_length()))
   counts = np.arange(1, length + 1, dtype=np.float64)
   s = sigma_c / np.sqrt(counts * num_neurons)
-  tau = np.asarray(_threshold(jnp.asarray(s), g, delta, rule), np.float32)
+  tau = _threshold(s, g, delta, rule)
   program = _errors_program(length)
   fp = np.zeros(length, np.int64)
   fn = np.zeros(length, np.int64)
@@ -158,7 +160,7 @@ def _errors_program(length: int):
 
   K (the number of chosen neurons) is an argument, not a constant: one program per length.
   """
-  rounds = jnp.arange(1, length + 1, dtype=jnp.float32)
+  rounds = np.arange(1, length + 1, dtype=np.float32)
 
   def one_trial(k, sigma_c, g, tau, num_neurons):
     counts = rounds * num_neurons
