@@ -219,8 +219,12 @@ def test_pad_clients_messages_capacity_and_aux():
   np.testing.assert_array_equal(full.x, np.ones((1, 2, 2)))
   np.testing.assert_array_equal(full.y, np.zeros((1, 2)))
   assert data.mask.dtype == np.float32
-  np.testing.assert_array_equal(rounds.ClientData(np.ones((2, 4, 1)), np.ones((2, 4))).sizes(),
-                                [4, 4])
+  # sizes() are float32 weights whatever the mask's dtype (or without a mask).
+  for mask, want in ((None, [4, 4]), (np.asarray([[1, 1, 0, 0], [1, 0, 0, 0]], bool), [2, 1]),
+                     (np.asarray([[1, 1, 1, 0], [0, 1, 0, 0]], np.int32), [3, 1])):
+    sizes = rounds.ClientData(np.ones((2, 4, 1)), np.ones((2, 4)), mask=mask).sizes()
+    assert sizes.dtype == jnp.float32 and sizes.shape == (2,)
+    np.testing.assert_array_equal(sizes, want)
 
 
 def test_participation_fraction_outside_0_1_is_rejected():
@@ -260,24 +264,28 @@ def test_server_and_observe_hooks_get_their_keys_rounds_and_weights(setup):
     return jax.tree_util.tree_map(lambda u: jnp.zeros(u.shape[1:], u.dtype) + shift, uploads)
 
   def observe(key, t, k, global_params, upload):
-    del global_params, upload
-    return jax.random.key_data(key), t, k
+    del upload
+    return jax.random.key_data(key), t, k, global_params
 
   def reduce(state, t, seen, part):
     del state
     return seen, t, part
 
-  init = (jnp.zeros((3, 2), jnp.uint32), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32)), \
-      jnp.int32(0), jnp.zeros(3, bool)
+  stacked = jax.tree_util.tree_map(lambda a: jnp.zeros((3,) + a.shape, a.dtype), params)
+  init = (jnp.zeros((3, 2), jnp.uint32), jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32),
+          stacked), jnp.int32(0), jnp.zeros(3, bool)
   final, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=1, first_round=4,
                           optimizer=optimizers.make('sgd', 0.1), epochs=1, batch_size=2,
                           hooks=client.ClientHooks(aggregate=noisy_sum), observe=observe,
-                          reduce=reduce, init=init, evaluate=lambda p: 0.0)
+                          reduce=reduce, init=init, evaluate=lambda p: p)
   server_key = jax.random.fold_in(jax.random.fold_in(KEY, 4), rounds.SERVER_SALT)
   shift = jax.random.uniform(server_key) + 0 * 6 + 1 * 3 + 2 * 5
   chex.assert_trees_all_close(final, jax.tree_util.tree_map(lambda p: p - shift, params),
                               rtol=1e-6, atol=1e-6)
-  (keys, ts, ks), t, part = log.observed
+  (keys, ts, ks, seen_params), t, part = log.observed
+  # observe sees the round's global model w_4 (here the start), every client the same.
+  chex.assert_trees_all_equal(seen_params, jax.tree_util.tree_map(
+      lambda a: jnp.broadcast_to(a, (3,) + a.shape), params))
   for k in range(3):
     want = jax.random.fold_in(rounds.client_key(KEY, 4, k), rounds.OBSERVE_SALT)
     np.testing.assert_array_equal(keys[k], jax.random.key_data(want))
@@ -286,9 +294,12 @@ def test_server_and_observe_hooks_get_their_keys_rounds_and_weights(setup):
   assert int(t) == 4
   np.testing.assert_array_equal(part, True)
   np.testing.assert_array_equal(log.participants, [[True, True, True]])
-  np.testing.assert_array_equal(log.evaluations, [0.0])
+  # evaluate gets the new global model w_5, stacked over the one round.
+  chex.assert_trees_all_equal(log.evaluations,
+                              jax.tree_util.tree_map(lambda a: a[None], final))
+  # Without observe there is no observation, even when an init state is given.
   _, plain = rounds.run(loss_fn, params, data, key=KEY, num_rounds=1, epochs=1, batch_size=2,
-                        optimizer=optimizers.make('sgd', 0.1))
+                        optimizer=optimizers.make('sgd', 0.1), init=jnp.zeros(3))
   assert plain.observed is None and plain.evaluations is None
 
 

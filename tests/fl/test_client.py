@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fl_privacy import fl
@@ -104,6 +105,28 @@ def test_partial_last_batch_trains_like_a_hand_written_loop(setup):
   chex.assert_trees_all_close(got, w, rtol=1e-5, atol=1e-6)
 
 
+def test_shuffled_padded_shard_trains_in_the_masked_order_and_skips_empty_steps(setup):
+  """A padded shard with shuffling: the steps follow `masked_batch_order` (same key)."""
+  loss_fn, params, x, y = setup
+  mask = jnp.asarray([1, 0, 1, 1, 0, 1, 1], jnp.float32)  # 5 real rows, B = 2: 4 steps
+  opt = optimizers.make('momentum', 0.1)
+  got = local.fedavg(loss_fn, params, x, y, key=KEY, optimizer=opt, epochs=2, batch_size=2,
+                     mask=mask)
+  order, valid = local.masked_batch_order(KEY, mask, epochs=2, batch_size=2)
+
+  @jax.jit
+  def step(w, state, rows, real):  # the mean loss over the batch's real rows
+    updates, state = opt.update(jax.grad(loss_fn)(w, x[rows], y[rows], real), state, w)
+    return optax.apply_updates(w, updates), state
+
+  w, state = params, opt.init(params)
+  for e in range(2):
+    for j in range(order.shape[1]):
+      if valid[e, j].any():  # the empty last step leaves parameters and momentum alone
+        w, state = step(w, state, order[e, j], valid[e, j])
+  chex.assert_trees_all_close(got, w, rtol=1e-5, atol=1e-6)
+
+
 def test_per_example_mean_grad_hook_matches_the_default(setup):
   loss_fn, params, x, y = setup
   mean = lambda key, g, mask: jax.tree_util.tree_map(  # noqa: E731
@@ -112,6 +135,29 @@ def test_per_example_mean_grad_hook_matches_the_default(setup):
             mask=jnp.ones(7))
   default = local.fedavg(loss_fn, params, x, y, **kw)
   hooked = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(grad=mean), **kw)
+  chex.assert_trees_all_close(default, hooked, rtol=1e-5, atol=1e-6)
+
+
+def test_per_example_losses_get_the_loss_key_and_their_row_mask(setup):
+  """The grad hook's per-example gradients are those of the hooked loss (its key, the row's
+  mask): on a padded shard a padding row's gradient is 0, so a hook that ignores the mask
+  trains as the default batch gradient does."""
+  loss_fn, params, x, y = setup
+  mask = jnp.asarray([1, 0, 1, 1, 0, 1, 1], jnp.float32)  # 5 real rows, B = 3: 3, 2, 0 real
+
+  def scaled_loss(key, fn, p, xb, yb, mb, aux):
+    return (1.0 + jax.random.uniform(key)) * client.IDENTITY.loss(key, fn, p, xb, yb, mb, aux)
+
+  def unmasked_mean(key, per_example, mb):
+    del key
+    return jax.tree_util.tree_map(lambda g: g.sum(0) / jnp.maximum(jnp.sum(mb), 1.0),
+                                  per_example)
+
+  kw = dict(key=KEY, optimizer=optimizers.make('sgd', 0.1), epochs=2, batch_size=3, mask=mask)
+  default = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(loss=scaled_loss),
+                         **kw)
+  hooked = local.fedavg(loss_fn, params, x, y, hooks=client.ClientHooks(
+      loss=scaled_loss, grad=unmasked_mean), **kw)
   chex.assert_trees_all_close(default, hooked, rtol=1e-5, atol=1e-6)
 
 
