@@ -173,6 +173,8 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     (w_{first_round + T}, `RoundsLog`).
   """
   hooks = client.IDENTITY if hooks is None else hooks
+  if not 0 < participation <= 1:  # before tracing: `participants` would only see it if < 1
+    raise ValueError(f'participation fraction must be in (0, 1] (got {participation})')
   num_clients = clients.num_clients
   if jnp.shape(clients.y)[0] != num_clients:
     raise ValueError(f'clients.x has {num_clients} clients, clients.y '

@@ -232,6 +232,13 @@ def test_participation_fraction_outside_0_1_is_rejected():
     with pytest.raises(ValueError,
                        match=rf'^participation fraction must be in \(0, 1\] \(got {bad}\)$'):
       rounds.participants(KEY, 0, 4, bad)
+  # `run` rejects them too, above 1 included (it draws participants only below 1).
+  for bad in (0.0, 1.5):
+    with pytest.raises(ValueError,
+                       match=rf'^participation fraction must be in \(0, 1\] \(got {bad}\)$'):
+      rounds.run(lambda p, x, y, mask=None: 0.0, {}, rounds.ClientData(np.ones((2, 3, 1)),
+                 np.ones((2, 3))), key=KEY, num_rounds=1, optimizer=optimizers.make('sgd', 0.1),
+                 epochs=1, batch_size=3, participation=bad)
   # Everyone takes part at fraction 1, as a bool mask like the drawn ones.
   for fraction in (1.0, 0.5):
     parts = rounds.participants(KEY, 0, 4, fraction)
