@@ -287,7 +287,9 @@ def test_server_step_takes_one_fresh_step_on_the_target_batch():
 
   residual = float(x_t @ params['w'] + params['b'] - y_t)  # -3.25
   grads = {'w': 2 * residual * x_t, 'b': 2 * residual}
+  # Momentum from a fresh (zero) trace: the first step is the plain SGD step.
   for opt, step in ((optax.sgd(0.5), lambda p, g: p - 0.5 * g),
+                    (optax.sgd(0.5, momentum=0.9), lambda p, g: p - 0.5 * g),
                     (optimizers.make('sgd', 0.5, weight_decay=0.1),
                      lambda p, g: p - 0.5 * (g + 0.1 * p))):
     got = dishonest.server_step(loss_fn, params, x_t, y_t, opt)

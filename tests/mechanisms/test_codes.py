@@ -75,6 +75,15 @@ def test_pack_codes_is_msb_first_integer_per_group_and_unpack_inverts_it(sizes):
   np.testing.assert_array_equal(np.asarray(unpacked), bits)
 
 
+def test_a_32_bit_group_fills_one_uint32_word():
+  bits = np.asarray(jax.random.bernoulli(jax.random.key(1), 0.5, (4, 32)), np.uint8)
+  bits[0] = 1  # 2**32 - 1
+  packed = _pack(jnp.asarray(bits), (32,))
+  want = bits.astype(np.uint64) @ (2 ** np.arange(31, -1, -1, dtype=np.uint64))
+  np.testing.assert_array_equal(np.asarray(packed)[:, 0], want)
+  np.testing.assert_array_equal(np.asarray(_unpack(packed, (32,))), bits)
+
+
 def test_unpack_codes_of_every_group_code():
   sizes = (3, 2)
   grid = np.array([[a, b] for a in range(8) for b in range(4)], np.uint32)  # [32, 2]
@@ -94,7 +103,9 @@ def test_codes_to_values_is_fixed_point_decode(enc, group):
   l = enc.num_bits
   pattern = np.arange(2**l, dtype=np.int64)
   bits = ((pattern[:, None] >> np.arange(l - 1, -1, -1)[None, :]) & 1).astype(np.uint8)
-  values = np.asarray(_to_values(_pack(jnp.asarray(bits), sizes), sizes, enc))
+  # As [2, 2**l / 2, G]: a leading batch axis before the features.
+  packed = _pack(jnp.asarray(bits.reshape(2, -1, l)), sizes)
+  values = np.asarray(_to_values(packed, sizes, enc)).reshape(-1)
   assert values.dtype == np.float32
   mag = (pattern & (2 ** (enc.int_bits + enc.frac_bits) - 1)) / 2**enc.frac_bits
   sign = np.where(bits[:, 0] == 1, -1.0, 1.0) if enc.sign_bit and enc.honour_sign else 1.0
@@ -150,6 +161,17 @@ def test_asymmetric_channel_has_one_row_per_input_code():
   near = np.stack([q, 1.0 - q], axis=1)
   near[1, 1] += 1e-3
   _check_table(codes.channel_from_bit_probs(near, (3,)), near, (3,), xor=False)
+  # Symmetry is exact up to 1e-15 in absolute terms, no relative slack: 1e-9 off is asymmetric.
+  near[1, 1] -= 1e-3 - 1e-9
+  assert codes.channel_from_bit_probs(near, (3,)).xor == (False,)
+  near[1, 1] -= 1e-9 - 1e-16
+  assert codes.channel_from_bit_probs(near, (3,)).xor == (True,)
+  # float32 probabilities are computed with in float64, as float64 ones.
+  p32 = P_ASYM.astype(np.float32)
+  a, b = (codes.channel_from_bit_probs(p, (2, 3)) for p in (p32, p32.astype(np.float64)))
+  assert a.tv_per_feature == b.tv_per_feature
+  for ta, tb in zip(a.thresholds, b.thresholds):
+    np.testing.assert_array_equal(ta, tb)
 
 
 def test_ome_channel_reads_eq22_by_bit_parity():
@@ -159,6 +181,8 @@ def test_ome_channel_reads_eq22_by_bit_parity():
   p_one = codes.bit_probabilities('ome', 3.0, 7, enc)
   want = np.asarray(ome.output_probabilities(3.0, 70), np.float64)
   assert p_one.dtype == np.float64 and p_one.shape == (10, 2)
+  # float64 also where Eq. (22) is evaluated in float32 (a float32 epsilon).
+  assert codes.bit_probabilities('ome', np.float32(3.0), 7, enc).dtype == np.float64
   np.testing.assert_array_equal(p_one[0::2], np.broadcast_to(want[0], (5, 2)))
   np.testing.assert_array_equal(p_one[1::2], np.broadcast_to(want[1], (5, 2)))
   _check_table(codes.channel_from_bit_probs(p_one, (5, 5)), p_one, (5, 5), xor=False)
@@ -287,6 +311,11 @@ def test_mechanism_fn_builds_the_registry_randomizers():
       jax.jit(codes.mechanism_fn('ome', 2.5, 5, unsigned))(key, x),
       jax.jit(lambda k, x: ome.randomize(k, x, 2.5, int_bits=3, frac_bits=1, sign_bit=False,
                                          num_features=5))(key, x))
+  signed = codes.Encoding(int_bits=3, frac_bits=1)  # honour_sign True
+  np.testing.assert_array_equal(
+      jax.jit(codes.mechanism_fn('ome', 2.5, 5, signed))(key, x),
+      jax.jit(lambda k, x: ome.randomize(k, x, 2.5, int_bits=3, frac_bits=1, num_features=5))(
+          key, x))
   ident = codes.mechanism_fn('none', None, 3, enc)(key, np.array([[1, -2, 3]], np.int32))
   assert ident.dtype == jnp.float32
   np.testing.assert_array_equal(ident, [[1.0, -2.0, 3.0]])
