@@ -3,7 +3,8 @@
 Used by the AMI game (Nguyen et al., AISTATS 2023) to randomize whole batches of fixed-point
 encoded features: one 32-bit word draws a group of up to 5 output bits by inverse CDF instead
 of one Bernoulli per bit. Every output code's probability is within 2**-32 of the
-mechanism's; `channel_from_bit_probs` computes and reports the exact total-variation gap.
+mechanism's (1.5 * 2**-32 next to a CDF capped at 1 - 2**-32, the largest uint32 threshold);
+`channel_from_bit_probs` computes and reports the exact total-variation gap.
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ def channel_from_bit_probs(p_one: np.ndarray, group_sizes: Sequence[int]) -> Cod
   Bits are randomized independently (true of BitRand, Eq. 23, and OME, Eq. 22, of the AMI
   paper), so the law of a group of n output bits given its n input bits is the product of the
   per-bit laws; drawing one 32-bit word per group by inverse CDF realizes every output code's
-  probability as an integer multiple of 2**-32 within 2**-32 of the exact value. The exact
-  worst-case TV of the realized channel is computed in float64 and returned.
+  probability as an integer multiple of 2**-32 within 2**-32 of the exact value (within
+  1.5 * 2**-32 where a cumulative probability of 1 - 2**-33 or more is capped at the largest
+  uint32 threshold, 1 - 2**-32). The exact worst-case TV of the realized channel is computed
+  in float64 and returned.
 
   Args:
     p_one: [l, 2] float64, p_one[k, u] = P(output bit k = 1 | input bit k = u).

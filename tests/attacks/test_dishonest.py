@@ -185,6 +185,117 @@ def test_server_step_is_one_optimizer_step_on_the_target(crafted):
       decayed, jax.tree.map(lambda p, g: p - 0.5 * (g + 0.1 * p), params, grads))
 
 
+def _dense_vars(features, width1, width2, classes, *, collection='params', names=None,
+                seed=0):
+  """A hand-made variables dict: a trunk entry and three dense layers of random weights."""
+  rng = np.random.default_rng(seed)
+  dims = [(features, width1), (width1, width2), (width2, classes)]
+  layers = {name: {'kernel': jnp.asarray(rng.normal(size=d), jnp.float32),
+                   'bias': jnp.asarray(rng.normal(size=d[1]), jnp.float32)}
+            for name, d in zip(names or dishonest.FC_LAYERS, dims)}
+  layers['trunk'] = {'kernel': jnp.asarray(rng.normal(size=(2, 2)), jnp.float32)}
+  return {collection: layers}
+
+
+def test_craft_writes_exactly_the_fig1_block():
+  """Section 2.2, steps 1-3, on a hand-made dict (F = 6, M = 3, widths 8 / 4, 5 classes):
+  the chosen features are 3, 1, 5 (|3.0| > |-2.0| > |1.5|), the other units dead (bias -1)."""
+  names = ('first', 'second', 'out')
+  variables = _dense_vars(6, 8, 4, 5, collection='weights', names=names)
+  h_t = jnp.asarray([0.5, -2.0, 0.1, 3.0, -0.7, 1.5], jnp.float32)
+  crafted, chosen = jax.jit(functools.partial(
+      dishonest.craft, num_components=3, layers=names, collection='weights'))(
+          variables, h_t, jnp.int32(2), epsilon=0.25)
+  np.testing.assert_array_equal(chosen, [3, 1, 5])
+  assert chosen.dtype == jnp.int32
+  k1 = np.zeros((6, 8))
+  b1 = np.full(8, -1.0)
+  for m, (i, eta) in enumerate([(3, 3.0), (1, -2.0), (5, 1.5)]):
+    k1[i, 2 * m], k1[i, 2 * m + 1] = 1, -1
+    b1[2 * m], b1[2 * m + 1] = -eta, eta
+  k2 = np.zeros((8, 4))
+  k2[:6, 0] = -1
+  k3 = np.zeros((4, 5))
+  k3[0, 2] = 1
+  want = {'first': (k1, b1), 'second': (k2, [0.25, -1, -1, -1]), 'out': (k3, [-1, -1, 0, -1, -1])}
+  p = crafted['weights']
+  assert set(p) == {'first', 'second', 'out', 'trunk'}
+  for name, (kernel, bias) in want.items():
+    np.testing.assert_array_equal(p[name]['kernel'], kernel, err_msg=name)
+    np.testing.assert_array_equal(p[name]['bias'], bias, err_msg=name)
+    assert p[name]['kernel'].dtype == p[name]['bias'].dtype == jnp.float32
+  np.testing.assert_array_equal(p['trunk']['kernel'], variables['weights']['trunk']['kernel'])
+  assert float(dishonest.detector_bias(crafted, layers=names, collection='weights')) == 0.25
+
+
+def test_craft_checks_the_layer_sizes_it_needs():
+  variables = _dense_vars(6, 8, 4, 5)
+  with pytest.raises(ValueError, match=r'^M=5 needs M <= 6 features and 2M <= 8 units of fc1$'):
+    dishonest.craft(variables, jnp.ones(6), 0, 5, EPS)
+  with pytest.raises(ValueError, match=r'^fc1 takes 6 inputs, features have 5$'):
+    dishonest.craft(variables, jnp.ones(5), 0, 2, EPS)
+  narrow = _dense_vars(3, 8, 4, 5)
+  with pytest.raises(ValueError, match=r'^M=4 needs M <= 3 features and 2M <= 8 units of fc1$'):
+    dishonest.craft(narrow, jnp.ones(3), 0, 4, EPS)
+  craft = jax.jit(dishonest.craft, static_argnums=3)
+  _, chosen = craft(variables, jnp.arange(6.0), jnp.int32(0), 4, EPS)  # 2M = 8 units: fits
+  np.testing.assert_array_equal(chosen, [5, 4, 3, 2])
+  _, chosen = craft(narrow, jnp.asarray([1.0, -3.0, 2.0]), jnp.int32(0), 3, EPS)  # M = F
+  np.testing.assert_array_equal(chosen, [1, 2, 0])
+
+
+def test_detector_distance_and_bias_read_the_documented_entries():
+  a = np.random.default_rng(1).normal(size=(2, 3, 4)).astype(np.float32)
+  eta = np.asarray([0.5, -1.0, 2.0, 0.0], np.float32)
+  np.testing.assert_allclose(dishonest.detector_distance(jnp.asarray(a), jnp.asarray(eta)),
+                             np.sum(np.abs(a - eta), axis=-1), rtol=1e-6)
+  names = ('x', 'y', 'z')
+  variables = {**_dense_vars(3, 4, 4, 2, collection='other', names=names),
+               **_dense_vars(3, 4, 4, 2, seed=1)}
+  assert float(dishonest.detector_bias(variables)) == float(variables['params']['fc2']['bias'][0])
+  assert float(dishonest.detector_bias(variables, layers=names, collection='other')) == float(
+      variables['other']['y']['bias'][0])
+
+
+class _Linear:
+  """The least a `loss_fn_for` model needs: `apply({'params': p}, x)` -> logits."""
+
+  def apply(self, variables, x):
+    return x @ variables['params']['w']
+
+
+def test_loss_fn_for_is_the_masked_cross_entropy_of_the_model():
+  x = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
+  y = np.asarray([0, 2, 1, 2])
+  params = {'w': jnp.asarray([[1.0, -0.5, 2.0], [0.3, 0.7, -1.2]])}
+  logits = x @ np.asarray(params['w'])
+  nll = np.log(np.sum(np.exp(logits), axis=1)) - logits[np.arange(4), y]
+  loss_fn = jax.jit(dishonest.loss_fn_for(_Linear()))
+  np.testing.assert_allclose(loss_fn(params, x, y), np.mean(nll), rtol=1e-6)
+  np.testing.assert_allclose(loss_fn(params, x, y, jnp.asarray([1.0, 0.0, 1.0, 1.0])),
+                             np.mean(nll[[0, 2, 3]]), rtol=1e-6)
+
+
+def test_server_step_takes_one_fresh_step_on_the_target_batch():
+  """client(theta, {s}): the gradient of the loss on the one-sample batch [1, ...]."""
+  params = {'w': jnp.asarray([0.5, -1.0, 2.0]), 'b': jnp.asarray(0.25)}
+  x_t, y_t = jnp.asarray([1.0, 2.0, -1.0]), jnp.asarray(0.5)
+
+  def loss_fn(params, x, y):
+    assert x.shape == (1, 3) and y.shape == (1,)
+    return jnp.mean((x @ params['w'] + params['b'] - y) ** 2)
+
+  residual = float(x_t @ params['w'] + params['b'] - y_t)  # -3.25
+  grads = {'w': 2 * residual * x_t, 'b': 2 * residual}
+  # Momentum from a fresh (zero) trace: the first step is the plain SGD step.
+  for opt, step in ((optax.sgd(0.5), lambda p, g: p - 0.5 * g),
+                    (optax.sgd(0.5, momentum=0.9), lambda p, g: p - 0.5 * g),
+                    (optimizers.make('sgd', 0.5, weight_decay=0.1),
+                     lambda p, g: p - 0.5 * (g + 0.1 * p))):
+    got = dishonest.server_step(loss_fn, params, x_t, y_t, opt)
+    chex.assert_trees_all_close(got, jax.tree.map(step, params, grads), rtol=1e-6)
+
+
 def test_draw_client_halves_and_membership():
   for i in range(8):
     idx, target, member = dishonest.draw_client(jax.random.key(i), jnp.int32(i), 100, 32)

@@ -21,7 +21,8 @@ This package holds
   row has v > 0);
 - (in `fl_privacy.mechanisms.codes`) a fast LDP sampler over fixed-point codes (`CodeChannel`), which draws a whole group of up to
   5 output bits from one 32-bit word by inverse CDF instead of one Bernoulli per bit (every
-  output code's probability within 2**-32 of the mechanism's; the exact total-variation
+  output code's probability within 2**-32 of the mechanism's, 1.5 * 2**-32 next to a CDF capped
+  at the largest uint32 threshold; the exact total-variation
   distance is computed and reported);
 - the security game's trials (Figs. 1 and 3) for `eval.runner.run_trials` (`game`);
 - the certified guarantee (`certified`, Eqs. 9-10) and DP-SGD noise averaging (`dp_averaging`).
