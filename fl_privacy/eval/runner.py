@@ -147,7 +147,6 @@ def _chunk_program(trial_fn: Callable[..., Any], num_args: int):
   return chunk
 
 
-@functools.lru_cache(maxsize=8)
 def _compiled(trial_fn: Callable[..., Any], num_args: int,
               devices: tuple[jax.Device, ...]):
   """A jitted chunk function, cached so repeated runs of one game reuse it.
@@ -168,6 +167,10 @@ def _compiled(trial_fn: Callable[..., Any], num_args: int,
       in_shardings=(replicated, sharded) + (replicated,) * num_args,
       out_shardings=sharded)
   return fn, sharded, replicated
+
+
+# Cached by rebinding, not by a decorator: mutmut skips decorated functions.
+_compiled = functools.lru_cache(maxsize=8)(_compiled)
 
 
 def _signature(args) -> tuple:

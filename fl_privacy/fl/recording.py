@@ -20,7 +20,6 @@ atomically), so re-scoring never retrains.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
@@ -50,7 +49,6 @@ def _keep_upload(key, t, k, global_params, upload):
   return upload
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
 def _segment(params, clients, key, first, qx, qy, test_x, test_y, *, apply_fn, optimizer,
              epochs, batch_size, hooks, num_plain, chunk_size):
   """Rounds first .. first + num_plain - 1 unobserved, then round t = first + num_plain whose
@@ -76,6 +74,10 @@ def _segment(params, clients, key, first, qx, qy, test_x, test_y, *, apply_fn, o
   logits = apply_fn(new_params, test_x)
   correct = jnp.sum(jnp.argmax(logits, -1) == test_y)
   return new_params, m, correct, jnp.sum(losses.per_example_cross_entropy(logits, test_y))
+
+
+# Jitted by rebinding, not by a decorator: mutmut skips decorated functions.
+_segment = jax.jit(_segment, static_argnames=_STATIC)
 
 
 def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: Any,

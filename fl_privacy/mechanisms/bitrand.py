@@ -32,7 +32,6 @@ comparing integers, and hides the realised probability.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -196,7 +195,6 @@ def random_words(key: jax.Array, size: int) -> jax.Array:
   return _blocked_words(key, size)
 
 
-@functools.partial(jax.jit, static_argnums=1)
 def _blocked_words(key: jax.Array, size: int) -> jax.Array:
   # Jitted with the key as an argument: called eagerly (crafting copies, certification), a
   # `lax.map` over a closure of the key would be traced and compiled again at every call.
@@ -205,6 +203,10 @@ def _blocked_words(key: jax.Array, size: int) -> jax.Array:
       lambda b: jax.random.bits(jax.random.fold_in(key, b), (BLOCK_WORDS,), jnp.uint32),
       jnp.arange(blocks, dtype=jnp.uint32))
   return words.reshape(-1)[:size]
+
+
+# Jitted by rebinding, not by a decorator: mutmut skips decorated functions.
+_blocked_words = jax.jit(_blocked_words, static_argnums=1)
 
 
 def per_bit_epsilon(epsilon: float, num_features: int, bits_per_feature: int,
