@@ -83,6 +83,11 @@ def _reset():
   runner = sys.modules.get('fl_privacy.eval.runner')
   if runner is not None:
     runner._TRIAL_BYTES.clear()
+  jax = sys.modules.get('jax')
+  if jax is not None:
+    # A jitted library function (fixed_point.encode, queries._measure, ...) runs its Python
+    # body only when traced; without this only the first test to trace it is tied to it.
+    jax.clear_caches()
 
 
 def pytest_runtest_setup(item):
