@@ -98,7 +98,11 @@ def test_test_split_progress_and_a_run_without_test_split():
   kw = dict(key=jax.random.key(3), num_rounds=2, record_every=1, optimizer=OPT, epochs=1,
             batch_size=4, chunk_size=3)
   seen = []
-  got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, test_x=qx, test_y=qy,
+  # Test labels chosen so that the correct count (8, then 7) differs from the count of any one
+  # class: with qy itself the model's 1 correct equalled the number of 0 labels, which hid an
+  # argmax over the wrong array (a mutation survivor).
+  ty = (qy + 1) % 3
+  got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, test_x=qx, test_y=ty,
                                  progress=lambda i, info: seen.append((i, info)), **kw)
   loss_fn = losses.make_loss_fn(MODEL.apply)
   p = params
@@ -106,9 +110,10 @@ def test_test_split_progress_and_a_run_without_test_split():
     p, _ = rounds.run(loss_fn, p, clients, key=kw['key'], num_rounds=1, first_round=t,
                       optimizer=OPT, epochs=1, batch_size=4)
     logits = MODEL.apply(p, qx)
-    correct = int(np.sum(np.argmax(logits, -1) == qy))
+    correct = int(np.sum(np.argmax(logits, -1) == ty))
+    assert correct not in np.bincount(ty, minlength=3)
     assert got['test_correct'][t] == correct
-    np.testing.assert_allclose(got['test_loss'][t], float(losses.cross_entropy(logits, qy)),
+    np.testing.assert_allclose(got['test_loss'][t], float(losses.cross_entropy(logits, ty)),
                                rtol=1e-5)
     assert seen[t][0] == t and seen[t][1]['round'] == t
     assert seen[t][1]['test_accuracy'] == pytest.approx(correct / 10)
