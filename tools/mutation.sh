@@ -21,9 +21,11 @@
 # folder (jax_cache) makes the unchanged programs a disk read after the first mutant.
 # MUTATION_ISOLATION=fork (mutmut's default: fork the process that ran the tests) is only for
 # tests that compile nothing new. The pytest plugin mutation_reset.py (scratch copy only)
-# clears fl_privacy's functools caches and the runner's trial-size cache before every test of a
-# mutation run: otherwise mutmut ties a cached function (the runner's chunk program) only to
-# the first test that called it, and runs only that test against its mutants.
+# clears fl_privacy's functools caches, the runner's trial-size cache and JAX's trace caches
+# before every test of a mutation run: otherwise mutmut ties a cached or jitted function (the
+# runner's chunk program, `fixed_point.encode`) only to the first test that called it, and runs
+# only that test against its mutants. mutmut does not mutate decorated functions at all, so
+# library functions are jitted or cached by rebinding (`f = jax.jit(f, ...)`), not decorators.
 set -euo pipefail
 
 module=${1:?usage: tools/mutation.sh fl_privacy/<module>.py [test files ...]}
