@@ -102,14 +102,18 @@ def client_key(key, round_index, client_index):
   return jax.random.fold_in(jax.random.fold_in(key, round_index), client_index)
 
 
+def _check_participation(fraction: float) -> None:
+  if not 0 < fraction <= 1:
+    raise ValueError(f'participation fraction must be in (0, 1] (got {fraction})')
+
+
 def participants(key, round_index, num_clients: int, fraction: float) -> jnp.ndarray:
   """The clients that take part in round t: exactly max(1, round(fraction K)), uniformly.
 
   Drawn with `fold_in(fold_in(key, t), PARTICIPATION_SALT)`, independent of the clients'
   own keys. Returns a bool [K] (all True when `fraction` is 1).
   """
-  if not 0 < fraction <= 1:
-    raise ValueError(f'participation fraction must be in (0, 1] (got {fraction})')
+  _check_participation(fraction)
   if fraction == 1:
     return jnp.ones(num_clients, bool)
   count = max(1, int(round(fraction * num_clients)))
@@ -173,8 +177,7 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     (w_{first_round + T}, `RoundsLog`).
   """
   hooks = client.IDENTITY if hooks is None else hooks
-  if not 0 < participation <= 1:  # before tracing: `participants` would only see it if < 1
-    raise ValueError(f'participation fraction must be in (0, 1] (got {participation})')
+  _check_participation(participation)  # here too: `participants` is called only below 1
   num_clients = clients.num_clients
   if jnp.shape(clients.y)[0] != num_clients:
     raise ValueError(f'clients.x has {num_clients} clients, clients.y '
