@@ -24,6 +24,7 @@ SECTION_EXPERIMENTS = {
     'ldp_audit': ('ldp_audit',),
     'fedmia': ('fedmia',),
     'pastel': ('pastel',),
+    'dp_audit': ('dp_audit',),
     'toy': ('toy_game',),
 }
 

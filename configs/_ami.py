@@ -13,12 +13,12 @@ Dataset roles (where the adversary's crafting negatives and the game pool come f
 | imagenette | first train images | the validation split | train minus the targets |
 | npz / others | first train images | a disjoint part of train (as digits) | the rest of train |
 
-Expected result on digits (2 CPU cores, a few minutes, 10,000 trials per point, seed 0;
-BUILD.md, "Active membership inference", has the full table), the paper's decision rule: Adv
-0.992 without LDP; under BitRand Adv is at chance (0.50) for epsilon <= 2 and rises to 0.73 at 5
-and 0.97 at 10, with test accuracy 0.10 -> 0.81 -> 0.93; under OME Adv stays at 0.93-0.96 and
+Expected result on digits (2 CPU cores, about 1-1.5 minutes, 10,000 trials per point, seed 0;
+docs/experiments/ami.md, "Expected result on digits", has the full table), the paper's decision rule: Adv
+0.996 without LDP; under BitRand Adv is at chance (0.50) for epsilon <= 2 and rises to 0.74 at 5
+and 0.98 at 10, with test accuracy 0.10 -> 0.82 -> 0.95; under OME Adv stays at 0.92-0.95 and
 accuracy at ~0.70 for every epsilon (its 0 -> 1 probability hardly depends on epsilon). The
-calibrated variant beside it (`adv_calibrated`): 0.81 at BitRand epsilon 5. Smoke (`:smoke`): 3 points of 400 trials, under a
+calibrated variant beside it (`adv_calibrated`): 0.82 at BitRand epsilon 5. Smoke (`:smoke`): 3 points of 400 trials, under a
 minute, Adv >= 0.8 without LDP.
 """
 

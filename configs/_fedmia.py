@@ -2,7 +2,7 @@
 
 Used by `python -m experiments.fedmia` (FedMIA, Zhu et al., CVPR 2025, arXiv:2402.06289;
 SEED-NOTES section 3). The dataset configs call `section(dataset, smoke)`; every field is
-documented in `section`'s docstring. Expected results: BUILD.md ("FedMIA").
+documented in `section`'s docstring. Expected results: docs/experiments/fedmia.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Used by `python -m experiments.ldp_audit` (Matsumoto et al., "Measuring Lower Bounds of Local
 Differential Privacy via Adversary Instantiations in Federated Learning", arXiv:2206.09122).
 The dataset configs call `section(dataset, smoke)`; every field is documented in `section`'s
-docstring. Expected results are in BUILD.md ("Empirical lower bounds of LDP").
+docstring. Expected results are in docs/experiments/ldp_audit.md.
 """
 
 from __future__ import annotations

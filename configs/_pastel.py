@@ -41,6 +41,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     epsilons: target epsilons > 0 of each DP baseline (per round for 'wdp').
     dp_delta: delta of every DP baseline.
     clip_norm: per-example clip of 'ldp' (DP-SGD).
+    ldp_sampling: 'poisson' (default: each record joins each step with probability B / n,
+      accounted exactly) or 'shuffle' (fixed-size shuffled batches, accounted without
+      amplification: one replace-one release per epoch).
     update_clip_norm: update clip of 'cdp' and 'wdp' (server side). Digits: 0.3, the median
       L2 norm of the undefended run's uploads at the recorded rounds (0.30; clipping at the
       median update norm as in adaptive clipping, Andrew et al. 2021), fixed before any DP run.
@@ -77,6 +80,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.epsilons = (1.0, 4.0, 16.0)
   s.dp_delta = 1e-5
   s.clip_norm = 1.0
+  s.ldp_sampling = 'poisson'
   s.update_clip_norm = 0.3
   s.attacks = ('nasr_whitebox', 'loss_threshold', 'fedmia_i', 'fedmia_ii')
   s.targets = ('local', 'global')
@@ -87,7 +91,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.attack_hidden = 64
   s.feature_chunk_size = 256
   if dataset == 'cifar10':
-    # GPU advised; not run on the 2-core default machine (BUILD.md).
+    # GPU advised; not run on the 2-core default machine (docs/experiments/pastel.md).
     s.model = 'resnet18_gn'
     s.num_clients = 10
     s.num_rounds = 100

@@ -3,16 +3,17 @@
 Runs anywhere, no download: 1,797 real images shipped with scikit-learn.
 Every experiment uses this config when `--config` is not given.
 
-  python -m experiments.ami                              # main job, a few minutes on 2 CPU cores
+  python -m experiments.ami                              # main job, about 1-1.5 minutes on 2 CPU cores
   python -m experiments.ami --config=configs/digits.py:smoke   # seconds (CI)
   python -m experiments.dishonest_mia --config=configs/digits.py
   python -m experiments.ldp_audit --config=configs/digits.py
   python -m experiments.duplicates --config=configs/digits.py
-  python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, see BUILD.md
+  python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, docs/experiments/fedmia.md
   python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 15 trainings
+  python -m experiments.dp_audit --config=configs/digits.py   # every DP mechanism vs its claim
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
-`dishonest`, `ldp_audit`, `fedmia`, `pastel` (each documented in configs/_<experiment>.py, with the
+`dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit` (each documented in configs/_<experiment>.py, with the
 result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
 ami and dishonest clients run, default none).
 """
@@ -22,4 +23,5 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('digits', arg, data=_base.data_section('digits'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
+                                  'dp_audit'))

@@ -17,4 +17,5 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('npz', arg, data=_base.data_section('npz'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
+                                  'dp_audit'))

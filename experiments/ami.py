@@ -1,6 +1,6 @@
 """Active membership inference under LDP (Nguyen et al., AISTATS 2023): the main job.
 
-  python -m experiments.ami                                  # digits, a few minutes on 2 cores
+  python -m experiments.ami                                  # digits, about 1-1.5 minutes on 2 cores
   python -m experiments.ami --config=configs/digits.py:smoke # seconds (CI)
   python -m experiments.ami --config=configs/celeba.py       # the paper's setting (GPU advised)
 

@@ -92,8 +92,8 @@ EXIT_INTERRUPTED = 130
 
 
 # The config section each experiment reads (`experiments.<name>` -> `config.<section>`).
-SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'duplicates': 'dishonest',
-            'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'pastel': 'pastel',
+SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'dp_audit': 'dp_audit',
+            'duplicates': 'dishonest', 'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'pastel': 'pastel',
             'toy_game': 'toy'}
 _HELP_FLAGS = ('-h', '--help', '-help', '--helpshort', '--helpfull', '-?')
 
@@ -305,7 +305,7 @@ def usage(name: str, default: str | None = None) -> str:
       f'(unknown fields are refused)',
       '',
       f'config fields of this experiment: {fields}; data fields: configs/_base.py;',
-      'datasets, commands and expected results: BUILD.md.',
+      'datasets and commands: BUILD.md; expected results: docs/experiments/<name>.md.',
   ]
   return '\n'.join(lines)
 

@@ -25,7 +25,7 @@ Writes, beside results.json: `table2.md` (the paper's Table 2 layout and the J /
 the target in the client's data that caused it, or to none), `deltas.json` and `delta.png`.
 Code: fl_privacy/pipelines/dishonest_mia.py (`prepare`, `sweep`) and
 fl_privacy/pipelines/dishonest_mia_figures.py. Fields: configs/_dishonest.py.
-Expected results: BUILD.md ("Dishonest-server membership inference").
+Expected results: docs/experiments/dishonest_mia.md.
 """
 
 from __future__ import annotations

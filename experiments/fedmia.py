@@ -21,8 +21,8 @@ re-scoring and resuming never retrain), `table1.md` (attacks, aligned vs public-
 `table2.md` (hypervolume of each defense's privacy-utility front), `rounds.json`, and
 `fedmia_roc.png`, `fedmia_noniid.png`, `fedmia_rounds.png`, `fedmia_clients_epochs.png`,
 `fedmia_defenses.png`. Code: fl_privacy/pipelines/fedmia.py (`prepare`, `sweep`), fedmia_tables.py,
-fedmia_figures.py, fedmia_defenses.py. Fields: configs/_fedmia.py. Expected results: BUILD.md
-("FedMIA").
+fedmia_figures.py; defenses from fl_privacy/defenses/registry.py. Fields: configs/_fedmia.py. Expected results:
+docs/experiments/fedmia.md.
 """
 
 from __future__ import annotations

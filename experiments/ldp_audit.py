@@ -9,7 +9,7 @@ audited instead (two extreme inputs, the exact likelihood-ratio test), claimed
 vs attained epsilon. A lower bound above the claim is logged as an error and
 stored as `privacy_violation = 1`.
 
-  python -m experiments.ldp_audit                                  # digits, a few minutes
+  python -m experiments.ldp_audit                                  # digits, about 1.5 minutes
   python -m experiments.ldp_audit --config=configs/digits.py:smoke # seconds (CI)
   python -m experiments.ldp_audit --config=configs/mnist.py:data_dir=DIR
   python -m experiments.ldp_audit --config.ldp_audit.mechanism=bitrand
@@ -17,7 +17,7 @@ stored as `privacy_violation = 1`.
 Writes results.json, results.csv and fig2_<mechanism>.png to --workdir
 (default ./runs/ldp_audit-<UTC timestamp>; re-using one resumes the sweep).
 
-Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP").
+Fields: configs/_ldp_audit.py. Results: docs/experiments/ldp_audit.md.
 Code: fl_privacy/pipelines/ldp_audit.py (validation, points, metrics) and
 fl_privacy/pipelines/ldp_audit_figures.py (figures).
 """

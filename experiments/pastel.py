@@ -18,7 +18,7 @@ measurements of each training, so re-scoring and resuming never retrain).
 Code: fl_privacy/pipelines/pastel.py (`prepare`, `sweep`), fl_privacy/pipelines/pastel_figures.py,
 fl_privacy/defenses/pastel.py, fl_privacy/defenses/dp.py (the DP baselines),
 fl_privacy/attacks/passive/whitebox.py. Fields: configs/_pastel.py.
-Expected results: BUILD.md ("PASTEL").
+Expected results: docs/experiments/pastel.md.
 """
 
 from __future__ import annotations

@@ -87,3 +87,84 @@ def in_range(config, field: str, low: float, high: float, *,
     ok = ok and (v <= high if high_inclusive else v < high)
     require(ok, field, allowed, value)
   return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Declared rules: one object per allowed set, whose text is the error message's "allowed".
+
+
+class Rule:
+  """A declared rule: `allowed` (the words of the error message) and `ok(value) -> bool`.
+
+  `rule.check(field, value)` raises `ConfigError(field, rule.allowed, value)` unless the value
+  is allowed, and returns it. Rules are data, so a defense, a config section or a pipeline
+  declares its fields once and every reader validates them the same way.
+  """
+
+  def __init__(self, allowed: str, ok):
+    self.allowed = allowed
+    self._ok = ok
+
+  def ok(self, value) -> bool:
+    try:
+      return bool(self._ok(value))
+    except (TypeError, ValueError):
+      return False
+
+  def check(self, field: str, value):
+    require(self.ok(value), field, self.allowed, value)
+    return value
+
+  def __repr__(self):
+    return f'Rule({self.allowed!r})'
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_integer(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, integer: bool = False, optional: bool = False,
+           words: str | None = None) -> Rule:
+  """A finite number (an integer when `integer`) in the interval; None too when `optional`.
+
+  Infinite and NaN values never pass, whatever the interval: "[0, inf)" means finite >= 0.
+  """
+  kind = 'an integer' if integer else 'a finite number'
+  if low is not None and high is not None:
+    lb, rb = '(' if low_open else '[', ')' if high_open else ']'
+    text = f'{kind} in {lb}{low:g}, {high:g}{rb}'
+  elif low is not None:
+    text = f'{kind} {">" if low_open else ">="} {low:g}'
+  elif high is not None:
+    text = f'{kind} {"<" if high_open else "<="} {high:g}'
+  else:
+    text = kind
+  if words:
+    text = f'{text} ({words})'
+  if optional:
+    text = f'None or {text}'
+
+  def ok(v):
+    if v is None:
+      return optional
+    if not (_is_integer(v) if integer else _is_number(v)):
+      return False
+    if low is not None and not (v > low if low_open else v >= low):
+      return False
+    return high is None or (v < high if high_open else v <= high)
+  return Rule(text, ok)
+
+
+def choice(options, *, optional: bool = False) -> Rule:
+  """One of `options` (None too when `optional`)."""
+  options = tuple(options)
+  text = f'one of {options}' + (' or None' if optional else '')
+  return Rule(text, lambda v: (v is None and optional) or (v is not None and v in options))
+
+
+BOOLEAN = Rule('True or False', lambda v: isinstance(v, bool))

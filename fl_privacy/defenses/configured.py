@@ -1,39 +1,24 @@
 """From a `defense` config section (configs/_defense.py) to hooks, point params and metrics.
 
-`validate_section` checks every field before any work (ConfigError naming `defense.<field>`);
-`configure` builds the named defense's hooks, the flat params a results point carries
-(`defense` and `defense_<field>` for each field the defense uses), and its metrics: for the DP
-defenses the noise multiplier (given, or found by the accountant for `target_epsilon`) and the
-epsilon it spends, accounted with dp-accounting (`dp.epsilon`).
+`validate_section` checks every field by its one rule in `registry.FIELDS` before any work
+(ConfigError naming `defense.<field>`); `configure` refuses a defense that does not act
+against the experiment's adversary (`registry.check_fits`), builds the named defense's hooks,
+the flat params a results point carries (`defense` and `defense_<field>` for each field the
+defense uses) and its metrics: for the DP defenses the noise multiplier (given, or found by
+the accountant for `target_epsilon`), the epsilon it spends and the declaration behind it
+(`dp_unit`, `dp_relation`, `dp_adversary`, `dp_sampling`, ...; `fl_privacy.accounting`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from fl_privacy import validate
-from fl_privacy.defenses import dp
+from fl_privacy.defenses import registry
 from fl_privacy.fl import client
 
-# Which section fields each defense reads (beyond `name`), and the make() parameter they feed.
-FIELDS: dict[str, dict[str, str]] = {
-    'none': {},
-    'update_noise': {'sigma': 'sigma'},
-    'sparsify': {'sparsity': 'sparsity', 'sparsify_min_size': 'min_size'},
-    'quantize': {'bits': 'bits'},
-    'mixup': {'mixup_alpha': 'alpha', 'mixup_public_code': 'public_code'},
-    'augment': {'augment_level': 'level', 'augment_pad': 'pad'},
-    'sampling': {'sampling_fraction': 'fraction'},
-    'dp_sgd': {'clip_norm': 'clip_norm', 'noise_multiplier': 'noise_multiplier'},
-    'update_dp': {'clip_norm': 'clip_norm', 'noise_multiplier': 'noise_multiplier'},
-    'central_dp': {'clip_norm': 'clip_norm', 'noise_multiplier': 'noise_multiplier'},
-    'weak_dp': {'clip_norm': 'clip_norm', 'noise_multiplier': 'noise_multiplier'},
-    'bitrand': {'epsilon': 'epsilon'},
-    'ome': {'epsilon': 'epsilon'},
-    'gaussian': {'sigma': 'sigma'},
-    'ldp_sgd': {'epsilon': 'epsilon', 'clip_norm': 'clip_norm'},
-}
+Setting = registry.Setting
 
 
 class Configured(NamedTuple):
@@ -42,120 +27,147 @@ class Configured(NamedTuple):
   Attributes:
     hooks: the `fl.client.ClientHooks`.
     params: flat dict for a results point: `defense` and `defense_<field>`.
-    metrics: flat dict: `noise_multiplier`, `dp_epsilon`, `dp_delta` (DP defenses;
-      `dp_epsilon_per_round` for weak_dp), else empty.
+    metrics: flat dict: the DP defenses' `noise_multiplier`, `dp_epsilon`, `dp_delta` and
+      declaration (`dp_epsilon_per_round` for weak_dp), else empty.
+    declaration: the `accounting.Declaration` of a DP defense, else None.
   """
   hooks: client.ClientHooks
   params: dict[str, Any]
-  metrics: dict[str, float]
+  metrics: dict[str, Any]
+  declaration: Any = None
 
 
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def section_fields() -> dict[str, registry.Field]:
+  """The fields a `defense` section carries (every `registry.FIELDS` entry read from it)."""
+  return {k: f for k, f in registry.FIELDS.items() if f.section}
 
 
 def validate_section(section, prefix: str = 'defense') -> str:
   """Checks every field of the section (whatever the name); returns the defense's name."""
-  from fl_privacy import defenses  # pylint: disable=g-import-not-at-top
   name = section.name
-  validate.require(isinstance(name, str) and name in defenses.NAMES, f'{prefix}.name',
-                   f'one of {defenses.NAMES}', name)
-
-  def number(field, allowed, ok):
-    v = section[field]
-    validate.require(_is_number(v) and ok(v), f'{prefix}.{field}', allowed, v)
-
-  def integer(field, allowed, ok, optional=False):
-    v = section[field]
-    if optional and v is None:
-      return
-    validate.require(isinstance(v, int) and not isinstance(v, bool) and ok(v),
-                     f'{prefix}.{field}', allowed, v)
-
-  number('sigma', 'a finite number >= 0', lambda v: v >= 0)
-  number('sparsity', 'a number in (0, 1] (the fraction of entries zeroed)',
-         lambda v: 0 < v <= 1)
-  integer('sparsify_min_size', 'an integer >= 0', lambda v: v >= 0)
-  integer('bits', 'an integer in [1, 24]', lambda v: 1 <= v <= 24)
-  number('mixup_alpha', 'a finite number > 0', lambda v: v > 0)
-  validate.require(isinstance(section.mixup_public_code, bool), f'{prefix}.mixup_public_code',
-                   'True or False', section.mixup_public_code)
-  integer('augment_level', 'one of (1, 2, 3, 4)', lambda v: v in (1, 2, 3, 4))
-  integer('augment_pad', 'None or an integer >= 0', lambda v: v >= 0, optional=True)
-  number('sampling_fraction', 'a number in (0, 1]', lambda v: 0 < v <= 1)
-  number('clip_norm', 'a finite number > 0', lambda v: v > 0)
-  number('noise_multiplier', 'a finite number >= 0', lambda v: v >= 0)
-  if section.target_epsilon is not None:
-    number('target_epsilon', 'None or a finite number > 0', lambda v: v > 0)
-  number('delta', 'a number in (0, 1)', lambda v: 0 < v < 1)
-  validate.require(section.accountant in dp.ACCOUNTANTS, f'{prefix}.accountant',
-                   f'one of {dp.ACCOUNTANTS}', section.accountant)
-  number('participation', 'a number in (0, 1]', lambda v: 0 < v <= 1)
-  number('epsilon', 'a finite number > 0', lambda v: v > 0)
+  validate.require(isinstance(name, str) and name in registry.NAMES, f'{prefix}.name',
+                   f'one of {registry.NAMES}', name)
+  for field, f in section_fields().items():
+    if field in section:
+      f.rule.check(f'{prefix}.{field}', section[field])
   return name
 
 
-def configure(section, *, num_classes: int, image_shape: Sequence[int] | None = None,
-              value_range: tuple[float, float] = (0.0, 1.0), batch_size: int,
-              num_examples: int, local_steps: int, rounds: int = 1,
+def check_honoured(section, experiment: str, honoured: tuple[str, ...], reason: str,
+                   prefix: str = 'defense') -> str:
+  """Refuses a defense `experiment` does not apply (named with `reason`), or that does not
+  act against its adversary; returns the name."""
+  name = validate_section(section, prefix)
+  validate.require(name in honoured, f'{prefix}.name',
+                   f'one of {honoured} for experiments.{experiment} ({reason})', name)
+  registry.check_fits(name, experiment, f'{prefix}.name')
+  return name
+
+
+def _build_dp(name: str, kwargs: dict[str, Any], setting: Setting, noise_multiplier,
+              target_epsilon, delta: float, accountant: str):
+  """(hooks, metrics, declaration) of DP defense `name`: the Poisson batch sized for the run,
+  the noise multiplier given or calibrated, the epsilon of its declaration. Every field is
+  already checked; the builder gets the accountant's z."""
+  if name == 'dp_sgd' and kwargs.get('sampling') == 'poisson':
+    kwargs['max_batch_size'] = registry.poisson_max_batch(setting)
+  z, metrics = registry.dp_metrics(name, kwargs, setting, noise_multiplier=noise_multiplier,
+                                   target_epsilon=target_epsilon, delta=delta,
+                                   accountant=accountant)
+  decl = registry.declaration(name, kwargs, setting)
+  kwargs['noise_multiplier'] = z
+  kwargs.pop('participation', None)
+  return registry.DEFENSES[name].build(**kwargs), metrics, decl
+
+
+def configure(section, setting: Setting, *, experiment: str,
               prefix: str = 'defense') -> Configured:
   """The defense named in `section`, built for an experiment's setting.
 
   Args:
     section: the `defense` ConfigDict.
-    num_classes: classes of the task (mixup's soft labels).
-    image_shape: (H, W, C) of an example (augment reshapes flat features to it), or None.
-    value_range: the inputs' range (colour jitter clips to it).
-    batch_size: B (record-level sampling rate B / n).
-    num_examples: n, a client's examples.
-    local_steps: local steps per round (E J), for record-level accounting.
-    rounds: T.
+    setting: `registry.Setting` of the experiment (classes, image shape, batch size, the
+      smallest client's records, epochs, steps per epoch, rounds, clients).
+    experiment: the experiment's name (`registry.ADVERSARY` says whom it must protect from).
     prefix: field prefix in error messages.
 
   Returns:
     `Configured`.
   """
-  from fl_privacy import defenses  # pylint: disable=g-import-not-at-top
   name = validate_section(section, prefix)
+  registry.check_fits(name, experiment, f'{prefix}.name')
+  d = registry.DEFENSES[name]
   params: dict[str, Any] = {'defense': name}
   kwargs: dict[str, Any] = {}
-  for field, param in FIELDS[name].items():
-    kwargs[param] = section[field]
-    params[f'defense_{field}'] = section[field]
-  metrics: dict[str, float] = {}
-  if name == 'mixup':
-    kwargs['num_classes'] = int(num_classes)
-  if name == 'augment':
-    kwargs['image_shape'] = None if image_shape is None else tuple(image_shape)
-    kwargs['value_range'] = tuple(value_range)
-    if section.augment_pad is None:
-      small = image_shape is not None and max(image_shape[0], image_shape[1]) <= 8
-      kwargs['pad'] = 1 if small else 4
-      params['defense_augment_pad'] = kwargs['pad']
-  if name in defenses.DP_DEFENSES:
+  for param, field in d.params.items():
+    if registry.FIELDS[field].section:
+      kwargs[param] = section[field]
+      params[f'defense_{field}'] = section[field]
+    elif field in setting._fields:
+      kwargs[param] = getattr(setting, field)
+  if 'pad' in kwargs and kwargs['pad'] is None:
+    kwargs['pad'] = registry.default_pad(setting.image_shape)
+    params['defense_augment_pad'] = kwargs['pad']
+  metrics: dict[str, Any] = {}
+  decl = None
+  if name in registry.DP_DEFENSES:
     delta, acc = float(section.delta), section.accountant
-    if name == 'dp_sgd':
-      q, steps = min(1.0, batch_size / num_examples), int(local_steps) * int(rounds)
-    elif name == 'weak_dp':
-      q, steps = 1.0, 1  # calibrated per round, not composed (PASTEL's WDP)
-    else:
-      q, steps = float(section.participation), int(rounds)
-    if section.target_epsilon is not None:
-      z = dp.noise_multiplier_for(float(section.target_epsilon), delta=delta, sampling_rate=q,
-                                  steps=steps, accountant=acc)
-      kwargs['noise_multiplier'] = z
+    kwargs['participation'] = float(section.participation)
+    target = section.target_epsilon
+    hooks, metrics, decl = _build_dp(name, kwargs, setting,
+                                     float(section.noise_multiplier), target, delta, acc)
+    if target is not None:
       del params['defense_noise_multiplier']
-      params['defense_target_epsilon'] = float(section.target_epsilon)
-    z = float(kwargs['noise_multiplier'])
+      params['defense_target_epsilon'] = float(target)
     params['defense_delta'] = delta
-    metrics['noise_multiplier'] = z
-    metrics['dp_delta'] = delta
-    if name == 'weak_dp':
-      metrics.update(dp.weak_dp_epsilons(z, delta=delta, rounds=int(rounds),
-                                         participation=float(section.participation),
-                                         accountant=acc))
-    else:
-      metrics['dp_epsilon'] = dp.epsilon(z, delta=delta, sampling_rate=q, steps=steps,
-                                         accountant=acc)
-  hooks = defenses.make(name, field_prefix=prefix, **kwargs)
-  return Configured(hooks=hooks, params=params, metrics=metrics)
+  else:
+    hooks = registry.make(name, field_prefix=prefix, **kwargs)
+  if math.isinf(metrics.get('dp_epsilon', 0.0)):
+    metrics['dp_epsilon'] = math.inf
+  return Configured(hooks=hooks, params=params, metrics=metrics, declaration=decl)
+
+
+def validate_sweep(sweep, allowed: tuple[str, ...], prefix: str) -> None:
+  """A defense sweep `{name: strengths}` (FedMIA's): names in `allowed`, every strength
+  checked by the rule of the field its defense sweeps (`registry.Defense.strength`)."""
+  for name in sweep.keys():
+    validate.require(name in allowed, f'{prefix}.{name}', f'a defense name, one of {allowed}',
+                     name)
+    d = registry.DEFENSES[name]
+    values = sweep[name]
+    values = (values,) if isinstance(values, (int, float)) else tuple(values)
+    rule = registry.FIELDS[d.params[d.strength]].rule
+    validate.require(len(values) > 0, f'{prefix}.{name}', f'non-empty, each {rule.allowed}',
+                     sweep[name])
+    for v in values:
+      validate.require(rule.ok(v), f'{prefix}.{name}', f'each {rule.allowed}', sweep[name])
+
+
+def sweep_point(name: str, value: Any, setting: Setting, *, experiment: str, prefix: str,
+                fixed: dict[str, Any] | None = None, delta: float = 1e-5,
+                accountant: str = 'rdp', target_epsilon: float | None = None) -> Configured:
+  """Defense `name` at strength `value` (its `strength` parameter) for one sweep point.
+
+  `fixed` holds the other parameters the sweep sets (e.g. the clip norm); the rest come from
+  `setting` or the defense's defaults. A DP defense's metrics are those `configure` gives;
+  with `target_epsilon` its noise multiplier is calibrated instead of taken from `value`.
+  """
+  d = registry.spec(name, f'{prefix}.name')
+  registry.check_fits(name, experiment, f'{prefix}.name')
+  kwargs: dict[str, Any] = dict(fixed or {})
+  if value is not None and d.strength is not None:
+    kwargs[d.strength] = value
+  for param, field in d.params.items():
+    if param not in kwargs and not registry.FIELDS[field].section and field in setting._fields:
+      kwargs[param] = getattr(setting, field)
+  if 'pad' in d.params and kwargs.get('pad') is None:
+    kwargs['pad'] = registry.default_pad(setting.image_shape)
+  params: dict[str, Any] = {'defense': name}
+  metrics: dict[str, Any] = {}
+  decl = None
+  if name in registry.DP_DEFENSES:
+    hooks, metrics, decl = _build_dp(name, kwargs, setting, kwargs.get('noise_multiplier'),
+                                     target_epsilon, delta, accountant)
+  else:
+    hooks = registry.make(name, field_prefix=f'{prefix}.{name}', **kwargs)
+  return Configured(hooks=hooks, params=params, metrics=metrics, declaration=decl)

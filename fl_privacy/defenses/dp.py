@@ -13,36 +13,25 @@
   not protected from the server.
 - `weak_dp`: the same server-side mechanism, calibrated so that one round spends the target
   epsilon (PASTEL's "WDP", Sect. 1.4 of the PASTEL paper: noise calibrated per round, without
-  composing over rounds). `weak_dp_epsilons` reports the per-round and the composed epsilon.
+  composing over rounds); its metrics carry the per-round and the composed epsilon.
 
-Accounting uses Google's `dp-accounting` package (RDP by default, PLD on request), never a
-hand-written accountant:
-
-- record level (`dp_sgd`): T E J steps of the Poisson-subsampled Gaussian mechanism at
-  sampling rate q = B / n (the standard DP-SGD accounting of Abadi et al. and of Opacus / TF
-  Privacy). The client here walks shuffled fixed-size batches rather than Poisson samples, as
-  nearly every DP-SGD implementation does; the reported epsilon is the conventional one under
-  that approximation.
-- client level (`update_dp`, `central_dp`): T rounds of the Gaussian mechanism, Poisson
-  subsampled at the participation fraction when it is below 1 (the round loop draws a fixed
-  number of participants: the same approximation).
+Accounting lives in `fl_privacy.accounting`: each mechanism's declaration (unit, neighbouring
+relation, adversary, sampling) is in `defenses.registry`, and dp-accounting turns it into
+epsilon. `dp_sgd` samples its batches by Poisson (`fl.sampling`) by default, so its accounting
+is exact; shuffled batches are accounted without amplification. `update_dp` is replace-one
+against the server (sensitivity 2C, no amplification); `central_dp`/`weak_dp` protect only
+readers of the aggregate.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
 from typing import Any
 
-from absl import logging
-import dp_accounting
 import jax
 import jax.numpy as jnp
 
 from fl_privacy.mechanisms import gaussian
 
-ACCOUNTANTS = ('rdp', 'pld')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,11 +51,14 @@ def clip_tree(tree: Any, clip_norm: float) -> Any:
 
 
 def private_gradient(key: jax.Array, per_example: Any, mask: jax.Array, clip_norm: float,
-                     noise_multiplier: float) -> Any:
-  """DP-SGD's step gradient: (sum_i clip_C(g_i) + N(0, (sigma C)^2 I)) / n_real.
+                     noise_multiplier: float, denominator: float | None = None) -> Any:
+  """DP-SGD's step gradient: (sum_i clip_C(g_i) + N(0, (sigma C)^2 I)) / n.
 
-  Abadi et al. (2016), Algorithm 1. Padding rows (mask 0) contribute nothing; the divisor is
-  the batch's number of real rows (B for a full batch, fewer for an epoch's partial last batch).
+  Abadi et al. (2016), Algorithm 1. Padding rows (mask 0) contribute nothing. The divisor n is
+  `denominator` when given: Poisson-sampled batches divide by the expected batch size B, a
+  constant, since the realised batch size depends on which records were drawn and is not
+  public. Without it, n is the batch's number of real rows (B for a full shuffled batch, fewer
+  for an epoch's partial last batch, whose size depends only on the shard size).
 
   Args:
     key: the step's `grad` key.
@@ -83,7 +75,10 @@ def private_gradient(key: jax.Array, per_example: Any, mask: jax.Array, clip_nor
   summed = jax.tree_util.tree_map(
       lambda g: jnp.tensordot(m.astype(g.dtype), g, axes=1), clipped)
   noisy = gaussian.add_noise(key, summed, noise_multiplier * clip_norm)
-  count = jnp.maximum(jnp.sum(m), 1.0)
+  if denominator is None:
+    count = jnp.maximum(jnp.sum(m), 1.0)
+  else:
+    count = jnp.asarray(denominator, jnp.float32)
   return jax.tree_util.tree_map(lambda g: g / count.astype(g.dtype), noisy)
 
 
@@ -119,10 +114,10 @@ def dp_fedavg(key: jax.Array, uploads: Any, weights: jax.Array, clip_norm: float
   return jax.tree_util.tree_map(lambda u: jnp.where(jnp.sum(part) > 0, u, 0.0), noisy)
 
 
-def dp_sgd_hook(clip_norm: float, noise_multiplier: float):
+def dp_sgd_hook(clip_norm: float, noise_multiplier: float, denominator: float | None = None):
   """`grad` hook of DP-SGD (`private_gradient`)."""
   def grad(key, per_example, mask):
-    return private_gradient(key, per_example, mask, clip_norm, noise_multiplier)
+    return private_gradient(key, per_example, mask, clip_norm, noise_multiplier, denominator)
   return grad
 
 
@@ -139,93 +134,3 @@ def central_dp_hook(clip_norm: float, noise_multiplier: float):
   def aggregate(key, uploads, weights):
     return dp_fedavg(key, uploads, weights, clip_norm, noise_multiplier)
   return aggregate
-
-
-# ----------------------------------------------------------------------------------------------
-# Accounting (dp-accounting).
-
-
-@contextlib.contextmanager
-def _quiet_accountant():
-  # The RDP accountant logs one warning per fractional order whose series does not converge
-  # and drops that order; epsilon is then the minimum over the remaining orders, still a valid
-  # bound. Hundreds of such lines per calibration drown a run's log, so they are muted here.
-  old = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)
-  try:
-    yield
-  finally:
-    logging.set_verbosity(old)
-
-
-def _accountant(accountant: str) -> dp_accounting.PrivacyAccountant:
-  if accountant == 'rdp':
-    return dp_accounting.rdp.RdpAccountant()
-  if accountant == 'pld':
-    return dp_accounting.pld.PLDAccountant()
-  raise ValueError(f'accountant must be one of {ACCOUNTANTS} (got {accountant!r})')
-
-
-def gaussian_event(noise_multiplier: float, *, sampling_rate: float = 1.0,
-                   steps: int = 1) -> dp_accounting.DpEvent:
-  """`steps` compositions of the (Poisson-subsampled when q < 1) Gaussian mechanism."""
-  event = dp_accounting.GaussianDpEvent(noise_multiplier)
-  if sampling_rate < 1.0:
-    event = dp_accounting.PoissonSampledDpEvent(sampling_rate, event)
-  return dp_accounting.SelfComposedDpEvent(event, int(steps))
-
-
-def epsilon(noise_multiplier: float, *, delta: float, sampling_rate: float = 1.0,
-            steps: int = 1, accountant: str = 'rdp') -> float:
-  """epsilon at `delta` of `steps` (subsampled) Gaussian mechanisms with this noise multiplier.
-
-  The noise standard deviation is `noise_multiplier` times the sensitivity (the clip norm).
-  A zero noise multiplier spends infinite epsilon.
-
-  Args:
-    noise_multiplier: sigma (DP-SGD) or z (DP-FedAvg), >= 0.
-    delta: target delta in (0, 1).
-    sampling_rate: q in (0, 1] (B / n per step, or the participation fraction per round).
-    steps: number of compositions (E J T steps, or T rounds).
-    accountant: 'rdp' (Mironov 2017; Mironov et al. 2019) or 'pld' (Koskela et al.; Doroshenko
-      et al. 2022), both from dp-accounting.
-  """
-  if noise_multiplier <= 0:
-    return math.inf
-  acc = _accountant(accountant)
-  acc.compose(gaussian_event(noise_multiplier, sampling_rate=sampling_rate, steps=steps))
-  with _quiet_accountant():
-    return float(acc.get_epsilon(delta))
-
-
-@functools.lru_cache(maxsize=256)
-def noise_multiplier_for(target_epsilon: float, *, delta: float, sampling_rate: float = 1.0,
-                         steps: int = 1, accountant: str = 'rdp') -> float:
-  """The smallest noise multiplier whose `epsilon(...)` is at most `target_epsilon`.
-
-  Found by dp-accounting's `calibrate_dp_mechanism` (bisection on the accountant); cached,
-  since a sweep asks for the same calibration at every point.
-  """
-  if not target_epsilon > 0:
-    raise ValueError(f'target_epsilon must be > 0 (got {target_epsilon})')
-  with _quiet_accountant():
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: _accountant(accountant),
-        lambda z: gaussian_event(z, sampling_rate=sampling_rate, steps=steps),
-        target_epsilon, delta,
-        dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)))
-
-
-def dp_sgd_epsilon(noise_multiplier: float, *, batch_size: int, num_examples: int,
-                   steps: int, delta: float, accountant: str = 'rdp') -> float:
-  """Record-level epsilon of DP-SGD: `steps` steps at sampling rate B / n."""
-  return epsilon(noise_multiplier, delta=delta, sampling_rate=min(1.0, batch_size / num_examples),
-                 steps=steps, accountant=accountant)
-
-
-def weak_dp_epsilons(noise_multiplier: float, *, delta: float, rounds: int,
-                     participation: float = 1.0, accountant: str = 'rdp') -> dict[str, float]:
-  """`weak_dp`'s per-round epsilon (what it is calibrated to) and the composed one over T."""
-  return {'dp_epsilon_per_round': epsilon(noise_multiplier, delta=delta, accountant=accountant),
-          'dp_epsilon': epsilon(noise_multiplier, delta=delta, sampling_rate=participation,
-                                steps=rounds, accountant=accountant)}

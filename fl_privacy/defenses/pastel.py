@@ -4,7 +4,7 @@ Each client adds to its cross-entropy the Jensen-Shannon divergence between what
 minibatch X and a held-out minibatch V look like at selected layers, and trains with AdaGrad
 (Sect. 2, Eqs. 1-5, Algorithm 1 of "Mitigating Membership Inference Attacks in Federated
 Learning"). The paper never says exactly which distributions it compares, so this module fixes
-one reading and keeps the other configurable (BUILD.md, "PASTEL", says why):
+one reading and keeps the other configurable (docs/experiments/pastel.md, "The reading we fixed", says why):
 
 - `activation` (default): h_l(x) is layer l's output (a Dense layer's pre-activation output; a
   convolution's or a residual block's output averaged over space), p_l(x) = softmax(h_l(x) /

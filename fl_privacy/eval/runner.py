@@ -67,7 +67,7 @@ import numpy as np
 _TRIAL_AXIS = 'trials'
 
 # Working-set budget of one vmapped group of trials, per backend. CPU: the knee measured on
-# the 2-core development machine (BUILD.md, "Benchmarks": the AMI game at paper size and the
+# the 2-core development machine (benchmarks/README.md: the AMI game at paper size and the
 # white-box audit both run fastest with groups of 4-16 MiB of XLA temporaries and fall off
 # beyond ~32 MiB, when threefry's words leave the cache). Accelerators: width pays, so the
 # budget only guards memory.

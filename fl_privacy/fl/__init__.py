@@ -7,6 +7,7 @@ from fl_privacy.fl import local
 from fl_privacy.fl import losses
 from fl_privacy.fl import optimizers
 from fl_privacy.fl import rounds
+from fl_privacy.fl import sampling
 from fl_privacy.fl.client import ClientHooks
 from fl_privacy.fl.grads import client_grads
 from fl_privacy.fl.grads import per_example_grads
@@ -21,5 +22,5 @@ from fl_privacy.fl.optimizers import OPTIMIZERS
 __all__ = [
     'ClientHooks', 'OPTIMIZERS', 'aggregate', 'client', 'client_grads', 'client_update', 'cross_entropy', 'fedavg',
     'fedsgd', 'grads', 'local', 'losses', 'make_loss_fn', 'optimizers',
-    'per_example_cross_entropy', 'per_example_grads', 'rounds',
+    'per_example_cross_entropy', 'per_example_grads', 'rounds', 'sampling',
 ]

@@ -2,7 +2,7 @@
 
 A client in round t trains from the global parameters w_t on its shard and uploads its update
 Delta = w_t - w_local (the sign FedAvg servers and the FedMIA paper use). A defense changes
-what happens at one or more of five points, each a pure, jit-able function that receives its
+what happens at one or more of these points, each a pure, jit-able function that receives its
 own key:
 
 | hook | when | signature | identity |
@@ -13,6 +13,7 @@ own key:
 | `grad` | every local step | `(key, per_example_grads, mask) -> grad` | None: gradient of the batch's mean loss |
 | `upload` | once, after training | `(key, delta, aux) -> delta` | returns `delta` |
 | `aggregate` | on the server, once per round | `(key, uploads, weights) -> mean update` | None: weighted mean |
+| `batches` | once per round, after `data` | `(key, mask, *, epochs, batch_size) -> (indices [E, S, Bmax], row_masks [E, S, Bmax], step_masks [E, S])` | None: `local.masked_batch_order` (or `batch_order`) |
 
 `mask` marks the real rows of a padded shard or batch (1.0 real, 0.0 padding); `aux` is the
 client's auxiliary pytree (for example a held-out batch a regulariser reads), or None. Labels
@@ -23,10 +24,16 @@ example, and turns them into the step's gradient: DP-SGD clips and noises them h
 None the step differentiates the batch's mean loss directly, which is what plain FedAvg does
 (and, with the other hooks at identity, reproduces `local.fedavg` without hooks bit for bit).
 
+`batches` replaces the shuffled fixed-size minibatches by the sampler's (e.g. Poisson sampling
+for DP-SGD, `sampling.poisson_sampler`). It always takes the masked path (a shard without a mask
+gets an all-ones one); a step with `step_masks` 1 runs even when its row masks are all zero
+(DP-SGD noises an empty batch too), a step with `step_masks` 0 is skipped.
+
 Keys (all from the client's round key `k_tk = fold_in(fold_in(run_key, t), k)`, see
 `rounds.client_key`): minibatch j of epoch e uses `step_key(k_tk, e, j)` and gives `fold_in(., 0)` to
 `batch`, `fold_in(., 1)` to `loss`, `fold_in(., 2)` to `grad`; `data` gets
-`fold_in(k_tk, DATA_SALT)` and `upload` `fold_in(k_tk, UPLOAD_SALT)`. Shuffling uses
+`fold_in(k_tk, DATA_SALT)`, `upload` `fold_in(k_tk, UPLOAD_SALT)` and `batches`
+`fold_in(k_tk, BATCHES_SALT)`. Shuffling uses
 `fold_in(k_tk, epoch)` as before, and the salts are far above any epoch index, so no key is
 used for two draws.
 """
@@ -42,6 +49,7 @@ import jax.numpy as jnp
 STEP_SALT = 0x7FFF0001
 DATA_SALT = 0x7FFF0002
 UPLOAD_SALT = 0x7FFF0003
+BATCHES_SALT = 0x7FFF0004
 
 
 def _identity_data(key, x, y, mask, aux):
@@ -72,13 +80,14 @@ class ClientHooks(NamedTuple):
   grad: Callable | None = None
   upload: Callable = _identity_upload
   aggregate: Callable | None = None
+  batches: Callable | None = None
 
 
 IDENTITY = ClientHooks()
 
 
 def is_identity(hooks: ClientHooks) -> bool:
-  """True when every hook is the default (plain FedAvg)."""
+  """True when every hook is the default (plain FedAvg; a `batches` sampler is not)."""
   return hooks == IDENTITY
 
 
@@ -101,6 +110,11 @@ def data_key(client_key):
 def upload_key(client_key):
   """Key of the `upload` hook."""
   return jax.random.fold_in(client_key, UPLOAD_SALT)
+
+
+def batches_key(client_key):
+  """Key of the `batches` sampler."""
+  return jax.random.fold_in(client_key, BATCHES_SALT)
 
 
 def update(global_params: Any, local_params: Any) -> Any:

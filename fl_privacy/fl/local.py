@@ -156,6 +156,10 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
   optimizer state untouched; without it the shard is walked as `batch_order` says (the last
   N mod B rows of each epoch's permutation sit out), exactly as before hooks existed.
 
+  A `batches` hook (e.g. `sampling.poisson_sampler`) replaces `masked_batch_order` after the
+  `data` hook (a shard without `mask` gets an all-ones one); its real steps (`step_masks` 1)
+  run even when no row is selected, the others are skipped; `shuffle` does not apply.
+
   `hooks` (see `fl.client`) act at the `data`, `batch`, `loss` and `grad` points; the
   `upload` and `aggregate` points belong to `client_update` and the round loop. With identity
   hooks the result is bit for bit that of plain FedAvg.
@@ -197,7 +201,14 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
   if hooks.data is not client.IDENTITY.data:
     mask = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask
     x, y, mask = hooks.data(client.data_key(key), x, y, mask, aux)
-  if mask is None:
+  step_masks = None
+  if hooks.batches is not None:
+    # The sampler's minibatches always take the masked path.
+    mask = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask
+    order, row_masks, step_masks = hooks.batches(client.batches_key(key), mask,
+                                                 epochs=epochs, batch_size=batch_size)
+    steps = order.shape[1]
+  elif mask is None:
     # Unpadded shard: the plain order, every step real.
     order = batch_order(key, x.shape[0], epochs=epochs, batch_size=batch_size,
                         shuffle=shuffle)
@@ -210,9 +221,10 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
     steps = order.shape[1]
   positions = jnp.stack(jnp.meshgrid(jnp.arange(epochs), jnp.arange(steps),
                                      indexing='ij'), axis=-1).reshape(-1, 2)
-  order = order.reshape(epochs * steps, batch_size)
+  width = order.shape[-1]  # B, or the sampler's slot count
+  order = order.reshape(epochs * steps, width)
   if row_masks is not None:
-    row_masks = row_masks.reshape(epochs * steps, batch_size)
+    row_masks = row_masks.reshape(epochs * steps, width)
 
   def batch_loss(p, k, xb, yb, mb):
     return hooks.loss(k, loss_fn, p, xb, yb, mb, aux)
@@ -234,18 +246,26 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
     if row_masks is None:
       idx, pos = inputs
       mb = None
-    else:
+    elif step_masks is None:
       idx, pos, mb = inputs
+    else:
+      idx, pos, mb, live = inputs
     k = client.step_key(key, pos[0], pos[1])
     xb, yb, mb = hooks.batch(jax.random.fold_in(k, 0), x[idx], y[idx], mb, aux)
     updates, new_state = optimizer.update(step_grad(p, k, xb, yb, mb), state, p)
     new_p = optax.apply_updates(p, updates)
     if mb is not None:
-      real = jnp.any(mb > 0)
+      # A sampler's real step runs even on an empty batch (DP-SGD still adds its noise).
+      real = jnp.any(mb > 0) if step_masks is None else live > 0
       new_p, new_state = _select(real, new_p, p), _select(real, new_state, state)
     return (new_p, new_state), None
 
-  xs = (order, positions) if row_masks is None else (order, positions, row_masks)
+  if row_masks is None:
+    xs = (order, positions)
+  elif step_masks is None:
+    xs = (order, positions, row_masks)
+  else:
+    xs = (order, positions, row_masks, step_masks.reshape(epochs * steps))
   (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), xs)
   return params
 

@@ -46,7 +46,7 @@ from fl_privacy.report import run_point
 DECISION_PATHS = ('fast', 'gradient')
 # Defenses the AMI client can run: those acting on the batch it trains on (`data`, `batch`
 # hooks). The input mechanisms stay in `ami.mechanisms`; update and DP defenses act on what
-# the attack does not read on its fast path (see BUILD.md, "Defenses").
+# the attack does not read on its fast path (see docs/defenses.md).
 AMI_DEFENSES = ('none', 'mixup', 'augment', 'sampling')
 DP_RULES = dp_averaging.RULES
 CHOSEN_INDEX = 0  # the chosen neuron is unit 0 of fc2
@@ -129,10 +129,11 @@ def validate_config(config) -> None:
   weights = config.ami.extractor_weights
   validate.require(not weights or os.path.isfile(weights), 'ami.extractor_weights',
                    "'' or an existing .npz file", weights)
-  name = defenses.validate_section(config.defense)
-  validate.require(name in AMI_DEFENSES, 'defense.name',
-                   f'one of {AMI_DEFENSES} for experiments.ami (the client applies the defense '
-                   'to the batch it trains on; LDP mechanisms go in ami.mechanisms)', name)
+  defenses.configured.check_honoured(
+      config.defense, 'ami', AMI_DEFENSES,
+      'the game decides from the chosen neuron on the batch the client trains on, not from '
+      'a computed gradient or upload, so gradient, upload and aggregation defenses cannot act '
+      'in it; LDP mechanisms go in ami.mechanisms')
 
 
 def _features(dataset, config, key) -> np.ndarray:
@@ -231,9 +232,10 @@ def prepare(config) -> dict[str, Any]:
                    'image dataset (augmentation needs the image behind the features)',
                    config.defense.name)
   configured = defenses.configure(
-      config.defense, num_classes=state['num_classes'], image_shape=image_shape,
-      value_range=(0.0, float(a.feature_scale)), batch_size=int(a.batch_size),
-      num_examples=int(a.batch_size), local_steps=1, rounds=1)
+      config.defense, defenses.Setting(
+          num_classes=state['num_classes'], image_shape=image_shape,
+          value_range=(0.0, float(a.feature_scale)), batch_size=int(a.batch_size),
+          num_examples=int(a.batch_size)), experiment='ami')
   state['defense'] = None if configured.params['defense'] == 'none' else configured.hooks
   state['defense_params'] = configured.params
   state['num_clipped'] = int(clipped)

@@ -27,6 +27,7 @@ from fl_privacy import models
 from fl_privacy import validate
 from fl_privacy.attacks import dishonest
 from fl_privacy.data import duplicates
+from fl_privacy.eval import auditing
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
@@ -38,6 +39,7 @@ from fl_privacy.report import progress
 from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
+EXPERIMENT = 'dishonest_mia'
 GRIDS = ('one_at_a_time', 'product')
 SPLITS = ('train', 'test', 'validation')
 TABLE = 'table2.md'
@@ -85,7 +87,8 @@ def validate_static(config) -> None:
   validate.one_of(config, 'dishonest.split', SPLITS)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
   runner.validate_options(config)
-  defenses.validate_section(config.defense)
+  defenses.configured.check_honoured(config.defense, EXPERIMENT, defenses.NAMES,
+                                     'every defense acts on the client it attacks')
 
 
 def grid_points(config) -> list[dict]:
@@ -189,14 +192,21 @@ def point_key(key, p: dict):
 
 
 def defense_for(config, state, p: dict) -> defenses.Configured:
-  """The `defense` section built for point `p` (one client, one round of E J steps)."""
+  """The `defense` section built for point `p` (one client, one round of E J steps), once."""
+  cache = state.setdefault('defenses', {})
+  key = tuple(sorted(p.items()))
+  if key not in cache:
+    cache[key] = _configure_defense(config, state, p)
+  return cache[key]
+
+
+def _configure_defense(config, state, p: dict) -> defenses.Configured:
   s = config.dishonest
   pool = state['pool']
-  return defenses.configure(config.defense, num_classes=pool.num_classes,
-                            image_shape=pool.x.shape[1:], value_range=(0.0, 1.0),
-                            batch_size=int(s.batch_size),
-                            num_examples=p['num_batches'] * int(s.batch_size),
-                            local_steps=p['num_batches'] * p['epochs'], rounds=1)
+  return defenses.configure(config.defense, defenses.Setting(
+      num_classes=pool.num_classes, image_shape=pool.x.shape[1:], value_range=(0.0, 1.0),
+      batch_size=int(s.batch_size), num_examples=p['num_batches'] * int(s.batch_size),
+      epochs=p['epochs'], steps_per_epoch=p['num_batches'], rounds=1), experiment=EXPERIMENT)
 
 
 def point_params(config, state, p: dict) -> dict:
@@ -331,6 +341,9 @@ def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dic
     m.update(defense_for(config, state, p).metrics)
     member = out['member'].astype(bool)
     decision = out['decision'].astype(bool)
+    if 'dp_unit' in m:
+      # The attack's own empirical epsilon beside the defense's claim (membership is a coin).
+      m.update(auditing.attack_bounds(decision.astype(np.float64), member, m['dp_delta']))
     fps = [attribute(config, state['pool'], key, p, int(i), {k: v[i] for k, v in out.items()})
            for i in np.flatnonzero(decision & ~member)]
     fns = [dict(run=int(i), target=int(out['target'][i]),
@@ -377,7 +390,7 @@ def table_markdown(config, points: list[dict], decisions: dict) -> str:
       pt = by.get(label(p))
       if pt is None:
         continue
-      m = {k: float(v) for k, v in pt['metrics'].items()}
+      m = {k: summary.as_number(v) for k, v in pt['metrics'].items()}
       cell = lambda n: (f'{_pct(m, n)} [{_pct(m, n + "_ci_low")}, '
                         f'{_pct(m, n + "_ci_high")}]')
       out.append(f'| {p["optimizer"]} | {p["M"]} | {p["num_batches"]} | {p["epochs"]} | '

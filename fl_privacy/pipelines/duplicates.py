@@ -14,6 +14,7 @@ import math
 import os
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import validate
 from fl_privacy.data import duplicates
 from fl_privacy.report import atomic
@@ -33,6 +34,9 @@ SUMMARY = summary.Table('Duplicate groups', (
 def prepare(config) -> dict:
   """Validates the fields this pipeline reads, then loads the splits to search."""
   data_lib.validate_data_config(config.data)
+  if 'defense' in config:
+    defenses.check_honoured(config.defense, 'duplicates', ('none',), 'it searches the data '
+                            'for duplicates; nothing trains under a defense')
   names = validate.subset_of(config, 'dishonest.duplicate_splits', SPLITS)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
   splits = data_lib.load(config.data)

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks import passive
@@ -44,7 +45,6 @@ from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
 from fl_privacy.fl import rounds as rounds_lib
-from fl_privacy.pipelines import fedmia_defenses as defenses_wiring
 from fl_privacy.pipelines import fedmia_figures
 from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
@@ -54,6 +54,10 @@ from fl_privacy.report import progress
 from fl_privacy.report import summary
 from fl_privacy.report import run_point
 
+NAME = 'fedmia'
+# The defenses FedMIA's Sect. 4.4 / Appendix A.2 sweeps (and quantisation, which its code has).
+DEFENSES = ('update_noise', 'update_dp', 'sparsify', 'quantize', 'mixup', 'augment',
+            'sampling', 'augment_sampling')
 LR_SCHEDULES = ('cosine', 'exponential', 'constant')
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
@@ -126,7 +130,7 @@ def validate_static(config) -> None:
   for b in betas:
     validate.require(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0,
                      'fedmia.betas', 'numbers > 0 (inf = IID)', betas)
-  defenses_wiring.validate_config(config)
+  _validate_defenses(config)
   validate.positive(config, 'fedmia.chunk_size', integer=True)
 
 
@@ -206,7 +210,10 @@ def prepare(config) -> dict:
     validate.require(need <= len(train), 'fedmia.per_client' if s.per_client else
                      'fedmia.num_clients', f'K x per_client <= {len(train)} training examples',
                      s.per_client if s.per_client else k)
-  defenses_wiring.validate_data(config, train)
+  names = set(config.fedmia.defenses.keys())
+  if names & {'augment', 'augment_sampling'} and not train.is_image:
+    raise validate.ConfigError('fedmia.defenses', 'no augment/augment_sampling on feature '
+                               'vectors (they transform images)', sorted(names))
   models = {name: make_model(config, name, train.num_classes) for name in s.models}
   for name, model in models.items():
     try:
@@ -255,7 +262,7 @@ def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
   init = model.init(point_key(key, {'init': 1, 'model': tr['model']}), qx[:1])
   run_key = point_key(key, {'train': 1, 'beta': beta, 'num_clients': num_clients,
                             'local_epochs': epochs})
-  hooks = defenses_wiring.hooks(config, tr['defense'], tr['defense_param'], train)
+  hooks = None if tr['defense'] == 'none' else defense_for(config, state, tr).hooks
   t0 = time.perf_counter()
 
   def progress(i, info):
@@ -271,6 +278,48 @@ def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
   rec['train_seconds'] = np.asarray(time.perf_counter() - t0)
   rec['client_sizes'] = np.asarray([len(i) for i in shards], np.int64)
   return rec
+
+
+def _validate_defenses(config) -> None:
+  """`fedmia.defenses` and the fields its defenses share, by the defense registry's rules."""
+  s = config.fedmia
+  defenses.configured.validate_sweep(s.defenses, DEFENSES, 'fedmia.defenses')
+  fields = defenses.registry.FIELDS
+  fields['clip_norm'].rule.check('fedmia.dp_clip', s.dp_clip)
+  fields['delta'].rule.check('fedmia.dp_delta', s.dp_delta)
+  fields['augment_level'].rule.check('fedmia.augment_sampling_level', s.augment_sampling_level)
+  fields['mixup_public_code'].rule.check('fedmia.mixup_public_code', s.mixup_public_code)
+  defenses.check_honoured(config.defense, NAME, ('none',),
+                          'FedMIA sweeps its own defenses in fedmia.defenses')
+
+
+def defense_for(config, state, tr: dict) -> defenses.Configured:
+  """The defense of training `tr` from the defense registry (hooks, and DP metrics), built
+  once per training (update_dp: T rounds against the server, replace-one,
+  `accounting.update_dp`)."""
+  cache = state.setdefault('defenses', {})
+  key = (tr['defense'], tr['defense_param'], tr['local_epochs'], tr['num_clients'])
+  if key not in cache:
+    train = state['train']
+    cache[key] = _build_defense(config, tr, train.num_classes,
+                                train.x.shape[1:] if train.is_image else None)
+  return cache[key]
+
+
+def _build_defense(config, tr: dict, num_classes: int, image_shape) -> defenses.Configured:
+  s = config.fedmia
+  name, value = tr['defense'], tr['defense_param']
+  setting = defenses.Setting(num_classes=int(num_classes), image_shape=image_shape,
+                             batch_size=int(s.batch_size), epochs=int(tr['local_epochs']),
+                             rounds=int(s.num_rounds), num_clients=int(tr['num_clients']))
+  fixed = {'update_dp': {'clip_norm': float(s.dp_clip)},
+           'mixup': {'public_code': bool(s.mixup_public_code)},
+           'augment_sampling': {'level': int(s.augment_sampling_level)}}.get(name, {})
+  if name in ('quantize', 'augment'):
+    value = int(value)
+  return defenses.configured.sweep_point(
+      name, value, setting, experiment=NAME, prefix='fedmia.defenses', fixed=fixed,
+      delta=float(s.dp_delta))
 
 
 def describe(tr: dict) -> str:
@@ -292,7 +341,8 @@ def attack_plan(config, tr: dict) -> list[tuple[str, str]]:
   return [(a, sc) for sc in s.sweep_scoring for a in s.sweep_attacks]
 
 
-def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str) -> dict:
+def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
+                  dp_metrics: dict | None = None) -> dict:
   """The results metrics of one (training, attack, scoring)."""
   s = config.fedmia
   params = point_params(tr, attack, scoring)
@@ -300,14 +350,17 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str) -
   recorded = list(np.asarray(rec['rounds']) + 1)
   m = evaluate_lib.evaluate(rec, rec['owner'], attack, scoring=scoring,
                             single_index=recorded.index(int(s.single_round)),
-                            default_filter=s.outlier_filter, rng=rng)
+                            default_filter=s.outlier_filter, rng=rng,
+                            audit_delta=(float(s.dp_delta) if 'dp_unit' in (dp_metrics or {})
+                                         else None))
   n_test = int(rec['num_test'])
   correct = int(rec['test_correct'][-1])
   acc = stats.rate('test_accuracy', correct, n_test)
   m.update(acc)
   m['n_test'] = n_test
   m['test_error'] = 1.0 - acc['test_accuracy']
-  m['dp_epsilon'] = defenses_wiring.epsilon(config, tr['defense'], tr['defense_param'])
+  m.update(dp_metrics or {})
+  m.setdefault('dp_epsilon', math.inf)
   m['train_seconds'] = float(rec['train_seconds'])
   return m
 
@@ -347,7 +400,8 @@ def sweep(config, state, store, key) -> None:
     for attack, scoring in plan:
       def compute(tr=tr, a=attack, sc=scoring, recording=recording):
         rec = recording()
-        return (point_metrics(config, key, rec, tr, a, sc),
+        return (point_metrics(config, key, rec, tr, a, sc,
+                              defense_for(config, state, tr).metrics),
                 int(len(rec['owner']) * rec['loss'].shape[1]))
       run_point(store, point_params(tr, attack, scoring), compute)
   curves = fedmia_figures.round_curves(config, key, main_records)

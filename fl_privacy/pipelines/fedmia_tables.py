@@ -198,7 +198,8 @@ def table2(config, points: list[dict]) -> str:
     lines.append('| none (undefended point alone) | ' + ' | '.join(
         f'{metrics_lib.hypervolume([[_f(m["test_error"]), _f(m["tpr_at_fpr_1e-3"])]], (1, 1)):.4f}'
         if m else '' for m in none_row) + ' |')
-    details = ['', '| defense | strength | test acc. [95% CI] | DP epsilon | ' +
+    details = ['', '| defense | strength | test acc. [95% CI] | DP epsilon (client-level, '
+               'replace-one, vs the server) | ' +
                ' | '.join(f'TPR@0.1% {scores_lib.label(a, s.outlier_filter)}'
                           for a in attacks) + ' |', '|' + '---|' * (len(attacks) + 4)]
     for name in s.defenses.keys():

@@ -9,7 +9,7 @@ instead, on two extreme inputs with the exact likelihood-ratio test (`input_poin
 `prepare(config)` validates and loads the data; `sweep(config, state, store, key)` runs
 the points the store lacks and draws the figures (`fl_privacy.pipelines.ldp_audit_figures`).
 
-Fields: configs/_ldp_audit.py. Results: BUILD.md ("Empirical lower bounds of LDP").
+Fields: configs/_ldp_audit.py. Results: docs/experiments/ldp_audit.md.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models
 from fl_privacy import report
 from fl_privacy import validate
@@ -52,7 +53,9 @@ SERVER_LR_RULES = ('relative', 'paper')
 _COLUMNS = (summary.param('crafter'), summary.param('distinguisher'),
             summary.param('epsilon', 'eps claimed'),
             summary.bound('eps_emp', 'eps_emp_lower', 'eps_emp [95% lower]'),
-            summary.rate('acc', 'accuracy [95% CI]'))
+            summary.rate('acc', 'accuracy [95% CI]'),
+            summary.metric('epsilon_cp', 'eps_CP at delta [lower]', digits=2),
+            summary.metric('gdp_mu', 'GDP mu [lower]', digits=2))
 SUMMARY = (
     summary.Table('LDP-SGD audit: empirical epsilon (Eq. 3)',
                   _COLUMNS + (summary.flag('privacy_violation', 'violation'),),
@@ -78,6 +81,9 @@ def _optional_positive(config, field: str) -> None:
 
 def validate_config(config) -> str:
   """Checks every field the experiment reads; returns the mechanism."""
+  if 'defense' in config:
+    defenses.check_honoured(config.defense, NAME, ('none',), 'it audits the mechanism named in '
+                            'ldp_audit.mechanism; nothing trains under a defense')
   mechanism = validate.one_of(config, 'ldp_audit.mechanism', audit.MECHANISMS)
   validate.subset_of(config, 'ldp_audit.crafters', audit.CRAFTERS)
   validate.subset_of(config, 'ldp_audit.distinguishers', audit.DISTINGUISHERS)
@@ -302,7 +308,8 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
   metrics = game.run_point(fn, key, s.num_trials,
                            **runner.options(config), args=args,
                            claimed_epsilon=eps,
-                           violation_confidence=violation_confidence)
+                           violation_confidence=violation_confidence,
+                           audit_delta=float(s.delta))
   g1n, g2n = float(jnp.linalg.norm(c.g1)), float(jnp.linalg.norm(c.g2))
   cos = float(jnp.vdot(c.g1, c.g2) / max(g1n * g2n, 1e-30))
   # One client's estimate has norm debias_scale exactly, so this is the step's norm.
@@ -377,7 +384,8 @@ def input_point(config, mechanism: str, params: dict, key,
     metrics = game.run_point(fn, key, s.num_trials, **opts,
                              args=(pair, jnp.float32(sigma)),
                              claimed_epsilon=eps, delta=s.delta,
-                             violation_confidence=violation_confidence)
+                             violation_confidence=violation_confidence,
+                             audit_delta=float(s.delta))
     # The optimal test's exact error FP = FN = Phi(-s / (2 sigma)) and the
     # epsilon it implies at this delta: what the audit should find.
     tail = float(scipy_stats.norm.cdf(-s.sensitivity / (2.0 * sigma)))
@@ -394,7 +402,8 @@ def input_point(config, mechanism: str, params: dict, key,
                            args=(jnp.asarray(bits), jnp.asarray(if_one),
                                  jnp.asarray(if_zero)),
                            claimed_epsilon=eps,
-                           violation_confidence=violation_confidence)
+                           violation_confidence=violation_confidence,
+                           audit_delta=float(s.delta))
   metrics['eps_implied'] = _implied_epsilon(mechanism, s, eps, bits)
   return metrics, s.num_trials
 

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses as defenses_lib
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.passive import evaluate as evaluate_lib
@@ -51,6 +52,7 @@ from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.attacks.passive import whitebox
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import dp as dp_lib
+from fl_privacy.eval import auditing
 from fl_privacy.eval import stats
 from fl_privacy.fl import client as client_lib
 from fl_privacy.fl import losses
@@ -65,6 +67,7 @@ from fl_privacy.report import progress
 from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
+NAME = 'pastel'
 DEFENSES = ('none', 'pastel', 'wdp', 'ldp', 'cdp')
 DP_DEFENSES = ('wdp', 'ldp', 'cdp')
 ATTACKS = ('nasr_whitebox', 'loss_threshold', 'fedmia_i', 'fedmia_ii')
@@ -128,6 +131,11 @@ def validate_static(config) -> None:
   validate.in_range(config, 'pastel.dp_delta', 0.0, 1.0, low_inclusive=False,
                     high_inclusive=False)
   validate.positive(config, 'pastel.clip_norm')
+  defenses_lib.registry.FIELDS['dp_sgd_sampling'].rule.check('pastel.ldp_sampling',
+                                                             s.ldp_sampling)
+  if 'defense' in config:
+    defenses_lib.check_honoured(config.defense, NAME, ('none',), 'PASTEL sweeps its own '
+                                'defenses in pastel.defenses')
   validate.positive(config, 'pastel.update_clip_norm')
   attacks = validate.subset_of(config, 'pastel.attacks', ATTACKS)
   validate.subset_of(config, 'pastel.targets', TARGETS)
@@ -302,7 +310,7 @@ def _optimizer(name: str, learning_rate: float):
 
 @functools.lru_cache(maxsize=None)
 def _hook_factory(kind: str, apply_fn, layers: tuple, representation: str, temperature: float,
-                  batch_size: int, clip_norm: float):
+                  batch_size: int, clip_norm: float, max_batch_size: int | None = None):
   """`strength -> ClientHooks` of one kind, cached: a static argument of the jitted rounds.
 
   The strength (lambda, or the DP noise multiplier) is traced, so every lambda of PASTEL, and
@@ -313,11 +321,14 @@ def _hook_factory(kind: str, apply_fn, layers: tuple, representation: str, tempe
     return lambda w: pastel_lib.make(apply_fn, weight=w, layers=layers,
                                      representation=representation, temperature=temperature,
                                      heldout_batch_size=batch_size)
-  if kind == 'ldp':
-    return lambda z: client_lib.ClientHooks(grad=dp_lib.dp_sgd_hook(clip_norm, z))
-  if kind == 'server_dp':
-    # `central_dp` and `weak_dp` are the same DP-FedAvg mechanism at different noise.
-    return lambda z: client_lib.ClientHooks(aggregate=dp_lib.central_dp_hook(clip_norm, z))
+  if kind in ('ldp', 'server_dp'):
+    # The registry's builders, with the noise multiplier traced; `central_dp` and `weak_dp`
+    # are the same DP-FedAvg mechanism at different noise.
+    build = defenses_lib.DEFENSES['dp_sgd' if kind == 'ldp' else 'central_dp'].build
+    extra = {} if kind == 'server_dp' else dict(
+        sampling='shuffle' if max_batch_size is None else 'poisson', batch_size=batch_size,
+        num_examples=batch_size, max_batch_size=max_batch_size)
+    return lambda z: build(clip_norm=clip_norm, noise_multiplier=z, **extra)
   raise ValueError(f'unknown hook kind {kind!r}')
 
 
@@ -341,46 +352,60 @@ def training_setup(config, state, split: dict, tr: dict):
   dp = dp_accounting(config, split, tr['defense'], tr['strength'])
   info.update({k: dp[k] for k in info})
   if tr['defense'] == 'ldp':
-    factory = _hook_factory('ldp', apply_fn, (), '', 1.0, b, float(s.clip_norm))
+    factory = _hook_factory('ldp', apply_fn, (), '', 1.0, b, float(s.clip_norm),
+                            dp.get('dp_max_batch_size'))
   else:
     factory = _hook_factory('server_dp', apply_fn, (), '', 1.0, b, float(s.update_clip_norm))
   return factory, dp['noise_multiplier'], opt, info
 
 
-def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> dict:
-  """Noise multiplier and epsilons of one DP baseline (`defenses.dp`, dp-accounting RDP).
+# PASTEL's DP baselines, by the defense registry's names.
+DP_NAMES = {'ldp': 'dp_sgd', 'cdp': 'central_dp', 'wdp': 'weak_dp'}
 
-  - `ldp` (DP-SGD): sigma for `target_epsilon` over E x J x T steps at sampling rate
-    q = B / n, n the smallest client's member count and J = ceil(n / B) (record level).
-  - `cdp` (DP-FedAvg): z for `target_epsilon` over T rounds (client level, every client in
-    every round).
-  - `wdp`: z for `target_epsilon` in ONE round (PASTEL's weak DP); `dp_epsilon` is its
+
+def dp_setting(config, split: dict) -> defenses_lib.Setting:
+  """The run as the DP accounting sees it: n the smallest client's member count, J =
+  ceil(n / B) steps per epoch, E epochs, T rounds, K clients (all take part); the largest
+  client sizes the padded Poisson batch."""
+  s = _s(config)
+  n, b = min(len(m) for m in split['members']), int(s.batch_size)
+  return defenses_lib.Setting(batch_size=b, num_examples=n, epochs=int(s.local_epochs),
+                              steps_per_epoch=math.ceil(n / b), rounds=int(s.num_rounds),
+                              num_clients=len(split['members']),
+                              max_examples=max(len(m) for m in split['members']))
+
+
+def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> dict:
+  """Noise multiplier, epsilons and declaration of one DP baseline (the defense registry's
+  declaration, calibrated by `fl_privacy.accounting` with dp-accounting's RDP accountant).
+
+  - `ldp` (`dp_sgd`, record level, against the server): `pastel.ldp_sampling` 'poisson' (E J T
+    steps of the Poisson-subsampled Gaussian at q = B / n, n the smallest client's members) or
+    'shuffle' (E T epochs, one replace-one release each, no amplification).
+  - `cdp` (`central_dp`, client level, replace-one, readers of the aggregate): T rounds.
+  - `wdp` (`weak_dp`): calibrated for ONE round (PASTEL's weak DP); `dp_epsilon` is its
     composition over T rounds.
 
   Returns:
-    {'noise_multiplier', 'dp_epsilon' (over the run), 'dp_epsilon_per_round' (nan for ldp)}.
+    {'noise_multiplier', 'dp_epsilon' (over the run), 'dp_epsilon_per_round' (nan but for
+    wdp), 'dp_steps', 'dp_sampling_rate', the declaration's `dp_unit`, `dp_relation`,
+    `dp_adversary`, `dp_sampling`, and `dp_max_batch_size` for Poisson DP-SGD}.
   """
   s = _s(config)
-  delta, t = float(s.dp_delta), int(s.num_rounds)
+  name = DP_NAMES.get(defense)
+  if name is None:
+    raise ValueError(f'not a DP baseline: {defense!r}')
+  clip = float(s.clip_norm if defense == 'ldp' else s.update_clip_norm)
+  fixed = {'clip_norm': clip}
   if defense == 'ldp':
-    n, b = min(len(m) for m in split['members']), int(s.batch_size)
-    q = min(1.0, b / n)
-    steps = int(s.local_epochs) * math.ceil(n / b) * t
-    sigma = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, sampling_rate=q,
-                                        steps=steps)
-    return dict(noise_multiplier=sigma, dp_epsilon=dp_lib.dp_sgd_epsilon(
-        sigma, batch_size=b, num_examples=n, steps=steps, delta=delta),
-                dp_epsilon_per_round=math.nan, dp_steps=steps, dp_sampling_rate=q)
-  if defense == 'cdp':
-    z = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, steps=t)
-    return dict(noise_multiplier=z, dp_epsilon=dp_lib.epsilon(z, delta=delta, steps=t),
-                dp_epsilon_per_round=dp_lib.epsilon(z, delta=delta), dp_steps=t,
-                dp_sampling_rate=1.0)
-  if defense == 'wdp':
-    z = dp_lib.noise_multiplier_for(float(target_epsilon), delta=delta, steps=1)
-    return dict(noise_multiplier=z, **dp_lib.weak_dp_epsilons(z, delta=delta, rounds=t),
-                dp_steps=t, dp_sampling_rate=1.0)
-  raise ValueError(f'not a DP baseline: {defense!r}')
+    fixed['sampling'] = s.ldp_sampling
+  built = defenses_lib.configured.sweep_point(
+      name, None, dp_setting(config, split), experiment=NAME, prefix='pastel', fixed=fixed,
+      delta=float(s.dp_delta), target_epsilon=float(target_epsilon))
+  m = dict(built.metrics)
+  m.setdefault('dp_epsilon_per_round', math.nan)
+  m['dp_steps'] = m['dp_compositions']
+  return m
 
 
 _STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hook_factory')
@@ -634,7 +659,7 @@ def training_metrics(arrays: dict, num_clients: int) -> dict[str, float]:
 
 
 def point_metrics(config, arrays: dict, rows: dict, split: dict, attack: str, target: str,
-                  key) -> dict[str, float]:
+                  key, tr_defense: str = 'none', tr_strength: float = 0.0) -> dict[str, float]:
   scores, labels = attack_scores(config, arrays, rows, split, attack, target, key)
   base = evaluate_lib.score_metrics(scores, labels)
   m = {'attack_auc': base['auc'], 'attack_auc_ci_low': base['auc_ci_low'],
@@ -644,6 +669,15 @@ def point_metrics(config, arrays: dict, rows: dict, split: dict, attack: str, ta
       m[name + suffix] = base[name + suffix]
   m['n_pos'], m['n_neg'] = base['n_pos'], base['n_neg']
   m.update(training_metrics(arrays, len(split['members'])))
+  if tr_defense in DP_NAMES:
+    m.update(auditing.attack_bounds(scores, labels, float(_s(config).dp_delta)))
+    decl = dp_accounting(config, split, tr_defense, tr_strength)
+    for k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling'):
+      m[k] = decl[k]
+    if decl['dp_adversary'] == 'aggregate' and target == 'local':
+      # The server reads each upload before DP-FedAvg adds its noise: no epsilon holds here.
+      m['dp_epsilon'] = math.nan
+      m['dp_epsilon_per_round'] = math.nan
   return m
 
 
@@ -690,7 +724,8 @@ def sweep(config, state, store, key) -> None:
       p = point_params(tr, attack, target)
       n_eval = len(rows[target]['eval'])
       run_point(store, p, lambda a=attack, t=target, arr=arrays: (
-          point_metrics(config, arr, rows, split, a, t, key), n_eval))
+          point_metrics(config, arr, rows, split, a, t, key, tr['defense'], tr['strength']),
+          n_eval))
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),
                            pastel_figures.table_markdown(config, store.points))
   pastel_figures.save_figures(config, store.points, losses_for_figure, store.workdir)

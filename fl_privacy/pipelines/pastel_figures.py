@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from fl_privacy.report import figures
+from fl_privacy.report import summary
 
 _COLOURS = {'none': 'tab:gray', 'pastel': 'tab:green', 'wdp': 'tab:orange', 'ldp': 'tab:blue',
             'cdp': 'tab:purple'}
@@ -41,7 +42,7 @@ def _by_training(points: list[dict]) -> dict[tuple, dict]:
   for pt in points:
     p = pt['params']
     out.setdefault(_training(p), {})[(p['attack'], p['target'])] = {
-        k: float(v) for k, v in pt['metrics'].items()}
+        k: summary.as_number(v) for k, v in pt['metrics'].items()}
   return out
 
 
@@ -73,7 +74,7 @@ def table_markdown(config, points: list[dict]) -> str:
         continue
       cols.append((a, t))
       header.append(f'{_ATTACK_LABELS.get(a, a)} AUC {t}')
-  header += ['eps (total)', 'eps / round', 'JSD (nats)']
+  header += ['eps (total; unit, against)', 'eps / round', 'JSD (nats)']
   lines.append('| ' + ' | '.join(header) + ' |')
   lines.append('|' + '---|' * len(header))
   counts = {}
@@ -87,9 +88,15 @@ def table_markdown(config, points: list[dict]) -> str:
       row.append(_cell(cells.get((a, t)), 'attack_auc'))
       if (a, t) in cells:
         counts[t] = (int(cells[(a, t)]['n_pos']), int(cells[(a, t)]['n_neg']))
-    eps, per = any_m.get('dp_epsilon', math.nan), any_m.get('dp_epsilon_per_round', math.nan)
-    row += ['-' if math.isnan(eps) else f'{eps:.3g}',
-            '-' if math.isnan(per) else f'{per:.3g}', f'{any_m["jsd_last_round"]:.4f}']
+    # Rows attacking uploads under aggregate-only DP carry no epsilon: take a row that does.
+    with_eps = [m for m in cells.values() if not math.isnan(m.get('dp_epsilon', math.nan))]
+    ref = with_eps[0] if with_eps else any_m
+    eps, per = ref.get('dp_epsilon', math.nan), ref.get('dp_epsilon_per_round', math.nan)
+    claim = '-' if math.isnan(eps) else f'{eps:.3g}'
+    if 'dp_unit' in ref:
+      claim += f' ({ref["dp_unit"]}, {ref["dp_adversary"]}' + (
+          '; none vs the server' if ref['dp_adversary'] == 'aggregate' else '') + ')'
+    row += [claim, '-' if math.isnan(per) else f'{per:.3g}', f'{any_m["jsd_last_round"]:.4f}']
     lines.append('| ' + ' | '.join(row) + ' |')
   lines.append('')
   for t, (npos, nneg) in counts.items():

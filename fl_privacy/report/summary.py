@@ -88,6 +88,15 @@ def param(name: str, title: str | None = None) -> Column:
   return Column(title or name, cell)
 
 
+def as_number(value):
+  """A stored metric as a float ('nan' / 'inf' as the store keeps them) or, for a label such
+  as `dp_unit`, the string itself."""
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return value
+
+
 def metric(name: str, title: str | None = None, digits: int = 3,
            nan: str = 'nan') -> Column:
   """A metric with `digits` decimals (integers keep their digits); NaN prints as `nan`.

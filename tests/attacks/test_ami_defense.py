@@ -33,8 +33,9 @@ def test_sampling_defense_hides_the_target_in_some_trials():
   x = jnp.zeros((10, 4)).at[0, 0].set(1.0)  # the target is row 0
   hooks = defenses.make('sampling', fraction=0.3)
   fired = []
+  defend = jax.jit(lambda k: ami.apply_defense(k, hooks, x, None))  # one compilation
   for i in range(400):
-    xs, _, mask = jax.jit(lambda k: ami.apply_defense(k, hooks, x, None))(jax.random.key(i))
+    xs, _, mask = defend(jax.random.key(i))
     assert int(np.sum(mask)) == 3
     fired.append(bool(ami.decide_from_activation(_neuron(), xs, mask)[0]))
   # The target is kept with probability 3/10: within 5 standard deviations over 400 trials.

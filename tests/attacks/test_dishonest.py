@@ -396,7 +396,9 @@ def test_exact_duplicate_of_target_is_a_false_positive(digits):
   out = _play(jax.random.key(0), jax.random.key(1), x, y, client, jnp.int32(0),
               jnp.bool_(False))
   assert int(out['nearest']) == 1
-  assert float(out['nearest_distance']) == 0.0
+  # Zero up to rounding: the client's batch and the target alone go through differently
+  # blocked convolutions (3.6e-7 on this machine's CPU, exactly 0 on others); far below eps.
+  assert float(out['nearest_distance']) <= 1e-5
   assert int(out['num_activating']) == 1
   assert float(out['delta']) >= 0.1
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import dp_accounting
 import jax
 import jax.numpy as jnp
@@ -10,9 +13,11 @@ import optax
 import pytest
 from scipy import stats
 
+from fl_privacy import accounting
 from fl_privacy import defenses
 from fl_privacy import models
 from fl_privacy.defenses import dp
+from fl_privacy.defenses import registry
 from fl_privacy.fl import local
 from fl_privacy.fl import losses
 from fl_privacy.mechanisms import gaussian
@@ -93,6 +98,13 @@ def test_central_dp_clips_each_upload_and_scales_noise_by_k():
   assert stats.kstest(np.asarray(noisy['w']), 'norm', args=(0, 2.0 * 1.5 / k)).pvalue > 1e-3
 
 
+def _poisson(q, steps, n=None):
+  if q < 1:
+    return accounting.Declaration('t', 'record', 'add_remove', 'server', 'poisson', 1.0, steps,
+                                  q, population=n)
+  return accounting.Declaration('t', 'record', 'add_remove', 'server', 'none', 1.0, steps)
+
+
 @pytest.mark.parametrize('q,steps', [(1.0, 1), (1.0, 10), (0.03125, 32), (0.01, 1000)])
 @pytest.mark.parametrize('accountant', ['rdp', 'pld'])
 def test_epsilon_equals_dp_accounting_called_directly(q, steps, accountant):
@@ -103,24 +115,58 @@ def test_epsilon_equals_dp_accounting_called_directly(q, steps, accountant):
   acc = (dp_accounting.rdp.RdpAccountant() if accountant == 'rdp'
          else dp_accounting.pld.PLDAccountant())
   acc.compose(dp_accounting.SelfComposedDpEvent(event, steps))
-  assert dp.epsilon(z, delta=delta, sampling_rate=q, steps=steps,
-                    accountant=accountant) == pytest.approx(acc.get_epsilon(delta), rel=1e-12)
+  got = accounting.epsilon(_poisson(q, steps), z, delta=delta, accountant=accountant)
+  assert got == pytest.approx(acc.get_epsilon(delta), rel=1e-12)
+
+
+@pytest.mark.parametrize('sensitivity', [1.0, 2.0])
+def test_sensitivity_scales_the_noise_multiplier(sensitivity):
+  decl = accounting.Declaration('t', 'record', 'replace_one', 'server', 'none', sensitivity, 3)
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(
+      1.5 / sensitivity), 3))
+  assert accounting.epsilon(decl, 1.5, delta=1e-5) == pytest.approx(acc.get_epsilon(1e-5))
+
+
+def test_truncated_poisson_is_accounted_by_pld_and_costs_more_when_tight():
+  decl = accounting.Declaration('t', 'record', 'add_remove', 'server', 'poisson', 1.0, 20,
+                                0.2, population=100, max_batch_size=60)
+  loose = accounting.epsilon(decl, 1.0, delta=1e-5, accountant='pld')
+  plain = accounting.epsilon(_poisson(0.2, 20), 1.0, delta=1e-5, accountant='pld')
+  assert loose == pytest.approx(plain, rel=1e-3)  # 60 slots: overflow ~ never
+  tight = dataclasses.replace(decl, max_batch_size=22)
+  assert accounting.epsilon(tight, 1.0, delta=1e-5, accountant='pld') > plain * 1.05
 
 
 @pytest.mark.parametrize('target', [1.0, 4.0, 8.0])
 def test_noise_multiplier_for_target_epsilon(target):
-  kw = dict(delta=1e-5, sampling_rate=32 / 1024, steps=32)
-  z = dp.noise_multiplier_for(target, **kw)
-  assert dp.epsilon(z, **kw) <= target
-  assert dp.epsilon(z * 0.99, **kw) > target * 0.999  # (near) the smallest such z
+  decl = _poisson(32 / 1024, 32)
+  z = accounting.noise_multiplier_for(decl, target, delta=1e-5)
+  assert accounting.epsilon(decl, z, delta=1e-5) <= target
+  assert accounting.epsilon(decl, z * 0.99, delta=1e-5) > target * 0.999  # (near) the smallest
 
 
 def test_weak_dp_reports_per_round_and_composed():
-  eps = dp.weak_dp_epsilons(2.0, delta=1e-5, rounds=10)
-  assert eps['dp_epsilon_per_round'] == pytest.approx(dp.epsilon(2.0, delta=1e-5))
-  assert eps['dp_epsilon'] == pytest.approx(dp.epsilon(2.0, delta=1e-5, steps=10))
-  assert eps['dp_epsilon'] > eps['dp_epsilon_per_round']
-  assert dp.epsilon(0.0, delta=1e-5) == float('inf')
+  setting = defenses.Setting(rounds=10, num_clients=5)
+  _, m = registry.dp_metrics('weak_dp', {}, setting, noise_multiplier=2.0,
+                             target_epsilon=None, delta=1e-5)
+  one = accounting.server_dp('weak_dp', rounds=10, num_clients=5, per_round=True)
+  assert m['dp_epsilon_per_round'] == pytest.approx(accounting.epsilon(one, 2.0, delta=1e-5))
+  ten = accounting.server_dp('central_dp', rounds=10, num_clients=5)
+  assert m['dp_epsilon'] == pytest.approx(accounting.epsilon(ten, 2.0, delta=1e-5))
+  assert m['dp_epsilon'] > m['dp_epsilon_per_round']
+  assert accounting.epsilon(one, 0.0, delta=1e-5) == float('inf')
+
+
+def test_bad_declarations_and_arguments_raise():
+  with pytest.raises(ValueError, match='unit'):
+    accounting.Declaration('t', 'batch', 'add_remove', 'server', 'none')
+  with pytest.raises(ValueError, match='add_remove'):
+    accounting.Declaration('t', 'record', 'replace_one', 'server', 'poisson', 2.0, 1, 0.5)
+  with pytest.raises(ValueError, match='delta'):
+    accounting.epsilon(_poisson(1.0, 1), 1.0, delta=0.0)
+  with pytest.raises(ValueError, match='target_epsilon'):
+    accounting.noise_multiplier_for(_poisson(1.0, 1), math.inf, delta=1e-5)
 
 
 def test_dp_sgd_trains_through_fedavg_under_jit():

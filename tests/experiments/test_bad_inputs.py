@@ -75,6 +75,27 @@ ROWS = [
      "config.ami: must be present for experiments.ami: configs/mnist.py has no 'ami' section; "
      "configs that carry one: configs/celeba.py, configs/cifar10.py, configs/digits.py, "
      "configs/imagenette.py, configs/npz.py"),
+    ('aggregate-only DP against the server that reads uploads', 'dishonest_mia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=central_dp'],
+     "config.defense.name: must be a defense that acts against the server of "
+     "experiments.dishonest_mia"),
+    ('a defense the experiment does not apply', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_dp'],
+     "config.defense.name: must be one of ('none',) for experiments.fedmia"),
+    ('a defense the LDP audit would ignore', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=sparsify'],
+     "config.defense.name: must be one of ('none',) for experiments.ldp_audit"),
+    ('a gradient defense the AMI game cannot act in', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=dp_sgd'],
+     "config.defense.name: must be one of ('none', 'mixup', 'augment', 'sampling') for "
+     "experiments.ami"),
+    ('an infinite DP target epsilon', 'dishonest_mia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_dp',
+                '--config.defense.target_epsilon=inf'],
+     "config.defense.target_epsilon: must be None or a finite number > 0 (got inf)"),
+    ('delta outside (0, 1)', 'dishonest_mia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.delta=1.5'],
+     "config.defense.delta: must be a finite number in (0, 1) (got 1.5)"),
     ('workdir that is a file', 'toy_game',
      lambda t: ['--config=configs/toy.py:smoke', f'--workdir={_file(t)}'],
      "must be a folder or a new path (got an existing file)"),

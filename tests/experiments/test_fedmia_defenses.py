@@ -1,5 +1,6 @@
-"""The FedMIA pipeline's defense wiring: each config strength reaches the right hook with the
-code's parameterisation, and upload defenses reach the loss scores."""
+"""The FedMIA pipeline's defense wiring (through the defense registry): each config strength
+reaches the right hook with the code's parameterisation, update_dp's epsilon is the one every
+experiment reports, and upload defenses reach the loss scores."""
 
 from __future__ import annotations
 
@@ -17,10 +18,32 @@ from fl_privacy import models
 from fl_privacy.fl import client
 from fl_privacy.fl import recording
 from fl_privacy.fl import rounds
-from fl_privacy.pipelines import fedmia_defenses as wiring
+import dp_accounting
+
+from fl_privacy import defenses
+from fl_privacy.pipelines import fedmia
 
 CONFIG = digits.get_config()
 TRAIN = data_lib.load(CONFIG.data)['train']
+
+
+def _built(config, name, value):
+  tr = dict(defense=name, defense_param=value, local_epochs=int(config.fedmia.local_epochs),
+            num_clients=int(config.fedmia.num_clients))
+  return fedmia.defense_for(config, {'train': TRAIN}, tr)
+
+
+class wiring:  # pylint: disable=invalid-name
+  """The registry-built hooks and epsilon, under the names these tests used before."""
+
+  @staticmethod
+  def hooks(config, name, value, train):
+    del train
+    return None if name == 'none' else _built(config, name, value).hooks
+
+  @staticmethod
+  def epsilon(config, name, value):
+    return _built(config, name, value).metrics.get('dp_epsilon', math.inf)
 
 
 def _changed(hooks) -> set[str]:
@@ -85,6 +108,24 @@ def test_dp_epsilon_decreases_with_noise_and_is_inf_otherwise():
   assert all(a > b for a, b in zip(eps, eps[1:]))
   assert math.isinf(wiring.epsilon(CONFIG, 'update_dp', 0.0))
   assert math.isinf(wiring.epsilon(CONFIG, 'sparsify', 0.9))
+
+
+@pytest.mark.parametrize('z', [0.5, 1.16, 3.0])
+def test_update_dp_epsilon_is_replace_one_against_the_server_and_the_same_everywhere(z):
+  """One example moves a clipped update by up to 2C and the server reads every upload, so
+  T rounds compose the Gaussian mechanism at noise multiplier z / 2, with no amplification."""
+  t = int(CONFIG.fedmia.num_rounds)
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.GaussianDpEvent(z / 2), t)
+  want = acc.get_epsilon(CONFIG.fedmia.dp_delta)
+  got = _built(CONFIG, 'update_dp', z).metrics
+  assert got['dp_epsilon'] == pytest.approx(want, rel=1e-9)
+  assert (got['dp_unit'], got['dp_relation'], got['dp_adversary']) == (
+      'client', 'replace_one', 'server')
+  section = digits.get_config().defense
+  section.name, section.noise_multiplier, section.delta = 'update_dp', z, CONFIG.fedmia.dp_delta
+  other = defenses.configure(section, defenses.Setting(rounds=t), experiment='dishonest_mia')
+  assert other.metrics['dp_epsilon'] == pytest.approx(want, rel=1e-9)
 
 
 def test_upload_defense_reaches_the_loss_scores():

@@ -32,7 +32,7 @@ def _config(**fields):
     ({'fedmia.sweep_attacks': ('fedmia_ii@median',)}, 'fedmia.sweep_attacks'),
     ({'fedmia.defenses.sparsify': (0.0,)}, 'fedmia.defenses.sparsify'),
     ({'fedmia.defenses.sparsify': (1.5,)}, 'fedmia.defenses.sparsify'),
-    ({'fedmia.defenses.sampling': (1.0,)}, 'fedmia.defenses.sampling'),
+    ({'fedmia.defenses.sampling': (1.5,)}, 'fedmia.defenses.sampling'),  # (0, 1], one rule
     ({'fedmia.defenses.quantize': (0,)}, 'fedmia.defenses.quantize'),
     ({'fedmia.defenses.update_noise': (-0.1,)}, 'fedmia.defenses.update_noise'),
     ({'fedmia.defenses.update_dp': (-1.0,)}, 'fedmia.defenses.update_dp'),

@@ -29,15 +29,29 @@ def test_results_schema_and_files(smoke):
   assert len(points) == 3 * 2 * 2  # trainings x attacks x targets
   for p in points:
     assert set(p['params']) == {'defense', 'strength', 'optimizer', 'attack', 'target'}
-    m = {k: float(v) for k, v in p['metrics'].items()}
+    # The DP declaration's labels are strings; every other metric is a number (NaN is
+    # stored as the string 'nan').
+    labels = {k: v for k, v in p['metrics'].items()
+              if k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling')}
+    m = {k: float(v) for k, v in p['metrics'].items() if k not in labels}
     for name in ('attack_auc', 'accuracy', 'tpr_at_fpr_1e-2'):
       assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
     assert m['n_pos'] == m['n_neg'] > 50
     assert 0 <= m['jsd_last_round'] <= math.log(2)
     if p['params']['defense'] == 'cdp':
-      assert abs(m['dp_epsilon'] - 4.0) < 0.05 and m['noise_multiplier'] > 0
-      assert m['dp_epsilon_per_round'] < m['dp_epsilon']
+      # DP-FedAvg: client level, replace-one, and only against readers of the aggregate, so
+      # a row that attacks the uploads (target 'local') carries no epsilon.
+      assert labels == {'dp_unit': 'client', 'dp_relation': 'replace_one',
+                        'dp_adversary': 'aggregate', 'dp_sampling': 'none'}, labels
+      assert m['noise_multiplier'] > 0
+      assert math.isnan(m['dp_epsilon_per_round'])  # a per-round epsilon is wdp's alone
+      if p['params']['target'] == 'local':
+        assert math.isnan(m['dp_epsilon'])
+      else:
+        assert abs(m['dp_epsilon'] - 4.0) < 0.05
+      assert 'attack_epsilon_cp' in m
     else:
+      assert labels == {}, labels
       assert math.isnan(m['dp_epsilon'])
   for name in ('results.csv', 'table.md', 'pastel_privacy_utility.png', 'pastel_auc.png',
                'pastel_loss_hist.png'):
@@ -151,13 +165,19 @@ def test_dp_accounting_equals_dp_accounting_called_directly():
       s.batch_size / 229, dp_accounting.GaussianDpEvent(info['noise_multiplier'])), steps))
   assert info['dp_epsilon'] == pytest.approx(want, rel=1e-9)
   assert 3.9 < info['dp_epsilon'] <= 4.0 + 1e-6
+  assert (info['dp_unit'], info['dp_relation'], info['dp_adversary']) == (
+      'record', 'add_remove', 'server')
+  # DP-FedAvg divides by the actual participants: replacing one client moves the mean by
+  # 2 C / K, so the Gaussian event's noise multiplier is z / 2 (client level, aggregate only).
   info = pastel.dp_accounting(config, split, 'cdp', 1.0)
-  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  assert (info['dp_unit'], info['dp_relation'], info['dp_adversary']) == (
+      'client', 'replace_one', 'aggregate')
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'] / 2)
   assert info['dp_epsilon'] == pytest.approx(
       direct(dp_accounting.SelfComposedDpEvent(gauss, s.num_rounds)), rel=1e-9)
   assert info['dp_epsilon'] == pytest.approx(1.0, abs=0.01)
   info = pastel.dp_accounting(config, split, 'wdp', 1.0)
-  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'])
+  gauss = dp_accounting.GaussianDpEvent(info['noise_multiplier'] / 2)
   assert info['dp_epsilon_per_round'] == pytest.approx(
       direct(dp_accounting.SelfComposedDpEvent(gauss, 1)), rel=1e-9)
   assert info['dp_epsilon_per_round'] == pytest.approx(1.0, abs=0.01)

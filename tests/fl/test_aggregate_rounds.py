@@ -344,3 +344,39 @@ def test_run_passes_shuffle_to_the_clients(setup):
                                   optimizer=opt, epochs=1, batch_size=3, shuffle=False)
     chex.assert_trees_all_close(jax.tree_util.tree_map(lambda u: u[k], log.observed), want,
                                 rtol=1e-5, atol=1e-6)
+
+
+def test_no_two_round_client_pairs_share_a_key(setup):
+  """Every (round, client) of a run draws from its own key, fold_in(fold_in(key, t), k).
+
+  The upload hook turns its key into the upload, so the observed uploads show which key each
+  (t, k) used. A loop that folded in `t + k` (or only one of them) would repeat a key across
+  pairs; the expected keys are computed here with jax.random, not with `rounds.client_key`.
+  """
+  loss_fn, params, x, y = setup
+  num_rounds, num_clients = 4, 3
+
+  def key_upload(key, delta, aux):
+    del aux
+    return jax.tree_util.tree_map(lambda d: jnp.zeros_like(d) + jax.random.uniform(key), delta)
+
+  def observe(key, t, k, global_params, upload):
+    del key, t, k, global_params
+    return jax.tree_util.tree_leaves(upload)[0].ravel()[0]
+
+  def reduce(state, t, seen, part):
+    del part
+    return state.at[t].set(seen)
+
+  _, log = rounds.run(loss_fn, params, rounds.ClientData(x=x, y=y), key=KEY,
+                      num_rounds=num_rounds, optimizer=optimizers.make('sgd', 0.1), epochs=1,
+                      batch_size=2, hooks=client.ClientHooks(upload=key_upload),
+                      observe=observe, reduce=reduce,
+                      init=jnp.zeros((num_rounds, num_clients)))
+  seen = np.asarray(log.observed)
+  assert len(np.unique(seen)) == num_rounds * num_clients
+  for t in range(num_rounds):
+    for k in range(num_clients):
+      pair_key = jax.random.fold_in(jax.random.fold_in(KEY, t), k)
+      want = jax.random.uniform(jax.random.fold_in(pair_key, client.UPLOAD_SALT))
+      assert seen[t, k] == pytest.approx(float(want), abs=0), (t, k)

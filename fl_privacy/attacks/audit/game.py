@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy.attacks.audit import distinguishers as dist
+from fl_privacy.eval import auditing
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
 from fl_privacy.mechanisms import ldp_sgd
@@ -212,7 +213,8 @@ def accuracy_bound(epsilon: float, delta: float = 0.0) -> float:
 
 def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
               delta: float = 0.0, confidence: float = 0.95,
-              violation_confidence: float = 0.95) -> dict[str, float]:
+              violation_confidence: float = 0.95,
+              audit_delta: float | None = None) -> dict[str, float]:
   """The metrics of one audit point.
 
   Args:
@@ -233,7 +235,11 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
     two-sided bracket at level 1 - 2 (1 - confidence) (90% for 95%) of the
     epsilon this test attains, `eps_claimed`, `delta`, `acc_bound` (the best accuracy
     the claim allows) and `privacy_violation` (1.0 iff the lower bound at
-    `violation_confidence` exceeds eps_claimed).
+    `violation_confidence` exceeds eps_claimed). With `audit_delta`, also the
+    auditor's bounds on the same guesses (`eval.auditing.audit_scores` at that delta:
+    `epsilon_cp` with a valid threshold choice, `gdp_mu` and `epsilon_gdp` (Nasr et al.
+    2023), `epsilon_one_run` (Steinke et al. 2023)); the guesses are the scores, so the ROC
+    has one threshold and `epsilon_cp` is the (eps, delta) form of `eps_emp_lower`.
   """
   c = error_counts(b, guess)
   n = c['n_neg'] + c['n_pos']
@@ -265,6 +271,12 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
   # rate of a single 95% bound.
   m['privacy_violation'] = float(
       epsilon_lower_bound(c, delta, violation_confidence) > claimed_epsilon)
+  if audit_delta is not None and c['n_pos'] and c['n_neg']:
+    bs, gs = np.asarray(b).astype(bool), np.asarray(guess).astype(np.float64)
+    bounds = auditing.audit_scores(gs[bs], gs[~bs], delta=float(audit_delta),
+                                   confidence=confidence, fdp=False)
+    for k in ('epsilon_cp', 'gdp_mu', 'epsilon_gdp', 'epsilon_one_run', 'audit_delta'):
+      m[k] = float(bounds[k])
   return m
 
 
@@ -295,8 +307,8 @@ def epsilon_lower_bound(counts: dict[str, int], delta: float,
 def run_point(trial_fn, key: jax.Array, num_trials: int, *,
               chunk_size: int | None = None, args: tuple, claimed_epsilon: float,
               delta: float = 0.0, violation_confidence: float = 0.95,
-              progress: bool = True, batch_bytes: int | None = None
-              ) -> dict[str, float]:
+              progress: bool = True, batch_bytes: int | None = None,
+              audit_delta: float | None = None) -> dict[str, float]:
   """Runs `num_trials` trials of a game and summarizes them (`summarize`).
 
   `chunk_size` and `batch_bytes` go to `eval.runner.run_trials` (None = sized by bytes).
@@ -304,4 +316,4 @@ def run_point(trial_fn, key: jax.Array, num_trials: int, *,
   out = runner.run_trials(trial_fn, key, num_trials, chunk_size=chunk_size,
                           args=args, progress=progress, batch_bytes=batch_bytes)
   return summarize(out['b'], out['guess'], claimed_epsilon, delta,
-                   violation_confidence=violation_confidence)
+                   violation_confidence=violation_confidence, audit_delta=audit_delta)

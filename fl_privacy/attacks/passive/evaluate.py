@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.eval import auditing
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import stats
 
@@ -60,7 +61,8 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
 def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
              scoring: str = 'aligned', single_index: int = -1,
              default_filter: str = 'leave_one_out',
-             rng: np.random.Generator | None = None) -> dict[str, Any]:
+             rng: np.random.Generator | None = None,
+             audit_delta: float | None = None) -> dict[str, Any]:
   """Metrics of `attack` on a recording (see `scores` for the attacks and scorings).
 
   Args:
@@ -71,6 +73,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     single_index: index among the recorded rounds for single-round attacks (-1: last).
     default_filter: FedMIA's filter when the name gives none.
     rng: numpy Generator (public_code draws).
+    audit_delta: when given (a DP defense's delta), also the attack's own empirical epsilon
+      lower bounds at that delta (`eval.auditing.attack_bounds`).
 
   Returns:
     `score_metrics` plus `round` (1-based round of a single-round attack: the chosen one for
@@ -104,6 +108,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
                                   if pooled['examined'] else math.nan)
   m['filter_owner_removed_fraction'] = (pooled['owner_removed'] / pooled['owner_examined']
                                         if pooled['owner_examined'] else math.nan)
+  if audit_delta is not None:
+    m.update(auditing.attack_bounds(final, labels, audit_delta))
   return m
 
 

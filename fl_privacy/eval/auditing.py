@@ -1,0 +1,323 @@
+"""Privacy auditing from attack scores: epsilon lower bounds on jax-privacy.
+
+The statistics come from `jax_privacy.auditing.CanaryScoreAuditor`; this module
+validates the scores, chooses the settings, flattens the results into a metrics
+dict and documents what each number certifies. Every epsilon here is a LOWER
+bound that holds with probability at least `confidence` over the trials.
+
+Scores: one per trial (canary); `in_scores` are the trials where the canary was
+present (IN, the positive world), `out_scores` those where it was absent; a
+higher score means "more likely IN" (negate a loss first).
+
+`import jax_privacy` pulls in its whole package (about 1.6 s on top of
+`fl_privacy.eval`), so it is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+from fl_privacy.eval import stats
+
+THRESHOLD_STRATEGIES = ('bonferroni', 'split')
+
+
+def _library():
+  # Lazy: the package import costs seconds that callers of the rest of `eval`
+  # should not pay.
+  from jax_privacy import auditing  # pylint: disable=g-import-not-at-top
+  return auditing
+
+
+def _check_scores(scores, name: str) -> np.ndarray:
+  scores = np.asarray(scores, dtype=np.float64)
+  if scores.ndim != 1:
+    raise ValueError(f'{name} must be 1-dimensional (got shape {scores.shape})')
+  if scores.size < 1:
+    raise ValueError(f'{name} needs at least 1 score (got 0)')
+  if not np.all(np.isfinite(scores)):
+    raise ValueError(f'{name} must be finite (got NaN or inf)')
+  return scores
+
+
+def _check_delta(delta: float) -> float:
+  delta = float(delta)
+  if not 0.0 < delta < 1.0:
+    raise ValueError(f'delta must be in (0, 1) (got {delta})')
+  return delta
+
+
+def _check_audit_confidence(confidence: float) -> float:
+  confidence = float(confidence)
+  # The library's Clopper-Pearson and GDP bounds take a significance
+  # 1 - confidence in (0, 0.5).
+  if not 0.5 < confidence < 1.0:
+    raise ValueError(f'confidence must be in (0.5, 1) (got {confidence})')
+  return confidence
+
+
+def _strategy(name: str, split_fraction: float, seed: int | None):
+  """The library's threshold strategy for `name` (see `audit_scores`)."""
+  if name not in THRESHOLD_STRATEGIES:
+    raise ValueError(
+        f'threshold_strategy must be one of {THRESHOLD_STRATEGIES} (got {name!r})')
+  auditing = _library()
+  if name == 'bonferroni':
+    return auditing.Bonferroni()
+  if not 0.0 < split_fraction < 1.0:
+    raise ValueError(f'split_fraction must be in (0, 1) (got {split_fraction})')
+  return auditing.Split(threshold_estimation_frac=float(split_fraction),
+                        seed=seed)
+
+
+def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
+  """Lower bound on the Gaussian-DP mu from the ROC (Nasr et al., USENIX Sec. 2023).
+
+  The GDP audit of "Tight Auditing of Differentially Private Machine Learning"
+  (arXiv:2302.07956): at every threshold t of the ROC's frontier, one-sided
+  Clopper-Pearson upper bounds on FPR(t) and FNR(t) (Bonferroni over the
+  2 x (number of thresholds) rates, as the library does) give, by Eq. 6 of Dong
+  et al. (arXiv:1905.02383), mu >= Phi^-1(1 - FPR) - Phi^-1(FNR). The bound is
+  the largest such value (0 when none is positive); thresholds where either
+  upper bound reaches 1 - delta are skipped, as in the library.
+
+  Why not `CanaryScoreAuditor.epsilon_from_gdp`: in jax-privacy 2.0.0 it takes
+  the largest |mu| over thresholds, so a threshold where FPR + FNR > 1 (upper
+  bounds of a null distinguisher) counts as evidence, and identical IN/OUT
+  distributions get epsilons of 2-6 at delta = 1e-5. Upstream fixed this
+  (google-deepmind/jax_privacy commit aab3e1c: keep the forward rule, clamp at
+  0); this function computes the fixed bound from the auditor's own frontier
+  counts, so once a release has the fix the two agree exactly.
+
+  Args:
+    auditor: a `jax_privacy.auditing.CanaryScoreAuditor`.
+    significance: 1 - confidence, in (0, 0.5).
+    delta: thresholds with an upper bound >= 1 - delta are ignored.
+
+  Returns:
+    mu_lb >= 0: with probability >= 1 - significance the mechanism is not
+    mu-GDP for any mu < mu_lb.
+  """
+  # The library's frontier (private attributes): FN and TN counts per
+  # threshold, the last entry being n_pos and n_neg.
+  fn_counts = np.asarray(auditor._fn_counts)  # pylint: disable=protected-access
+  tn_counts = np.asarray(auditor._tn_counts)  # pylint: disable=protected-access
+  n_pos, n_neg = fn_counts[-1], tn_counts[-1]
+  each = significance / (2 * len(fn_counts))
+  # The upper end of a two-sided interval at 1 - 2 * each is the one-sided
+  # upper bound at 1 - each.
+  fnr_ub = stats.clopper_pearson_arrays(fn_counts, n_pos, 1 - 2 * each)[1]
+  fpr_ub = stats.clopper_pearson_arrays(n_neg - tn_counts, n_neg,
+                                        1 - 2 * each)[1]
+  keep = np.maximum(fnr_ub, fpr_ub) < 1 - delta
+  if not np.any(keep):
+    return 0.0
+  mu = np.max(sps.norm.isf(fpr_ub[keep]) - sps.norm.ppf(fnr_ub[keep]))
+  return max(0.0, float(mu))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+  """Epsilon of mu-GDP at `delta` (Corollary 2.13 of Dong et al., arXiv:1905.02383).
+
+  mu-GDP is the Gaussian mechanism with sensitivity 1 and noise 1 / mu, whose
+  (epsilon, delta) curve is the analytic one of Balle & Wang (2018);
+  dp-accounting computes it.
+  """
+  if mu <= 0.0:
+    return 0.0
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  return float(dp_accounting.get_epsilon_gaussian(1.0 / mu, delta))
+
+
+def audit_scores(in_scores, out_scores, *, delta: float,
+                 confidence: float = 0.95,
+                 threshold_strategy: str = 'bonferroni',
+                 split_fraction: float = 0.5, seed: int | None = 0,
+                 fdp: bool = True, bootstrap: int = 0,
+                 raw_min_count: int = 50) -> dict[str, float]:
+  """Epsilon lower bounds of a membership distinguisher, on jax-privacy.
+
+  Every epsilon returned is a LOWER bound on the epsilon (at `delta`) of the
+  mechanism that produced the scores: it exceeds the true value with
+  probability at most `1 - confidence` (each bound separately; they are not
+  simultaneous). The distinguisher is "score >= t means IN" (one-sided).
+
+  - `epsilon_cp`: Clopper-Pearson bound on (epsilon, delta)-DP from the
+    rates at a threshold (Jagielski et al., arXiv:2006.07709; Nasr et al.,
+    arXiv:2101.04535; the library's `epsilon_clopper_pearson`):
+    epsilon >= log((TPR_lb - delta) / FPR_ub).
+    The threshold is chosen validly: `'bonferroni'` divides the significance
+    among all thresholds of the ROC frontier, `'split'` picks the threshold on
+    a random `split_fraction` of each side and bounds on the rest (`seed`).
+  - `gdp_mu`: lower bound on mu if the mechanism is mu-GDP (Nasr et al.,
+    "Tight Auditing of Differentially Private Machine Learning", USENIX
+    Security 2023, arXiv:2302.07956); see `gdp_mu_lower_bound`. Its own
+    Bonferroni correction over thresholds; `threshold_strategy` does not
+    apply. `epsilon_gdp` is the epsilon of `gdp_mu`-GDP at `delta`: a lower
+    bound on epsilon only for mechanisms whose trade-off curve is Gaussian
+    (e.g. Gaussian noise); for others (randomized response) it may exceed the
+    true epsilon, while `gdp_mu` stays valid as "not mu-GDP below gdp_mu".
+  - `epsilon_one_run`: the one-run audit of Steinke, Nasr & Jagielski
+    ("Privacy Auditing with One (1) Training Run", NeurIPS 2023,
+    arXiv:2305.08846, Theorem 3.1), one-sided guesses (k_- = 0):
+    the m = n_in + n_out canaries are the trials; the guess set is the
+    canaries scoring >= t, guessed IN; the others abstain. `epsilon_one_run_fdp`
+    is the f-DP refinement of Mahloujifar et al. (arXiv:2410.22235), testing
+    Gaussian trade-off curves: like `epsilon_gdp`, a lower bound for
+    mechanisms at most as private as the Gaussian mechanism with the same
+    (epsilon, delta). With many independent trials of one canary each, the
+    theorem holds because each canary's output depends only on its own trial;
+    it assumes every trial's IN/OUT bit is an independent fair coin. A design
+    with fixed or unequal numbers of IN and OUT trials breaks that assumption
+    (with n_in > n_out, guessing IN everywhere already "certifies" epsilon > 0).
+    The delta term of the p-value grows as 2 m delta, so both are 0 once delta
+    nears 1 / (2 m) (e.g. 20,000 trials at delta = 1e-3). Both use
+    `threshold_strategy`.
+
+  Args:
+    in_scores: 1-D scores of the trials with the canary (IN).
+    out_scores: 1-D scores of the trials without it (OUT).
+    delta: the delta of the (epsilon, delta) bounds, in (0, 1).
+    confidence: in (0.5, 1): the library's significance is 1 - confidence.
+    threshold_strategy: `'bonferroni'` or `'split'` (for `epsilon_cp` and the
+      one-run bounds).
+    split_fraction: the share of each side used to choose the threshold
+      (`'split'` only).
+    seed: seed of the split and of the bootstrap (None: non-deterministic).
+    fdp: compute `epsilon_one_run_fdp` (NaN when False). The library's f-DP
+      search loops in Python over the correct guesses at every step of a root
+      search: about 0.5 s for 1,000 trials, most of the call.
+    bootstrap: number of bootstrap resamples; 0 (default) for none. The library
+      bootstraps only its point estimates, not the bounds: with `bootstrap` > 0
+      the result adds `epsilon_raw` (the raw-count estimate
+      log((TPR - delta) / FPR) over thresholds with at least `raw_min_count`
+      false positives; an estimate, not a bound) with its bias-corrected
+      bootstrap interval `epsilon_raw_ci_low` / `epsilon_raw_ci_high` at
+      `confidence`.
+    raw_min_count: see `bootstrap`.
+
+  Returns:
+    Flat floats: `epsilon_cp`, `gdp_mu`, `epsilon_gdp`, `epsilon_one_run`,
+    `epsilon_one_run_fdp`, and the settings `audit_delta`, `audit_confidence`,
+    `audit_threshold_strategy` (the name, a str), `n_in`, `n_out`; with
+    `bootstrap` > 0 also `epsilon_raw`, `epsilon_raw_ci_low`,
+    `epsilon_raw_ci_high`, `audit_bootstrap`.
+
+  Raises:
+    ValueError: bad delta, confidence, strategy, or scores (not 1-D, empty,
+      not finite).
+  """
+  in_scores = _check_scores(in_scores, 'in_scores')
+  out_scores = _check_scores(out_scores, 'out_scores')
+  delta = _check_delta(delta)
+  confidence = _check_audit_confidence(confidence)
+  strategy = _strategy(threshold_strategy, split_fraction, seed)
+  bootstrap = int(bootstrap)
+  if bootstrap < 0:
+    raise ValueError(f'bootstrap must be >= 0 (got {bootstrap})')
+  significance = 1.0 - confidence
+
+  auditor = _library().CanaryScoreAuditor(in_scores, out_scores)
+  mu = gdp_mu_lower_bound(auditor, significance, delta)
+  one_run_fdp = math.nan
+  if fdp:
+    one_run_fdp = float(auditor.epsilon_one_run_fdp(
+        significance, delta, threshold_strategy=strategy))
+  result = {
+      'epsilon_cp': float(auditor.epsilon_clopper_pearson(
+          significance, delta, threshold_strategy=strategy)),
+      'gdp_mu': mu,
+      'epsilon_gdp': gdp_epsilon(mu, delta),
+      'epsilon_one_run': float(auditor.epsilon_one_run(
+          significance, delta, threshold_strategy=strategy)),
+      'epsilon_one_run_fdp': one_run_fdp,
+      'audit_delta': delta,
+      'audit_confidence': confidence,
+      'audit_threshold_strategy': threshold_strategy,
+      'n_in': int(in_scores.size),
+      'n_out': int(out_scores.size),
+  }
+  if bootstrap:
+    params = _library().BootstrapParams.confidence_interval(
+        num_samples=bootstrap, confidence=confidence, seed=seed)
+    low, high = auditor.epsilon_raw_counts(raw_min_count, delta,
+                                           bootstrap_params=params)
+    result.update(
+        epsilon_raw=float(auditor.epsilon_raw_counts(raw_min_count, delta)),
+        epsilon_raw_ci_low=float(low), epsilon_raw_ci_high=float(high),
+        audit_bootstrap=bootstrap)
+  return result
+
+
+def privacy_profile(in_scores, out_scores, epsilons, *,
+                    confidence: float = 0.95) -> np.ndarray:
+  """Lower confidence bounds on the privacy profile delta(epsilon).
+
+  (epsilon, delta)-DP implies TPR <= e^epsilon FPR + delta for every test, and
+  the same with the roles of IN and OUT exchanged (TNR <= e^epsilon FNR +
+  delta) (Theorem 2.1 of Kairouz, Oh & Viswanath, "The Composition Theorem
+  for Differential Privacy", ICML 2015), so delta(epsilon) >=
+  max_t max(TPR_lb(t) - e^epsilon FPR_ub(t), TNR_lb(t) - e^epsilon FNR_ub(t)),
+  clipped at 0.
+
+  jax-privacy offers epsilon(delta) but not delta(epsilon), so the rates come
+  from `stats`: one-sided Clopper-Pearson upper bounds on FPR(t) and FNR(t)
+  at every threshold t in (the distinct scores, +inf), with a Bonferroni
+  correction over the 2 x (number of thresholds) rates. All bounds then hold
+  together with probability >= `confidence`, so the whole returned curve is
+  below the true profile simultaneously for every epsilon.
+
+  Args:
+    in_scores: 1-D scores of the IN trials (higher = more likely IN).
+    out_scores: 1-D scores of the OUT trials.
+    epsilons: epsilons >= 0 (scalar or array).
+    confidence: in (0, 1), for the whole curve.
+
+  Returns:
+    Lower bounds on delta(epsilon), float64 with the shape of `epsilons`.
+  """
+  in_scores = _check_scores(in_scores, 'in_scores')
+  out_scores = _check_scores(out_scores, 'out_scores')
+  confidence = float(confidence)
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
+  epsilons = np.asarray(epsilons, dtype=np.float64)
+  if not np.all(np.isfinite(epsilons)) or np.any(epsilons < 0):
+    raise ValueError('epsilons must be finite and >= 0')
+
+  thresholds = np.append(np.union1d(in_scores, out_scores), np.inf)
+  # Decision "IN" iff score >= t: FN = IN scores below t, FP = OUT at or above.
+  fn = np.searchsorted(np.sort(in_scores), thresholds, side='left')
+  fp = out_scores.size - np.searchsorted(np.sort(out_scores), thresholds,
+                                         side='left')
+  each = (1.0 - confidence) / (2 * thresholds.size)
+  fnr_ub = stats.clopper_pearson_arrays(fn, in_scores.size, 1 - 2 * each)[1]
+  fpr_ub = stats.clopper_pearson_arrays(fp, out_scores.size, 1 - 2 * each)[1]
+  scale = np.exp(epsilons)[..., None]
+  forward = (1.0 - fnr_ub) - scale * fpr_ub
+  reverse = (1.0 - fpr_ub) - scale * fnr_ub
+  best = np.maximum(forward.max(axis=-1), reverse.max(axis=-1))
+  return np.maximum(best, 0.0)
+
+
+def attack_bounds(scores, labels, delta: float, *, confidence: float = 0.95
+                  ) -> dict[str, float]:
+  """A membership attack's own empirical epsilon lower bounds, to set beside a DP claim.
+
+  `audit_scores` on members (label 1, IN) vs non-members (OUT), without the slow f-DP
+  search: `attack_epsilon_cp` ((epsilon, delta) Clopper-Pearson with a valid threshold
+  choice) and `attack_gdp_mu`. They certify the mechanism's epsilon only as far as
+  membership was a random draw (IID shards, a random test split, a fair coin per game);
+  with fixed data they measure the attack in epsilon units. NaN when a score is not finite
+  or a side is empty.
+  """
+  scores = np.asarray(scores, np.float64)
+  labels = np.asarray(labels).astype(bool)
+  if not (np.all(np.isfinite(scores)) and labels.any() and (~labels).any()):
+    return {'attack_epsilon_cp': math.nan, 'attack_gdp_mu': math.nan}
+  b = audit_scores(scores[labels], scores[~labels], delta=delta, confidence=confidence,
+                   fdp=False)
+  return {'attack_epsilon_cp': float(b['epsilon_cp']), 'attack_gdp_mu': float(b['gdp_mu'])}

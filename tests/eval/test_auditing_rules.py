@@ -1,0 +1,321 @@
+"""Fast rule checks of `fl_privacy.eval.auditing` (small score sets, no Monte Carlo).
+
+- validation limits at their ends, with the error message matched;
+- the `'split'` strategy (its fraction and seed) reaches every bound that uses it,
+  compared with jax-privacy's auditor called directly;
+- `privacy_profile` against an independent brute force: every threshold, both DP
+  inequalities (TPR - e^eps FPR and TNR - e^eps FNR), Clopper-Pearson upper bounds from
+  `scipy.stats.beta`, Bonferroni over the
+  2 x (number of thresholds) rates;
+- `attack_bounds` is `audit_scores` on members vs non-members.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from fl_privacy.eval import auditing
+
+
+def _scores(seed, n_in=120, n_out=140, shift=1.5, decimals=None):
+  rng = np.random.default_rng(seed)
+  a, b = rng.normal(shift, 1, n_in), rng.normal(0, 1, n_out)
+  if decimals is not None:  # ties within and across the two sides
+    a, b = np.round(a, decimals), np.round(b, decimals)
+  return a, b
+
+
+# --- Validation limits ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize('delta', [0.0, 1.0, -1e-5, 1.5])
+def test_delta_outside_open_interval_raises(delta):
+  with pytest.raises(ValueError, match=r'delta must be in \(0, 1\)'):
+    auditing.audit_scores([1.0, 2.0], [0.0, 1.0], delta=delta)
+
+
+@pytest.mark.parametrize('confidence', [0.5, 1.0, 0.2, 1.2])
+def test_confidence_outside_open_interval_raises(confidence):
+  with pytest.raises(ValueError, match=r'confidence must be in \(0\.5, 1\)'):
+    auditing.audit_scores([1.0, 2.0], [0.0, 1.0], delta=1e-5,
+                          confidence=confidence)
+
+
+@pytest.mark.parametrize('fraction', [0.0, 1.0, -0.1, 1.1])
+def test_split_fraction_outside_open_interval_raises(fraction):
+  with pytest.raises(ValueError, match=r'split_fraction must be in \(0, 1\)'):
+    auditing.audit_scores([1.0, 2.0], [0.0, 1.0], delta=1e-5,
+                          threshold_strategy='split', split_fraction=fraction)
+
+
+def test_split_fraction_is_ignored_by_bonferroni():
+  a, b = _scores(0, 30, 30)
+  plain = auditing.audit_scores(a, b, delta=1e-5, fdp=False)
+  odd = auditing.audit_scores(a, b, delta=1e-5, fdp=False, split_fraction=1.0)
+  assert odd['epsilon_cp'] == plain['epsilon_cp']
+
+
+def test_bad_strategy_and_bootstrap_messages():
+  with pytest.raises(ValueError, match=r"threshold_strategy must be one of .*'holm'"):
+    auditing.audit_scores([1.0], [0.0], delta=1e-5, threshold_strategy='holm')
+  with pytest.raises(ValueError, match=r'bootstrap must be >= 0 \(got -1\)'):
+    auditing.audit_scores([1.0], [0.0], delta=1e-5, bootstrap=-1)
+
+
+@pytest.mark.parametrize('delta,confidence', [(1e-12, 0.5000001), (0.5, 0.999999),
+                                              (0.999, 0.6)])
+def test_values_just_inside_the_limits_are_accepted(delta, confidence):
+  a, b = _scores(1, 20, 20)
+  result = auditing.audit_scores(a, b, delta=delta, confidence=confidence, fdp=False)
+  assert result['audit_delta'] == delta
+  assert result['audit_confidence'] == confidence
+  assert result['epsilon_cp'] >= 0
+
+
+@pytest.mark.parametrize('fraction', [0.2, 0.8])
+def test_split_fraction_just_inside_is_accepted(fraction):
+  a, b = _scores(2, 40, 40)
+  result = auditing.audit_scores(a, b, delta=1e-5, threshold_strategy='split',
+                                 split_fraction=fraction, fdp=False)
+  assert result['audit_threshold_strategy'] == 'split'
+
+
+@pytest.mark.parametrize('name', ['in_scores', 'out_scores'])
+@pytest.mark.parametrize('bad,message', [
+    ([[1.0, 2.0]], r'must be 1-dimensional \(got shape \(1, 2\)\)'),
+    ([], r'needs at least 1 score \(got 0\)'),
+    ([1.0, np.nan], r'must be finite \(got NaN or inf\)'),
+    ([-np.inf], r'must be finite'),
+])
+def test_bad_scores_name_the_argument(name, bad, message):
+  args = {'in_scores': [1.0, 2.0], 'out_scores': [0.0, 1.0]}
+  args[name] = bad
+  with pytest.raises(ValueError, match=f'^{name} {message}'):
+    auditing.audit_scores(args['in_scores'], args['out_scores'], delta=1e-5)
+  with pytest.raises(ValueError, match=f'^{name} {message}'):
+    auditing.privacy_profile(args['in_scores'], args['out_scores'], [1.0])
+
+
+def test_one_score_per_side_is_enough():
+  result = auditing.audit_scores([1.0], [0.0], delta=1e-5, fdp=False)
+  assert (result['n_in'], result['n_out']) == (1, 1)
+  assert auditing.privacy_profile([1.0], [0.0], 0.0) >= 0
+
+
+@pytest.mark.parametrize('confidence', [0.0, 1.0, -0.5, 1.5])
+def test_profile_confidence_limits(confidence):
+  with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
+    auditing.privacy_profile([1.0], [0.0], [1.0], confidence=confidence)
+
+
+@pytest.mark.parametrize('epsilons', [[-1e-9], [np.nan], [np.inf], [0.0, -np.inf]])
+def test_profile_epsilon_limits(epsilons):
+  with pytest.raises(ValueError, match=r'^epsilons must be finite and >= 0$'):
+    auditing.privacy_profile([1.0], [0.0], epsilons)
+
+
+# --- The 'split' strategy reaches every bound ----------------------------------------
+
+
+def test_split_strategy_reaches_every_bound_with_its_fraction_and_seed():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _scores(3, 150, 150, shift=2.0)
+  significance, delta = 0.1, 1e-4
+  result = auditing.audit_scores(a, b, delta=delta, confidence=1 - significance,
+                                 threshold_strategy='split', split_fraction=0.3,
+                                 seed=11)
+  auditor = library.CanaryScoreAuditor(a, b)
+
+  def direct(fraction, seed):
+    split = library.Split(threshold_estimation_frac=fraction, seed=seed)
+    return (auditor.epsilon_clopper_pearson(significance, delta, threshold_strategy=split),
+            auditor.epsilon_one_run(significance, delta, threshold_strategy=split),
+            auditor.epsilon_one_run_fdp(significance, delta, threshold_strategy=split))
+
+  bonf = library.Bonferroni()
+  others = [direct(0.5, 11), direct(0.3, 12),
+            (auditor.epsilon_clopper_pearson(significance, delta, threshold_strategy=bonf),
+             auditor.epsilon_one_run(significance, delta, threshold_strategy=bonf),
+             auditor.epsilon_one_run_fdp(significance, delta, threshold_strategy=bonf))]
+  keys = ('epsilon_cp', 'epsilon_one_run', 'epsilon_one_run_fdp')
+  for key, want in zip(keys, direct(0.3, 11)):
+    assert result[key] == pytest.approx(want, rel=1e-9), key
+    assert want > 0, key
+    # The check has teeth: every other strategy (another fraction, another seed,
+    # Bonferroni) gives a different number for this key.
+    for other in others:
+      assert other[keys.index(key)] != pytest.approx(want, rel=1e-6), key
+  assert result['audit_threshold_strategy'] == 'split'
+  # gdp_mu has its own Bonferroni correction: the strategy does not apply.
+  plain = auditing.audit_scores(a, b, delta=delta, confidence=1 - significance, fdp=False)
+  assert result['gdp_mu'] == plain['gdp_mu'] > 0
+  assert result['epsilon_gdp'] == plain['epsilon_gdp'] > 0
+
+
+def test_bonferroni_equals_the_library_on_every_bound():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _scores(4, 100, 130, shift=2.0)
+  result = auditing.audit_scores(a, b, delta=1e-3, confidence=0.8)
+  auditor = library.CanaryScoreAuditor(a, b)
+  bonf = library.Bonferroni()
+  assert result['epsilon_cp'] == pytest.approx(
+      auditor.epsilon_clopper_pearson(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
+  assert result['epsilon_one_run'] == pytest.approx(
+      auditor.epsilon_one_run(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
+  assert result['epsilon_one_run_fdp'] == pytest.approx(
+      auditor.epsilon_one_run_fdp(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
+  assert result['epsilon_one_run_fdp'] > 0
+  assert result['gdp_mu'] == pytest.approx(
+      auditing.gdp_mu_lower_bound(auditor, 0.2, 1e-3), rel=1e-12)
+  assert result['epsilon_gdp'] == pytest.approx(
+      auditing.gdp_epsilon(result['gdp_mu'], 1e-3), rel=1e-12)
+
+
+# --- privacy_profile against a brute force --------------------------------------------
+
+
+def _cp_upper(k, n, level):
+  """One-sided Clopper-Pearson upper bound on a rate at `level` (scipy's beta)."""
+  return 1.0 if k == n else float(sps.beta.ppf(level, k + 1, n - k))
+
+
+def _brute_profile(in_scores, out_scores, epsilon, confidence):
+  thresholds = sorted(set(in_scores) | set(out_scores)) + [math.inf]
+  level = 1 - (1 - confidence) / (2 * len(thresholds))  # Bonferroni, 2 rates each
+  best = 0.0
+  for t in thresholds:
+    # "IN iff score >= t".
+    fn = sum(s < t for s in in_scores)
+    fp = sum(s >= t for s in out_scores)
+    fnr = _cp_upper(fn, len(in_scores), level)
+    fpr = _cp_upper(fp, len(out_scores), level)
+    tpr_lb, tnr_lb = 1 - fnr, 1 - fpr
+    best = max(best,
+               tpr_lb - math.exp(epsilon) * fpr,   # IN guessed on score >= t
+               tnr_lb - math.exp(epsilon) * fnr)   # OUT guessed on score < t
+  return best
+
+
+@pytest.mark.parametrize('seed,n_in,n_out,shift,decimals,confidence', [
+    (5, 30, 25, 4.0, None, 0.95),  # the TNR - e^eps FNR rule wins at eps > 0
+    (6, 15, 15, 4.0, 0, 0.9),      # ties within and across sides
+    (7, 8, 20, 3.0, 1, 0.5),       # the TPR - e^eps FPR rule wins at eps > 0
+    (8, 25, 6, 5.0, None, 0.3),
+])
+def test_profile_equals_brute_force(seed, n_in, n_out, shift, decimals, confidence):
+  a, b = _scores(seed, n_in, n_out, shift=shift, decimals=decimals)
+  epsilons = np.array([0.0, 0.1, 0.5, 1.0, 3.0])
+  got = auditing.privacy_profile(a, b, epsilons, confidence=confidence)
+  want = [_brute_profile(list(a), list(b), e, confidence) for e in epsilons]
+  assert got.shape == epsilons.shape
+  np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+  assert want[0] > 0.25 and want[2] > 0  # non-trivial curves
+  assert got.dtype == np.float64
+  # Scalar in, scalar out; a 2-D grid keeps its shape.
+  assert auditing.privacy_profile(a, b, 0.5, confidence=confidence) == pytest.approx(
+      want[2], rel=1e-9)
+  grid = auditing.privacy_profile(a, b, epsilons.reshape(5, 1), confidence=confidence)
+  np.testing.assert_allclose(grid[:, 0], want, rtol=1e-9, atol=1e-12)
+
+
+def test_profile_directions_are_symmetric():
+  # Exchanging IN and OUT and negating the scores (no ties) maps each test to its
+  # mirror; exchanging them alone makes "higher = IN" useless, so the bound is 0.
+  a, b = _scores(5, 30, 25, shift=4.0)
+  eps = np.array([0.0, 0.7])
+  got = auditing.privacy_profile(a, b, eps)
+  assert np.all(got > 0.1)
+  np.testing.assert_allclose(got, auditing.privacy_profile(-b, -a, eps), rtol=1e-12)
+  assert np.all(auditing.privacy_profile(b, a, eps) == 0.0)
+
+
+def test_profile_is_zero_without_evidence():
+  same = np.arange(10.0)
+  assert np.all(auditing.privacy_profile(same, same, [0.0, 1.0]) == 0.0)
+
+
+# --- attack_bounds -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('delta,confidence', [(1e-5, 0.95), (1e-2, 0.7)])
+def test_attack_bounds_is_audit_scores_on_members(delta, confidence):
+  a, b = _scores(10, 60, 80, shift=2.5)
+  scores = np.concatenate([b[:40], a, b[40:]])
+  labels = np.r_[np.zeros(40, int), np.ones(60, int), np.zeros(40, int)]
+  got = auditing.attack_bounds(scores, labels, delta, confidence=confidence)
+  want = auditing.audit_scores(a, b, delta=delta, confidence=confidence, fdp=False)
+  assert set(got) == {'attack_epsilon_cp', 'attack_gdp_mu'}
+  assert got['attack_epsilon_cp'] == want['epsilon_cp'] > 0
+  assert got['attack_gdp_mu'] == want['gdp_mu'] > 0
+  assert all(type(v) is float for v in got.values())  # pylint: disable=unidiomatic-typecheck
+  # Boolean labels mean the same; flipping them swaps members and non-members.
+  assert auditing.attack_bounds(scores, labels.astype(bool), delta,
+                                confidence=confidence) == got
+  flipped = auditing.attack_bounds(-scores, 1 - labels, delta, confidence=confidence)
+  assert flipped['attack_epsilon_cp'] == pytest.approx(
+      auditing.audit_scores(-b, -a, delta=delta, confidence=confidence,
+                            fdp=False)['epsilon_cp'], rel=1e-12)
+
+
+def test_attack_bounds_default_confidence_is_095():
+  a, b = _scores(11, 50, 50, shift=2.5)
+  scores, labels = np.r_[a, b], np.r_[np.ones(50), np.zeros(50)]
+  got = auditing.attack_bounds(scores, labels, 1e-5)
+  want = auditing.audit_scores(a, b, delta=1e-5, confidence=0.95, fdp=False)
+  assert got == {'attack_epsilon_cp': want['epsilon_cp'], 'attack_gdp_mu': want['gdp_mu']}
+  other = auditing.attack_bounds(scores, labels, 1e-5, confidence=0.6)
+  assert other['attack_gdp_mu'] != got['attack_gdp_mu']
+
+
+@pytest.mark.parametrize('scores,labels', [
+    ([1.0, 0.0, np.nan], [1, 0, 0]),
+    ([1.0, np.inf, 0.0], [1, 1, 0]),
+    ([1.0, 2.0], [1, 1]),
+    ([1.0, 2.0], [0, 0]),
+])
+def test_attack_bounds_nan_without_two_sides_or_finite_scores(scores, labels):
+  got = auditing.attack_bounds(scores, labels, 1e-5)
+  assert set(got) == {'attack_epsilon_cp', 'attack_gdp_mu'}
+  assert all(math.isnan(v) for v in got.values())
+
+
+# --- gdp_mu's delta filter, bootstrap settings -----------------------------------------
+
+
+def test_gdp_mu_skips_thresholds_with_an_upper_bound_at_or_above_one_minus_delta():
+  # At the top threshold FNR = 7/10 has an upper bound ~0.95 and FPR = 0/1000 a tiny
+  # one: mu > 0 when 0.95 < 1 - delta, and that threshold is skipped at delta = 0.4.
+  in_scores, out_scores = [10.0] * 3 + [0.0] * 7, [0.0] * 1000
+  assert auditing.audit_scores(in_scores, out_scores, delta=0.01, fdp=False)['gdp_mu'] > 0.5
+  assert auditing.audit_scores(in_scores, out_scores, delta=0.4, fdp=False)['gdp_mu'] == 0.0
+
+
+def test_bootstrap_equals_the_library_calls():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _scores(12, 150, 150, shift=1.0)
+  result = auditing.audit_scores(a, b, delta=1e-3, confidence=0.8, bootstrap=20,
+                                 raw_min_count=5, fdp=False, seed=2)
+  auditor = library.CanaryScoreAuditor(a, b)
+  params = library.BootstrapParams.confidence_interval(num_samples=20, confidence=0.8,
+                                                       seed=2)
+  low, high = auditor.epsilon_raw_counts(5, 1e-3, bootstrap_params=params)
+  assert result['epsilon_raw'] == float(auditor.epsilon_raw_counts(5, 1e-3))
+  assert (result['epsilon_raw_ci_low'], result['epsilon_raw_ci_high']) == (low, high)
+  assert result['audit_bootstrap'] == 20
+  assert auditing.audit_scores(a, b, delta=1e-3, confidence=0.8, bootstrap=20,
+                               raw_min_count=5, fdp=False, seed=2) == result
+
+
+def test_split_default_seed_is_zero():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _scores(3, 150, 150, shift=2.0)
+  result = auditing.audit_scores(a, b, delta=1e-4, confidence=0.9,
+                                 threshold_strategy='split', fdp=False)
+  auditor = library.CanaryScoreAuditor(a, b)
+  assert result['epsilon_cp'] == pytest.approx(auditor.epsilon_clopper_pearson(
+      0.1, 1e-4, threshold_strategy=library.Split(threshold_estimation_frac=0.5, seed=0)),
+      rel=1e-9)
