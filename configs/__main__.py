@@ -72,15 +72,30 @@ def details(name: str) -> str:
   return f'configs/{name}.py\n\n{r["doc"]}\n\nFields (defaults):\n{config}'
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for a C tool cut off by `head`
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     name = argv[1].removesuffix('.py').split('/')[-1]
     if name not in config_names():
       print(f'error: no config {name!r}; known: {", ".join(config_names())}', file=sys.stderr)
       return 2
-    print(details(name))
-    return 0
-  print(listing())
+    return _print(details(name))
+  return _print(listing())
+
+
+def _print(text: str) -> int:
+  """Prints `text` to stdout; a reader that stopped early (`| head -1`) is not an error."""
+  try:
+    print(text, flush=True)
+  except BrokenPipeError:
+    # The interpreter flushes stdout again at exit and would report the same broken pipe
+    # there; pointing the descriptor at /dev/null makes that flush succeed silently.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
   return 0
 
 

@@ -41,12 +41,15 @@ naming the saved points and the workdir to resume with.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import glob
 import importlib.util
+import logging as std_logging
 import os
 import sys
 from typing import Any, Callable
+import warnings
 
 from absl import app
 from absl import flags
@@ -385,6 +388,78 @@ def _compile_cache_setting(config) -> str | None:
   return None if game is None else game.get('compile_cache')
 
 
+class _Hold(std_logging.Handler):
+  """Keeps the log records of the start of a run (see `held_logs`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[std_logging.LogRecord] = []
+    self.dropped = False
+
+  def emit(self, record):
+    self.records.append(record)
+
+  def drop(self) -> None:
+    """The inputs were bad: what was held is not shown, so the error line stands alone."""
+    self.dropped = True
+
+
+@contextlib.contextmanager
+def held_logs():
+  """Holds log records and Python warnings until the block ends, then shows them.
+
+  A bad-input run must print one line; without this it first printed JAX's backend probing
+  ("Unable to initialize backend 'tpu'"), the compile-cache INFO line and any warning of the
+  data loading. Holding (rather than lowering the verbosity) keeps those lines, in order, for
+  a run whose inputs pass; `hold.drop()` discards them for one that stops with exit status 2.
+  An unexpected exception shows them too: they may explain it.
+  """
+  root = std_logging.getLogger()
+  handlers = list(root.handlers)
+  hold = _Hold()
+  for h in handlers:
+    root.removeHandler(h)
+  root.addHandler(hold)
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      yield hold
+  finally:
+    root.removeHandler(hold)
+    for h in handlers:
+      root.addHandler(h)
+    if not hold.dropped:
+      for record in hold.records:
+        root.callHandlers(record)
+      for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def _start(name: str, prepare: Callable[[Any], Any], config, workdir: str):
+  """Checks the inputs, loads the data, opens the store: (error, seed, state, store).
+
+  `error` is the one-line message of a bad input (None when all passed); nothing is written
+  before the store is opened, which is the last step.
+  """
+  problem = check_workdir(workdir)
+  if problem:
+    return problem, None, None, None
+  cache = _compile_cache_setting(config)
+  if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
+    compile_cache.enable(compile_cache.resolve(cache))
+  try:
+    seed = _apply_seed(config)
+    state = prepare(config)
+  except _expected_errors() as e:
+    return str(e), None, None, None
+  try:
+    store = ResultsStore(workdir, name, config)
+  except ResumeError as e:
+    return str(e), None, None, None
+  if cache == 'workdir':
+    compile_cache.enable(compile_cache.resolve(cache, workdir))
+  return None, seed, state, store
+
+
 def _run(name: str, prepare: Callable[[Any], Any],
          sweep: Callable[[Any, Any, ResultsStore, jax.Array], None],
          summary=None) -> int:
@@ -393,23 +468,12 @@ def _run(name: str, prepare: Callable[[Any], Any],
   workdir = None
   try:
     workdir = _WORKDIR.value or default_workdir(name)
-    problem = check_workdir(workdir)
+    with held_logs() as hold:
+      problem, seed, state, store = _start(name, prepare, config, workdir)
+      if problem:
+        hold.drop()
     if problem:
       return _error(problem)
-    cache = _compile_cache_setting(config)
-    if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
-      compile_cache.enable(compile_cache.resolve(cache))
-    try:
-      seed = _apply_seed(config)
-      state = prepare(config)
-    except _expected_errors() as e:
-      return _error(str(e))
-    try:
-      store = ResultsStore(workdir, name, config)
-    except ResumeError as e:
-      return _error(str(e))
-    if cache == 'workdir':
-      compile_cache.enable(compile_cache.resolve(cache, workdir))
     logging.info('%s: workdir %s, %d point(s) already saved, seed %d', name,
                  workdir, len(store.points), seed)
     tracker = progress.Progress(name, summary=summary,

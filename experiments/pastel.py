@@ -16,8 +16,9 @@ Writes, beside results.json (one point per defense, strength, optimizer, attack,
 `pastel_auc.png`, `pastel_loss_hist.png`, and `trained/*.npz` (recorded features and FedMIA
 measurements of each training, so re-scoring and resuming never retrain).
 Code: fl_privacy/pipelines/pastel.py (`prepare`, `sweep`), fl_privacy/pipelines/pastel_figures.py,
-fl_privacy/defenses/pastel.py, fl_privacy/defenses/dp.py (the DP baselines),
-fl_privacy/attacks/passive/whitebox.py. Fields: configs/_pastel.py.
+fl_privacy/defenses/pastel.py, fl_privacy/defenses/pastel_training.py (trainings, DP baselines),
+fl_privacy/attacks/passive/pastel.py (recording, attacks), fl_privacy/attacks/passive/whitebox.py.
+Fields: configs/_pastel.py.
 Expected results: docs/experiments/pastel.md.
 """
 

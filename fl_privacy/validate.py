@@ -75,14 +75,21 @@ def positive(config, field: str, *, integer: bool = False):
 
 def in_range(config, field: str, low: float, high: float, *,
              low_inclusive: bool = True, high_inclusive: bool = True):
-  """A number (or every number of a sequence) at `field` within [low, high]."""
+  """A finite number (or every number of a sequence) at `field` within [low, high].
+
+  Infinite and NaN values never pass, even when `high` is `math.inf`: "[0, inf]" means
+  finite >= 0 (an inf weight or decay only ends in NaN scores after the training).
+  """
   value = _get(config, field)
   seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
   lb = '[' if low_inclusive else '('
   rb = ']' if high_inclusive else ')'
-  allowed = f'in {lb}{low}, {high}{rb}'
+  if math.isinf(high):
+    allowed = f'a finite number {">=" if low_inclusive else ">"} {low:g}'
+  else:
+    allowed = f'in {lb}{low}, {high}{rb}'
   for v in seq:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     ok = ok and (v >= low if low_inclusive else v > low)
     ok = ok and (v <= high if high_inclusive else v < high)
     require(ok, field, allowed, value)

@@ -48,3 +48,34 @@ def test_rejects_with_field_in_message(field, value, check):
 def test_missing_field_is_named():
   with pytest.raises(validate.ConfigError, match='config.ami.nope'):
     validate.one_of(_config(), 'ami.nope', ('a',))
+
+
+@pytest.mark.parametrize('value', [float('inf'), float('nan'), (1.0, float('inf')), -1.0])
+def test_an_unbounded_range_still_refuses_inf_and_nan(value):
+  # "[0, inf]" means a finite number >= 0: an inf weight only shows as NaN after training.
+  c = _config()
+  c.ami.w = value
+  with pytest.raises(validate.ConfigError) as info:
+    validate.in_range(c, 'ami.w', 0.0, float('inf'))
+  assert str(info.value) == f'config.ami.w: must be a finite number >= 0 (got {value!r})'
+  c.ami.big = (0.0, 1e300)
+  assert validate.in_range(c, 'ami.big', 0.0, float('inf')) == (0.0, 1e300)
+
+
+@pytest.mark.parametrize('module,field,value', [
+    ('pastel', 'pastel.pastel_weights', (float('inf'),)),
+    ('pastel', 'pastel.ablation_pastel_weight', float('inf')),
+    ('fedmia', 'fedmia.weight_decay', float('inf')),
+    ('dishonest_mia', 'dishonest.near_threshold', float('inf')),
+])
+def test_every_unbounded_pipeline_field_refuses_inf(module, field, value):
+  import importlib  # pylint: disable=g-import-not-at-top
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  pipeline = importlib.import_module(f'fl_privacy.pipelines.{module}')
+  config = digits.get_config('smoke')
+  pipeline.validate_static(config)  # the defaults pass
+  section, name = field.split('.')
+  config[section][name] = value
+  with pytest.raises(validate.ConfigError, match='must be a finite number >= 0') as info:
+    pipeline.validate_static(config)
+  assert info.value.field == field

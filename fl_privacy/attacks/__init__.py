@@ -4,7 +4,8 @@
   (the AMI paper): `ami.crafting`, `ami.decisions`, `ami.game`, with `ami.certified`
   (Theorem 1, Eqs. 9-10) and `ami.dp_averaging` (Appendix E, DP-SGD noise averaged over
   rounds and neurons).
-- `dishonest`: the 2M+1 ReLU detector of the dishonest-server paper (perfect MI).
+- `dishonest`: the 2M+1 ReLU detector of the dishonest-server paper (perfect MI);
+  `dishonest_attribution` explains its false positives (a duplicate of the target, or none).
 - `passive`: passive server-side MI from recorded rounds (FedMIA and the baselines of its
   Table 1).
 - `audit`: crafters and distinguishers that lower-bound LDP epsilon (the LDP-audit paper).
@@ -13,6 +14,7 @@
 from fl_privacy.attacks import ami
 from fl_privacy.attacks import audit
 from fl_privacy.attacks import dishonest
+from fl_privacy.attacks import dishonest_attribution
 from fl_privacy.attacks import passive
 
-__all__ = ['ami', 'audit', 'dishonest', 'passive']
+__all__ = ['ami', 'audit', 'dishonest', 'dishonest_attribution', 'passive']

@@ -20,12 +20,15 @@ The functions here are pure; `make_trial` composes them into one run of the game
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from fl_privacy import memory
 from fl_privacy.fl import client, local, losses
 from fl_privacy.models import crafting
 
@@ -220,6 +223,25 @@ def draw_client(key: jax.Array, index: jax.Array, pool_size: int, num_examples: 
   order = jax.random.permutation(key, pool_size)[:num_examples + 1].astype(jnp.int32)
   member = index % 2 == 0
   return order[:num_examples], jnp.where(member, order[0], order[num_examples]), member
+
+
+
+def client_indices(key: jax.Array, index: int, pool_size: int, num_examples: int) -> np.ndarray:
+  """The client's pool indices in run `index` of `run_trials(make_trial(game), key, ...)`.
+
+  The draw `run` made, recomputed (fold_in(fold_in(key, index), 1)), so a decision can be
+  explained after the run from its index alone.
+  """
+  run_key = jax.random.fold_in(key, index)
+  idx, _, _ = draw_client(jax.random.fold_in(run_key, 1), jnp.int32(index), pool_size,
+                          num_examples)
+  return np.asarray(idx)
+
+
+def run_bytes(image_shape, num_examples: int) -> int:
+  """Bytes of the client data and first-convolution activations (6 channels) of one run."""
+  per_example = math.prod(image_shape) + 6 * math.prod(image_shape[:2])
+  return 2 * memory.FLOAT_BYTES * num_examples * per_example
 
 
 def run(game: Game, key: jax.Array, index: jax.Array, x_pool: jax.Array, y_pool: jax.Array

@@ -10,7 +10,9 @@ from fl_privacy.data.dataset import to_float
 from fl_privacy.data.loading import DATASETS
 from fl_privacy.data.local_sources import DataFileError
 from fl_privacy.data.loading import load
+from fl_privacy.data.loading import require_examples
 from fl_privacy.data.loading import validate_data_config
+from fl_privacy.data.partitions import beta_partition
 from fl_privacy.data.partitions import dirichlet_partition
 from fl_privacy.data.partitions import holdout_split
 from fl_privacy.data.partitions import iid_partition
@@ -29,6 +31,7 @@ __all__ = [
     'iid_partition',
     'load',
     'member_nonmember_split',
+    'require_examples',
     'rng_from_key',
     'to_float',
     'validate_data_config',

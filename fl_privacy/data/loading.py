@@ -125,3 +125,28 @@ def load(data_config) -> dict[str, Dataset]:
         num_classes=_get(data_config, 'num_classes'),
         shape=tuple(_get(data_config, 'shape')), seed=_get(data_config, 'seed'))
   return {k: _postprocess(v, image_size, max_examples) for k, v in splits.items()}
+
+
+def require_examples(data_config, what: str, have: int, need: int, why: str) -> None:
+  """Refuses a user's .npz file that holds fewer examples than the run needs.
+
+  The minimum comes from a config field the user may never have set (`ami.num_targets`,
+  `fedmia.num_clients`, ...), so for a file the fault is the file's size and the message
+  names the file, the count and the minimum. For the built-in datasets this returns and
+  the caller's own check names the field (their sizes are fixed; the field is the choice).
+
+  Args:
+    data_config: the `data` section.
+    what: what was counted, e.g. "its 'train' split".
+    have: how many examples that holds.
+    need: the least the run needs.
+    why: the fields that set `need`, e.g. 'ami.num_targets = 2 targets and one more'.
+
+  Raises:
+    DataFileError: the data is an .npz file and `have < need`.
+  """
+  if have >= need or _get(data_config, 'name') != 'npz':
+    return
+  raise local_sources.DataFileError(
+      f'{_get(data_config, "path")}: too small for this run: {what} holds {have} examples; '
+      f'needs at least {need} ({why})')

@@ -11,8 +11,12 @@ from fl_privacy.data.dataset import Dataset
 from fl_privacy.data.partitions import holdout_split
 
 DIGITS_TEST_FRACTION = 0.2
+NPZ_TEST_FRACTION = 0.2
 _NPZ_X = ('images', 'x')
 _NPZ_Y = ('labels', 'y')
+# The largest feature magnitude whose float32 square is finite: a larger one turns every
+# distance, norm and logit computed from it into inf, then NaN scores after the training.
+MAX_FEATURE = float(np.sqrt(np.finfo(np.float32).max))
 
 
 class DataFileError(ValueError):
@@ -44,6 +48,7 @@ def load_digits() -> dict[str, Dataset]:
 
 
 def _pick(arrays, names, suffix, path, required):
+  """(name, array) of the one array named one of `names` + `suffix`; (None, None) if absent."""
   found = [n + suffix for n in names if n + suffix in arrays]
   if len(found) > 1:
     raise DataFileError(f'{path}: holds both {found[0]!r} and {found[1]!r}; keep one')
@@ -51,8 +56,8 @@ def _pick(arrays, names, suffix, path, required):
     if required:
       raise DataFileError(f'{path}: needs an array named one of '
                        f'{[n + suffix for n in names]}; it holds {sorted(arrays)}')
-    return None
-  return np.asarray(arrays[found[0]])
+    return None, None
+  return found[0], np.asarray(arrays[found[0]])
 
 
 def _as_examples(x: np.ndarray, path: str, name: str) -> np.ndarray:
@@ -71,18 +76,25 @@ def _as_examples(x: np.ndarray, path: str, name: str) -> np.ndarray:
     if x.shape[0] == 0 or x.shape[1] == 0:
       raise DataFileError(f'{path}: {name!r} must have at least one example and one '
                           f'feature; got shape {x.shape}')
+    big = np.abs(x) > MAX_FEATURE
+    if big.any():
+      rows = np.flatnonzero(big.any(axis=1))
+      raise DataFileError(f'{path}: {name!r} must hold features of magnitude <= '
+                          f'{MAX_FEATURE:.3g} (their float32 square overflows beyond); '
+                          f'{int(big.sum())} values in {len(rows)} rows exceed it (largest '
+                          f'{float(np.abs(x).max()):.3g}, first row {int(rows[0])})')
     return x
   raise DataFileError(f'{path}: {name!r} must be uint8 images [N, H, W] or [N, H, W, C], or '
                    f'numeric features [N, d]; got {x.dtype} {x.shape}')
 
 
-def _as_labels(y: np.ndarray, n: int, path: str, name: str) -> np.ndarray:
+def _as_labels(y: np.ndarray, n: int, path: str, name: str, x_name: str) -> np.ndarray:
   if y.ndim != 1 or len(y) != n:
-    raise DataFileError(f'{path}: labels of {name!r} must have shape [{n}] (one per '
-                        f'example), got {y.shape}')
+    raise DataFileError(f'{path}: {name!r} (the labels of {x_name!r}) must have shape [{n}] '
+                        f'(one per example), got {y.shape}')
   if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-    raise DataFileError(f'{path}: labels of {name!r} must be non-negative integers, '
-                     f'got {y.dtype}')
+    raise DataFileError(f'{path}: {name!r} (the labels of {x_name!r}) must be non-negative '
+                        f'integers, got {y.dtype}')
   return y.astype(np.int32)
 
 
@@ -97,8 +109,9 @@ def load_npz(path: str) -> dict[str, Dataset]:
   Raises:
     DataFileError: the file is not a readable .npz of plain arrays (object arrays are
       refused: loading them would run pickled code), a required array is missing,
-      shapes/dtypes do not fit, labels are not one per example, or features hold
-      NaN/inf.
+      shapes/dtypes do not fit, labels are not one per example, features hold NaN/inf or
+      values whose float32 square overflows (> MAX_FEATURE), a split would be empty, or
+      the labels hold fewer than 2 classes. Messages name the arrays the file holds.
   """
   arrays, name = {}, None
   try:
@@ -120,21 +133,38 @@ def load_npz(path: str) -> dict[str, Dataset]:
   except (OSError, EOFError, zipfile.BadZipFile) as e:
     raise DataFileError(f'{path}: must be a readable .npz archive ({type(e).__name__}: '
                         f'{e})') from e
-  x = _as_examples(_pick(arrays, _NPZ_X, '', path, True), path, 'x')
-  y = _as_labels(_pick(arrays, _NPZ_Y, '', path, True), len(x), path, 'x')
-  x_test = _pick(arrays, _NPZ_X, '_test', path, False)
-  y_test = _pick(arrays, _NPZ_Y, '_test', path, False)
+  # Messages name the arrays the file holds ('images' or 'x', 'labels' or 'y').
+  x_name, x = _pick(arrays, _NPZ_X, '', path, True)
+  y_name, y = _pick(arrays, _NPZ_Y, '', path, True)
+  x = _as_examples(x, path, x_name)
+  y = _as_labels(y, len(x), path, y_name, x_name)
+  xt_name, x_test = _pick(arrays, _NPZ_X, '_test', path, False)
+  yt_name, y_test = _pick(arrays, _NPZ_Y, '_test', path, False)
   if (x_test is None) != (y_test is None):
     raise DataFileError(f'{path}: a test split needs both images/x_test and labels/y_test')
   if x_test is None:
-    train, test = holdout_split(len(y), 0.2, seed=0)
+    # Three examples is the least that leaves one in the held-out test split and two (a
+    # member and another example) in train; every experiment needs far more.
+    train, test = holdout_split(len(y), NPZ_TEST_FRACTION, seed=0)
+    if len(train) < 2 or len(test) < 1:
+      raise DataFileError(f'{path}: too small: {x_name!r} holds {len(y)} examples; needs at '
+                          f'least 3 ({NPZ_TEST_FRACTION:.0%} are held out as the test split)')
     x, y, x_test, y_test = x[train], y[train], x[test], y[test]
   else:
-    x_test = _as_examples(x_test, path, 'x_test')
-    y_test = _as_labels(y_test, len(x_test), path, 'x_test')
+    x_test = _as_examples(x_test, path, xt_name)
+    y_test = _as_labels(y_test, len(x_test), path, yt_name, xt_name)
     if x_test.shape[1:] != x.shape[1:] or x_test.dtype != x.dtype:
       raise DataFileError(f'{path}: test examples {x_test.dtype} {x_test.shape[1:]} do not '
                        f'match train examples {x.dtype} {x.shape[1:]}')
+    for name, n, least in ((x_name, len(x), 2), (xt_name, len(x_test), 1)):
+      if n < least:
+        raise DataFileError(f'{path}: too small: {name!r} holds {n} examples; needs at '
+                            f'least {least}')
+  classes = np.unique(np.concatenate([y, y_test]))
+  if len(classes) < 2:
+    # One class makes every membership score and accuracy trivial (accuracy 1.000).
+    raise DataFileError(f'{path}: {y_name!r} must hold at least 2 classes; got only label '
+                        f'{int(classes[0])} in all {len(y) + len(y_test)} examples')
   top = int(max(y.max(initial=-1), y_test.max(initial=-1))) + 1
   num_classes = top
   if 'num_classes' in arrays:

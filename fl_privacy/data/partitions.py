@@ -6,6 +6,8 @@ a JAX key through `rng_from_key`, so the same key gives the same split.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fl_privacy.data.dataset import rng_from_key
@@ -154,3 +156,12 @@ def dirichlet_partition(key, labels, num_clients: int, beta: float,
   raise ValueError(f'no Dirichlet({beta}) draw in {max_tries} tries gave every one of '
                    f'{num_clients} clients >= {min_per_client} examples; raise beta or '
                    f'lower min_per_client')
+
+
+def beta_partition(key, labels, num_clients: int, beta: float,
+                   per_client: int | None = None) -> list[np.ndarray]:
+  """Client shards of a labelled pool: `iid_partition` for beta = inf (FedMIA's IID
+  setting), else `dirichlet_partition` with concentration beta."""
+  if math.isinf(beta):
+    return iid_partition(key, len(labels), num_clients, per_client)
+  return dirichlet_partition(key, labels, num_clients, beta, per_client)

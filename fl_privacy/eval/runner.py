@@ -81,13 +81,15 @@ CHUNK_GROUPS = 64
 # enough to stay in cache for most games, instead of a budget-sized guess.
 UNKNOWN_BYTES_WIDTH = 16
 
-# Callables `(trials done, trials in this call, seconds since the call began)` run after
-# every chunk: the terminal progress of `fl_privacy.report.progress` shows trials/s from it.
-_CHUNK_LISTENERS: list[Callable[[int, int, float], None]] = []
+# Callables `(trials done, trials in this call, seconds since the call began, unit)` run
+# after every chunk: the terminal progress of `fl_privacy.report.progress` shows trials/s
+# from it. The counts are this process's real trials (the padding of the last chunk is not
+# counted: the results hold exactly `num_trials`); `unit` names them ('trials', 'runs').
+_CHUNK_LISTENERS: list[Callable[[int, int, float, str], None]] = []
 
 
-def add_chunk_listener(fn: Callable[[int, int, float], None]) -> Callable[[], None]:
-  """Calls `fn(done, total, elapsed_s)` after every chunk; returns a function that removes it."""
+def add_chunk_listener(fn: Callable[[int, int, float, str], None]) -> Callable[[], None]:
+  """Calls `fn(done, total, elapsed_s, unit)` after every chunk; returns its remover."""
   _CHUNK_LISTENERS.append(fn)
 
   def remove():
@@ -254,8 +256,13 @@ def _process_slice(start: int, num_trials: int) -> tuple[int, int]:
 
 
 def _run_local(fn, index_sharding, replicated, run_key, args,
-               indices: np.ndarray, progress: bool, label: str) -> Any:
-  """Runs `indices` [chunks, k, w] chunk by chunk; returns outcomes [chunks * k * w, ...]."""
+               indices: np.ndarray, progress: bool, label: str, count: int,
+               unit: str = 'trials') -> Any:
+  """Runs `indices` [chunks, k, w] chunk by chunk; returns outcomes [chunks * k * w, ...].
+
+  `count` is how many of the indices are real trials (the rest pad the last chunk): what the
+  listeners and the log line count.
+  """
   # Host arrays (a dataset, params) go to the devices once, not once per chunk.
   if replicated is not None:
     run_key = jax.device_put(run_key, replicated)
@@ -275,7 +282,7 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
 
   outputs = []
   num_chunks, chunk_size = indices.shape[0], indices.shape[1] * indices.shape[2]
-  total = num_chunks * chunk_size
+  total = count
   t_start = t_chunk = time.perf_counter()
   pending = launch(0)
   for c in range(num_chunks):
@@ -284,15 +291,15 @@ def _run_local(fn, index_sharding, replicated, run_key, args,
     following = launch(c + 1) if c + 1 < num_chunks else None
     outputs.append(jax.tree.map(flat, jax.device_get(pending)))
     pending = following
+    done = min((c + 1) * chunk_size, total)
     for listener in tuple(_CHUNK_LISTENERS):
-      listener((c + 1) * chunk_size, total, time.perf_counter() - t_start)
+      listener(done, total, time.perf_counter() - t_start, unit)
     if progress:
       now = time.perf_counter()
-      done = (c + 1) * chunk_size
-      logging.info('%s: %d/%d trials, %.1f trials/s (chunk), %.1f trials/s '
-                   '(run)', label, done, total,
-                   chunk_size / max(now - t_chunk, 1e-9),
-                   done / max(now - t_start, 1e-9))
+      logging.info('%s: %d/%d %s, %.1f %s/s (chunk), %.1f %s/s '
+                   '(run)', label, done, total, unit,
+                   (done - min(c * chunk_size, total)) / max(now - t_chunk, 1e-9), unit,
+                   done / max(now - t_start, 1e-9), unit)
       t_chunk = now
   return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *outputs)
 
@@ -319,7 +326,8 @@ def run_trials(trial_fn: Callable[..., Any],
                args: Sequence[Any] = (),
                start: int = 0,
                progress: bool = True,
-               batch_bytes: int | None = None) -> Any:
+               batch_bytes: int | None = None,
+               unit: str = 'trials') -> Any:
   """Runs trials `start .. num_trials - 1` of a game and stacks their outcomes.
 
   Args:
@@ -338,6 +346,8 @@ def run_trials(trial_fn: Callable[..., Any],
     progress: log one absl INFO line per chunk with the throughput.
     batch_bytes: working-set budget of one vmapped group of trials (see the
       module docstring); None = `default_batch_bytes()`.
+    unit: what one trial is, for the progress line and the log ('trials'; 'runs' for a
+      game whose trial is a whole federated run).
 
   Returns:
     The outcome pytree with numpy leaves, each with leading axis
@@ -382,7 +392,7 @@ def run_trials(trial_fn: Callable[..., Any],
         trial_fn, len(args), devices)
   label = getattr(trial_fn, '__name__', 'trial_fn')
   local = _run_local(fn, index_sharding, replicated, run_key, args, indices,
-                     progress, label)
+                     progress, label, count, unit)
   local = jax.tree.map(lambda x: x[:count], local)
   if jax.process_count() == 1:
     return local

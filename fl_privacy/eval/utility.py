@@ -100,3 +100,44 @@ def _fit_and_predict(num_classes: int, hidden: tuple, steps: int, learning_rate:
                                         steps=steps, learning_rate=learning_rate)
     return jnp.argmax(model.apply(variables, x_test), axis=-1)
   return jax.jit(fit)
+
+
+@functools.partial(jax.jit, static_argnames=('apply_fn',))
+def _correct(apply_fn, params, x, y):
+  return jnp.sum(jnp.argmax(apply_fn(params, x), -1) == y)
+
+
+def count_correct(apply_fn, params, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> int:
+  """Correct predictions of `params` on (x, y), in fixed-size batches (the last one wrapped).
+
+  Every batch has `batch` rows (the wrapped rows get label -1, never counted), so one compiled
+  program serves every call.
+  """
+  n = len(y)
+  total = 0
+  for start in range(0, n, batch):
+    idx = np.arange(start, start + batch) % n
+    stop = min(start + batch, n)
+    keep = np.arange(batch) < stop - start
+    total += int(_correct(apply_fn, params, jnp.asarray(x[idx]),
+                          jnp.asarray(np.where(keep, y[idx], -1))))
+  return total
+
+
+def training_metrics(arrays: dict) -> dict[str, float]:
+  """Utility, gap, DP and regulariser diagnostics of one recorded PASTEL training.
+
+  `arrays` as `attacks.passive.pastel.record` returns them (+ `num_test`): test accuracy with
+  its Clopper-Pearson interval, the clients' mean local accuracy, member accuracy, the
+  generalization gap (member - test accuracy) and the stored diagnostics.
+  """
+  m = {}
+  n_test = int(arrays['num_test'])
+  m.update(stats.rate('accuracy', int(arrays['test_correct']), n_test))
+  m['local_accuracy_mean'] = float(np.mean(arrays['local_test_correct']) / n_test)
+  m['member_accuracy'] = float(arrays['member_correct']) / float(arrays['num_members'])
+  m['generalization_gap'] = m['member_accuracy'] - m['accuracy']
+  for name in ('dp_epsilon', 'dp_epsilon_per_round', 'noise_multiplier', 'clip_fraction',
+               'jsd_last_round', 'upload_norm_median'):
+    m[name] = float(arrays[name])
+  return m

@@ -15,17 +15,23 @@ The result is a dict of numpy arrays (the FedMIA paper's I_k^t measured on every
 `loss`, `cos`, `diff` [R, K, Q] float32, `grad_sq` [R, Q], `rounds` [R] (0-based index t of
 each recorded round), `test_correct` [R] and `num_test` (correct test predictions of
 w_{t+1}), `test_loss` [R]. A caller stores it (the pipeline writes one .npz per training
-atomically), so re-scoring never retrains.
+atomically), so re-scoring never retrains. `record_shards` is the FedMIA setting: clients
+hold shards of a train split, the queries are the whole train split then the test split, and
+the result adds `owner` [Q] (the client holding each query, -1 none), `client_sizes` [K] and
+`train_seconds`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy import data as data_lib
 from fl_privacy.fl import client
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
@@ -144,3 +150,51 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   result['test_loss'] = np.asarray(out['test_loss'] or [np.nan] * len(recorded), np.float64)
   result['num_test'] = np.asarray(num_test, np.int64)
   return result
+
+
+def query_set(train_x, train_y, test_x, test_y, shards: list[np.ndarray]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(x, y, owner) of every query: the train rows (owner = the client whose shard holds them,
+  -1 if none) then the test rows (owner -1)."""
+  owner = np.full(len(train_x) + len(test_x), -1, np.int32)
+  for k, idx in enumerate(shards):
+    owner[idx] = k
+  x = np.concatenate([train_x, test_x])
+  y = np.concatenate([train_y, test_y]).astype(np.int32)
+  return x, y, owner
+
+
+def record_shards(model, init_key, train, test, shards: list[np.ndarray], *,
+                  label: str = 'training', **kw) -> dict[str, np.ndarray]:
+  """`train_recorded` of `model` from `model.init(init_key, ...)`, client k holding
+  `train[shards[k]]`, measured on `query_set` of the train and test splits.
+
+  Args:
+    model: A Flax module (`model.apply` is the jitted rounds' static `apply_fn`).
+    init_key: Key of w_0.
+    train, test: `data.Dataset` splits; the test split holds queries (non-members of every
+      client) and gives the accuracy after each recorded round.
+    shards: Each client's indices into the train split (unequal sizes are padded).
+    label: Names the training in the progress log (every 10 s).
+    **kw: `train_recorded`'s keyword arguments (`key`, `num_rounds`, `record_every`, ...).
+
+  Returns:
+    `train_recorded`'s arrays plus `owner` [Q], `train_seconds` and `client_sizes` [K].
+  """
+  xf, test_x = data_lib.to_float(train.x), data_lib.to_float(test.x)
+  clients = rounds.pad_clients([xf[i] for i in shards], [train.y[i] for i in shards])
+  qx, qy, owner = query_set(xf, train.y, test_x, test.y, shards)
+  init = model.init(init_key, qx[:1])
+  t0 = time.perf_counter()
+
+  def progress(i, info):
+    del i
+    logging.log_every_n_seconds(logging.INFO, '%s: round %d, test accuracy %.3f', 10, label,
+                                info['round'] + 1, info['test_accuracy'])
+
+  rec = train_recorded(model.apply, init, clients, qx, qy, test_x=test_x, test_y=test.y,
+                       progress=progress, **kw)
+  rec['owner'] = owner
+  rec['train_seconds'] = np.asarray(time.perf_counter() - t0)
+  rec['client_sizes'] = np.asarray([len(i) for i in shards], np.int64)
+  return rec

@@ -231,6 +231,43 @@ def per_bit_epsilon(epsilon: float, num_features: int, bits_per_feature: int,
     return np.abs(np.log(q) - np.log1p(-q))
 
 
+def bit_one_probabilities(bits, epsilon: float, alpha: float | None = None,
+                          rng_bits: int | None = None) -> np.ndarray:
+  """P(output bit = 1 | input bit) for every bit of encodings `bits` [..., r, l] (Eq. (23)).
+
+  A 1 stays 1 with probability 1 - q_k, a 0 becomes 1 with probability q_k.
+
+  Args:
+    bits: {0, 1} [..., r, l] inputs (r features of l bits).
+    epsilon: eps of Eq. (23).
+    alpha: the temperature; None takes the paper's bound.
+    rng_bits: None for the exact q_k; 32 or 16 for the probabilities the integer-threshold
+      draw realises (`effective_probabilities`, what `randomize_bits` draws with).
+
+  Returns:
+    float64 [..., r, l].
+  """
+  bits = np.asarray(bits)
+  q = np.asarray(flip_probabilities(epsilon, bits.shape[-2], bits.shape[-1], alpha),
+                 np.float64)
+  if rng_bits is not None:
+    q = effective_probabilities(q, rng_bits)
+  return np.where(bits == 1, 1.0 - q, q)
+
+
+def pair_epsilon(bits0, bits1, epsilon: float, alpha: float | None = None,
+                 rng_bits: int | None = None) -> float:
+  """The LDP epsilon BitRand implies between two encoded inputs [r, l].
+
+  Bits are randomized independently, so it is the sum of `per_bit_epsilon` over the bits in
+  which the two inputs differ (tight for that pair).
+  """
+  bits0, bits1 = np.asarray(bits0), np.asarray(bits1)
+  r, l = bits0.shape[-2], bits0.shape[-1]
+  per_bit = np.broadcast_to(per_bit_epsilon(epsilon, r, l, alpha, rng_bits=rng_bits), (r, l))
+  return float(np.sum(np.where(bits0 != bits1, per_bit, 0.0)))
+
+
 def claimed_vs_implied(epsilon: float, num_features: int, bits_per_feature: int,
                        alpha: float | None = None,
                        rng_bits: int | None = None) -> dict[str, Any]:

@@ -102,6 +102,42 @@ def per_bit_epsilon(epsilon: float, num_features: int, bits_per_feature: int,
   return by_parity[odd_positions(num_features, bits_per_feature).astype(int)]
 
 
+def bit_one_probabilities(bits, epsilon: float, alpha: float = DEFAULT_ALPHA,
+                          rng_bits: int | None = None) -> np.ndarray:
+  """P(output bit = 1 | input bit) for every bit of encodings `bits` [..., r, l] (Eq. (22)).
+
+  Args:
+    bits: {0, 1} [..., r, l] inputs; each sample's r*l bits form the vector whose index
+      parity Eq. (22) uses.
+    epsilon: eps of Eq. (22).
+    alpha: OME's alpha.
+    rng_bits: None for the exact probabilities; 32 or 16 for those the integer-threshold draw
+      realises (what `randomize_bits` draws with).
+
+  Returns:
+    float64 [..., r, l].
+  """
+  bits = np.asarray(bits)
+  r, l = bits.shape[-2], bits.shape[-1]
+  p = np.asarray(output_probabilities(epsilon, r * l, alpha), np.float64)
+  if rng_bits is not None:
+    p = bitrand.effective_probabilities(p, rng_bits)
+  return p[odd_positions(r, l).astype(int), bits.astype(int)]
+
+
+def pair_epsilon(bits0, bits1, epsilon: float, alpha: float = DEFAULT_ALPHA,
+                 rng_bits: int | None = None) -> float:
+  """The LDP epsilon OME implies between two encoded inputs [r, l].
+
+  Bits are randomized independently, so it is the sum of `per_bit_epsilon` over the bits in
+  which the two inputs differ (tight for that pair).
+  """
+  bits0, bits1 = np.asarray(bits0), np.asarray(bits1)
+  per_bit = per_bit_epsilon(epsilon, bits0.shape[-2], bits0.shape[-1], alpha,
+                            rng_bits=rng_bits)
+  return float(np.sum(np.where(bits0 != bits1, per_bit, 0.0)))
+
+
 def claimed_vs_implied(epsilon: float, num_features: int, bits_per_feature: int,
                        alpha: float = DEFAULT_ALPHA,
                        rng_bits: int | None = None) -> dict[str, Any]:

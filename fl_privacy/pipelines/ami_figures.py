@@ -22,12 +22,33 @@ def _series(points, mechanism):
   return pts
 
 
-def _band(ax, xs, pts, name, label, color):
-  ys = [float(p['metrics'][name]) for p in pts]
-  lo = [float(p['metrics'][f'{name}_ci_low']) for p in pts]
-  hi = [float(p['metrics'][f'{name}_ci_high']) for p in pts]
-  ax.plot(xs, ys, marker='o', ms=3, label=label, color=color)
-  ax.fill_between(xs, lo, hi, alpha=0.25, color=color)
+# Classes of the datasets the configs name (the stored points do not carry it): chance for
+# an accuracy is 1 / classes. Unknown datasets draw no accuracy chance line.
+_CLASSES = {'digits': 10, 'mnist': 10, 'fashion_mnist': 10, 'cifar10': 10, 'svhn_cropped': 10,
+            'imagenette': 10, 'cifar100': 100}
+
+
+def _num_classes(config) -> int | None:
+  data = config.get('data') or {}
+  if data.get('num_classes'):
+    return int(data['num_classes'])
+  return _CLASSES.get(data.get('name') or config.get('dataset'))
+
+
+def _intervals(ax, xs, pts, name, label, color, shift):
+  """Each measured epsilon as a marker with its 95% interval as an error bar.
+
+  Each epsilon is a separate experiment: a band between two of them would suggest
+  measurements in between. `shift` (a fraction of the epsilon range) keeps the bars of the
+  series at one epsilon apart.
+  """
+  ys = np.array([float(p['metrics'][name]) for p in pts])
+  lo = np.array([float(p['metrics'][f'{name}_ci_low']) for p in pts])
+  hi = np.array([float(p['metrics'][f'{name}_ci_high']) for p in pts])
+  step = (max(xs) - min(xs)) or 1.0
+  x = np.asarray(xs, float) + shift * step
+  ax.errorbar(x, ys, yerr=[np.maximum(ys - lo, 0), np.maximum(hi - ys, 0)], marker='o', ms=3,
+              capsize=2, lw=0.8, label=label, color=color)
 
 
 def _no_ldp_column(ax, xs, m, colors, titles) -> None:
@@ -68,7 +89,9 @@ def make_figures(points, workdir, config) -> None:
   ldp = [m for m in ami.MECHANISMS if m != 'none' and _series(points, m)]
   none = _series(points, 'none')
   colors = {'adv': 'k', 'tpr': 'tab:red', 'tnr': 'tab:blue', 'accuracy': 'tab:green'}
-  titles = {'adv': 'Adv', 'tpr': 'TPR', 'tnr': 'TNR', 'accuracy': 'accuracy'}
+  classes = _num_classes(config)
+  titles = {'adv': 'Adv', 'tpr': 'TPR', 'tnr': 'TNR',
+            'accuracy': f'{classes}-class accuracy' if classes else 'accuracy'}
   if ldp or none:
     panels = ldp or ['none']
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.6, 3.6),
@@ -76,16 +99,24 @@ def make_figures(points, workdir, config) -> None:
     for ax, mech in zip(axes[0], panels):
       pts = _series(points, mech) if mech != 'none' else []
       xs = [p['params']['epsilon'] for p in pts]
-      for name in ('adv', 'tpr', 'tnr', 'accuracy'):
-        if pts:
-          _band(ax, xs, pts, name, f'{titles[name]} (95% CI band)', colors[name])
+      names = ['adv', 'tpr', 'tnr', 'accuracy']
       # Our calibrated variant beside the paper's rule (same trials), when the run has it.
-      if pts and all('adv_calibrated' in p['metrics'] for p in pts):
-        _band(ax, xs, pts, 'adv_calibrated', 'Adv, calibrated bias (ours; 95% CI band)',
-              'tab:purple')
+      calibrated = bool(pts) and all('adv_calibrated' in p['metrics'] for p in pts)
+      if calibrated:
+        names.append('adv_calibrated')
+      for i, name in enumerate(names if pts else []):
+        label = ('Adv, calibrated bias (ours; 95% CI)' if name == 'adv_calibrated'
+                 else f'{titles[name]} (95% CI)')
+        _intervals(ax, xs, pts, name, label, colors.get(name, 'tab:purple'),
+                   0.015 * (i - (len(names) - 1) / 2))
       if none:
         _no_ldp_column(ax, xs, none[0]['metrics'], colors, titles)
-      ax.axhline(0.5, color='grey', lw=0.5, label='chance (0.5)')
+      # Chance differs between the series: a guess is right half the time on TPR and TNR,
+      # but 1 / classes of the time on the test accuracy.
+      ax.axhline(0.5, color='grey', lw=0.6, ls='--', label='chance for TPR, TNR (0.5)')
+      if classes:
+        ax.axhline(1.0 / classes, color='tab:green', lw=0.6, ls='--',
+                   label=f'chance for {classes}-class accuracy ({1.0 / classes:g})')
       ax.set_ylim(0, 1.02)
       ax.set_xlabel(figures.EPSILON_AXIS if pts else 'no LDP: epsilon does not apply (-)')
       # Adv, TPR and TNR are fractions of trials, accuracy one of test examples.
@@ -167,7 +198,9 @@ def _histograms(points, workdir, plt) -> None:
               label='target M(t)')
       ax.axvline(0, color='green', ls=':', label='v = 0: the neuron fires above')
       ax.set_xlabel('v = w.M(.) + b of the chosen neuron (a.u.)', fontsize=8)
-      ax.set_ylabel('density (1 / a.u. of v)', fontsize=8)
+      # Each panel's v spans its own range, so its density has its own height: the label
+      # says the y scales differ rather than squash the narrow histograms.
+      ax.set_ylabel('density (1 / a.u. of v; y scale per panel)', fontsize=8)
     for j in range(len(picks[mech]), cols):
       axes[i][j].axis('off')
   fig.tight_layout()
@@ -219,7 +252,7 @@ def _dp_figure(points, workdir, plt, delta0: float) -> None:
   pts = [p for p in points if p['params'].get('part') == 'dp_averaging']
   if not pts:
     return
-  fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)  # one scale: comparable
   deltas = sorted({p['params']['dp_delta'] for p in pts}, reverse=True)
   neurons = sorted({p['params']['num_chosen'] for p in pts})
   for delta in deltas:
@@ -243,8 +276,19 @@ def _dp_figure(points, workdir, plt, delta0: float) -> None:
                      label=f'K = {k} (closed form)')
   axes[1].set_title(f'K chosen neurons, delta = {delta0:g}', fontsize=9)
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  lo, hi = axes[0].get_ylim()
+  # Within a decade or two a log axis labels one power of ten at most: label 1, 2, 5 per
+  # decade, or whole counts spread over the range when even those are fewer than two.
+  ticks = [m * 10.0 ** k for k in range(int(np.floor(np.log10(max(lo, 1e-9)))),
+                                        int(np.ceil(np.log10(max(hi, 1.0)))) + 1)
+           for m in (1, 2, 5)]
+  ticks = [t for t in ticks if lo <= t <= hi and t >= 1]
+  if len(ticks) < 2:
+    ticks = [t for t in ticker.MaxNLocator(nbins=4, integer=True).tick_values(lo, hi)
+             if lo <= t <= hi and t >= 1]
   for ax in axes:
     # Plain numbers on the log axis: rounds are counts, 6 reads better than 6 x 10^0.
+    ax.yaxis.set_major_locator(ticker.FixedLocator(ticks))
     ax.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())  # crowded labels between decades
     ax.set_xlabel('DP-SGD epsilon (nats)')

@@ -5,7 +5,8 @@ the script's docstring says how to run it and what it writes. The attack itself 
 detector, the client's FedAvg round, the Delta decision of Eq. (9)) is `fl_privacy.attacks.
 dishonest`; this module validates the config, runs every grid point through
 `eval.runner.run_trials`, attributes each false positive to a duplicate of the target (or to
-none), and writes `table2.md`, `false_decisions.json` and `deltas.json`. The figure is
+none; `fl_privacy.attacks.dishonest_attribution`), and writes `false_decisions.json`,
+`deltas.json` and `table2.md` (`fl_privacy.pipelines.dishonest_mia_tables`). The figure is
 `fl_privacy.pipelines.dishonest_mia_figures`.
 """
 
@@ -24,9 +25,10 @@ import numpy as np
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import models
+from fl_privacy import memory
 from fl_privacy import validate
 from fl_privacy.attacks import dishonest
-from fl_privacy.data import duplicates
+from fl_privacy.attacks import dishonest_attribution
 from fl_privacy.eval import auditing
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import runner
@@ -34,6 +36,7 @@ from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy import report
 from fl_privacy.pipelines import dishonest_mia_figures
+from fl_privacy.pipelines import dishonest_mia_tables
 from fl_privacy.report import atomic
 from fl_privacy.report import progress
 from fl_privacy.report import run_point
@@ -42,8 +45,9 @@ from fl_privacy.report import summary
 EXPERIMENT = 'dishonest_mia'
 GRIDS = ('one_at_a_time', 'product')
 SPLITS = ('train', 'test', 'validation')
-TABLE = 'table2.md'
-FALSE_DECISIONS = 'false_decisions.json'
+TABLE = dishonest_mia_tables.TABLE
+FALSE_DECISIONS = dishonest_mia_tables.FALSE_DECISIONS
+label = dishonest_mia_tables.label
 
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('Dishonest-server MI (FPR, FNR: 95% intervals; Delta: min inside / '
@@ -61,8 +65,6 @@ _CHUNK_BUDGET_BYTES = 256 << 20
 # which moves a Delta by ~1e-6 relative; Adam's Deltas tie by construction (e.g. many runs at
 # 185.0), and unrounded, that noise broke the ties differently (AUC 0.5075 vs 0.5087 at M = 1).
 DELTA_DIGITS = 4
-# False positives listed per point in table2.md (all of them are in false_decisions.json).
-_LISTED = 10
 
 
 def validate_static(config) -> None:
@@ -141,6 +143,9 @@ def prepare(config) -> dict:
     n = p['num_batches'] * s.batch_size
     field = ('dishonest.num_batches' if p['num_batches'] in tuple(s.num_batches)
              else 'dishonest.center.num_batches')
+    data_lib.require_examples(config.data, f'its {s.split!r} split', size, n + 1,
+                              f'{field} x dishonest.batch_size = {p["num_batches"]} x '
+                              f'{s.batch_size} and one example kept out')
     validate.require(n < size, field, f'J * batch_size < {size} (the {s.split} split keeps '
                      'one example out for the outside runs)', p['num_batches'])
   model = make_model(config, pool.num_classes)
@@ -178,12 +183,9 @@ def chunk_size(config, pool, num_examples: int) -> int | None:
   XLA's CPU backend); accelerators run them wide. An explicit chunk is capped by a memory
   budget. Chunking never changes results (each run depends only on its key).
   """
-  chunk = runner.options(config)['chunk_size']
-  if chunk is None:
-    return None
-  per_example = int(np.prod(pool.x.shape[1:])) + 6 * int(np.prod(pool.x.shape[1:3]))
-  per_run = 2 * 4 * num_examples * per_example
-  return max(1, min(chunk, _CHUNK_BUDGET_BYTES // per_run))
+  return memory.capped_chunk(runner.options(config)['chunk_size'],
+                             dishonest.run_bytes(pool.x.shape[1:], num_examples),
+                             _CHUNK_BUDGET_BYTES)
 
 
 def point_key(key, p: dict):
@@ -230,56 +232,18 @@ def simulate(config, state, p: dict, key) -> dict[str, np.ndarray]:
   with jax.default_matmul_precision('highest'):
     return runner.run_trials(dishonest.make_trial(game), point_key(key, p), int(s.runs),
                              chunk_size=chunk_size(config, pool, game.num_examples),
-                             batch_bytes=runner.options(config)['batch_bytes'], args=(x, y))
-
-
-def client_indices(key, p: dict, run: int, pool_size: int, batch_size: int) -> np.ndarray:
-  """The client's pool indices in run `run` of point `p` (as `dishonest.run` drew them)."""
-  run_key = jax.random.fold_in(point_key(key, p), run)
-  idx, _, _ = dishonest.draw_client(jax.random.fold_in(run_key, 1), jnp.int32(run), pool_size,
-                                    p['num_batches'] * batch_size)
-  return np.asarray(idx)
+                             batch_bytes=runner.options(config)['batch_bytes'], args=(x, y),
+                             unit='runs')
 
 
 def attribute(config, pool, key, p: dict, run: int, outcome: dict) -> dict:
-  """Explains one false positive: a duplicate of the target in the client's data, or none.
-
-  Exact duplicates are byte-identical images; near duplicates lie within
-  `dishonest.near_threshold` (L2 on [0, 1] pixels, `fl_privacy.data.duplicates`).
-  """
+  """`attacks.dishonest_attribution.attribute` of a false positive in run `run` of point `p`."""
   s = config.dishonest
-  target = int(outcome['target'])
-  idx = client_indices(key, p, run, len(pool), int(s.batch_size))
-  others = idx[idx != target]
-  x_t = pool.x[target:target + 1]
-  exact = duplicates.cross_matches(x_t, pool.x[others], 0.0)
-  exact = [int(others[j]) for j in exact[0][1]] if exact else []
-  near = []
-  if s.near_threshold > 0:
-    found = duplicates.cross_matches(x_t, pool.x[others], float(s.near_threshold))
-    near = [int(others[j]) for j in found[0][1] if int(others[j]) not in exact] if found else []
-  nearest = int(outcome['nearest'])
-  # An exact duplicate has the target's detected features, so it fires the detector whenever
-  # the target would; a near duplicate only explains the run if it is the example that fired.
-  if exact:
-    cause = f'exact duplicate of the target: example {exact[0]}'
-  elif nearest in near and int(outcome['num_activating']) > 0:
-    cause = f'near duplicate of the target: example {nearest}'
-  elif int(outcome['num_activating']) > 0:
-    held = (f' (the client also holds near duplicate(s) {near}, which did not fire)'
-            if near else '')
-    cause = (f'none: no duplicate fired; example {nearest} (label {int(pool.y[nearest])}) '
-             f'matches the target on its {p["M"]} detected features within eps{held}')
-  else:
-    cause = 'none: no client example activates the detector (unexplained)'
-  pixel = float(np.linalg.norm(data_lib.to_float(pool.x[nearest]) -
-                               data_lib.to_float(pool.x[target])))
-  return dict(run=run, target=target, target_label=int(pool.y[target]),
-              delta=float(significant(outcome['delta'])), nearest=nearest,
-              nearest_label=int(pool.y[nearest]),
-              nearest_detector_distance=float(outcome['nearest_distance']),
-              nearest_pixel_distance=pixel, num_activating=int(outcome['num_activating']),
-              exact_duplicates_in_client=exact, near_duplicates_in_client=near, cause=cause)
+  idx = dishonest.client_indices(point_key(key, p), run, len(pool),
+                                 p['num_batches'] * int(s.batch_size))
+  return dishonest_attribution.attribute(
+      pool, idx, outcome, run=run, delta=float(significant(outcome['delta'])),
+      num_components=p['M'], near_threshold=s.near_threshold)
 
 
 def significant(x, digits: int = DELTA_DIGITS) -> np.ndarray:
@@ -321,10 +285,6 @@ def point_metrics(out: dict[str, np.ndarray]) -> dict[str, float]:
   return m
 
 
-def label(p: dict) -> str:
-  return f'{p["optimizer"]}_M{p["M"]}_J{p["num_batches"]}_E{p["epochs"]}'
-
-
 def _load_json(path: str, default):
   try:
     with open(path, encoding='utf-8') as f:
@@ -364,82 +324,7 @@ def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dic
                  m['fpr'], m['fnr'], m['auc'], m['out_delta_nonzero'])
     return m, int(config.dishonest.runs)
 
-  run_point(store, point_params(config, state, p), compute)
-
-
-def _pct(metrics: dict, name: str) -> str:
-  return f'{100 * metrics[name]:.2f}'
-
-
-def table_markdown(config, points: list[dict], decisions: dict) -> str:
-  """Table 2 of the paper (M at the centre) and the J and E sweeps, as Markdown."""
-  s = config.dishonest
-  by = {label(pt['params']): pt for pt in points}
-  lines = [f'# Dishonest-server MI on {config.dataset} ({s.runs} runs per row, half inside)',
-           '', f'B = {s.batch_size}, eps = {s.epsilon}, xi = {s.threshold}, '
-           f'lr = {s.learning_rate}. Rates in %, [95% Clopper-Pearson interval]; '
-           'Delta: min over inside runs, max over outside runs.',
-           f'Defense: {config.defense.name} (configs/_defense.py).', '']
-
-  def table(title, rows):
-    out = [f'## {title}', '',
-           '| Opt. | M | J | E | FPR | FNR | Acc. | AUC | min Delta in | max Delta out '
-           '| FP: exact dup. / near dup. / none |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
-    for p in rows:
-      pt = by.get(label(p))
-      if pt is None:
-        continue
-      m = {k: summary.as_number(v) for k, v in pt['metrics'].items()}
-      cell = lambda n: (f'{_pct(m, n)} [{_pct(m, n + "_ci_low")}, '
-                        f'{_pct(m, n + "_ci_high")}]')
-      out.append(f'| {p["optimizer"]} | {p["M"]} | {p["num_batches"]} | {p["epochs"]} | '
-                 f'{cell("fpr")} | {cell("fnr")} | {cell("acc")} | {m["auc"]:.2f} | '
-                 f'{m["delta_in_min"]:.3g} | {m["delta_out_max"]:.3g} | '
-                 f'{int(m["fp_exact_duplicate"])} / {int(m["fp_near_duplicate"])} / '
-                 f'{int(m["fp_no_duplicate"])} |')
-    return out + ['']
-
-  params = [pt['params'] for pt in points]
-  if s.grid == 'one_at_a_time':
-    c = s.center
-    opts = list(s.optimizers)
-
-    def rows(f):
-      keep = [p for p in params if all(p[k] == c[k] for k in ('M', 'num_batches', 'epochs')
-                                       if k != f)]
-      return sorted(keep, key=lambda p: (opts.index(p['optimizer']) if p['optimizer'] in opts
-                                         else len(opts), p[f]))
-
-    lines += table(f'Table 2: varying M (J = {c.num_batches}, E = {c.epochs})', rows('M'))
-    lines += table(f'Varying J (M = {c.M}, E = {c.epochs})', rows('num_batches'))
-    lines += table(f'Varying E (M = {c.M}, J = {c.num_batches})', rows('epochs'))
-  else:
-    lines += table('All points', params)
-  lines += ['## False positives and their causes', '']
-  any_fp = False
-  for name, d in decisions.items():
-    fps = d['false_positives']
-    if not fps:
-      continue
-    any_fp = True
-    dup = sum(bool(f['exact_duplicates_in_client'] or f['near_duplicates_in_client'])
-              for f in fps)
-    lines.append(f'### {name}: {len(fps)} false positives, {dup} caused by a duplicate of the '
-                 f'target in the client data, {len(fps) - dup} by none')
-    for f in fps[:_LISTED]:
-      lines.append(f'- run {f["run"]}: target {f["target"]} (label {f["target_label"]}), '
-                   f'Delta = {f["delta"]:.3g}; {f["cause"]}')
-    if len(fps) > _LISTED:
-      lines.append(f'- ... {len(fps) - _LISTED} more in {FALSE_DECISIONS}')
-    lines.append('')
-  if not any_fp:
-    lines.append('None.')
-  fns = [(name, f) for name, d in decisions.items() for f in d['false_negatives']]
-  lines += ['', '## False negatives', '']
-  lines += [f'- {name}, run {f["run"]}: target {f["target"]}, Delta = {f["delta"]:.3g} < xi'
-            for name, f in fns] or ['None.']
-  return '\n'.join(lines) + '\n'
+  run_point(store, point_params(config, state, p), compute, unit='runs')
 
 
 def sweep(config, state, store, key) -> None:
@@ -457,6 +342,6 @@ def sweep(config, state, store, key) -> None:
   for p in state['points']:
     sweep_point(config, state, store, key, p, decisions, deltas)
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),
-                           table_markdown(config, store.points, decisions))
+                           dishonest_mia_tables.table_markdown(config, store.points, decisions))
   if deltas:
     dishonest_mia_figures.save_delta_figure(config, deltas, store.workdir)

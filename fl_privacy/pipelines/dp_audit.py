@@ -28,7 +28,8 @@ compositions the sum of the canary coordinate; for Poisson-subsampled steps
 sum_t log(1 - q + q exp((x_t D - D^2 / 2) / s^2)) with D = C and s = z C; for LDP-SGD the
 report's sign along the canary. `fl_privacy.eval.auditing.audit_scores` turns the in/out
 scores into lower bounds of epsilon; a bound above the claim is a privacy violation (logged
-as an error, `privacy_violation = 1`).
+as an error, `privacy_violation = 1`). The games, their scores and the choice of the bounds
+that count are `fl_privacy.attacks.audit.dp_canary`; this module calibrates, runs and stores.
 
 Fields: configs/_dp_audit.py. Results: docs/experiments/dp_audit.md.
 """
@@ -47,23 +48,18 @@ from fl_privacy import accounting
 from fl_privacy import defenses
 from fl_privacy import report
 from fl_privacy import validate
-from fl_privacy.defenses import dp
+from fl_privacy.attacks.audit import dp_canary
 from fl_privacy.eval import auditing
 from fl_privacy.eval import runner
-from fl_privacy.mechanisms import ldp_sgd
-from fl_privacy.mechanisms import registry
 from fl_privacy.pipelines import dp_audit_figures
 from fl_privacy.report import progress
 from fl_privacy.report import summary
 
 
 NAME = 'dp_audit'
-MECHANISMS = ('dp_sgd_poisson', 'dp_sgd_shuffle', 'update_dp', 'central_dp', 'weak_dp',
-              'gaussian', 'ldp_sgd')
+MECHANISMS = dp_canary.MECHANISMS
 # The lower bounds `audit_scores` returns, in the order the table shows them.
-BOUNDS = ('epsilon_cp', 'epsilon_gdp', 'epsilon_one_run', 'epsilon_one_run_fdp')
-# Mechanisms whose trade-off curve is not Gaussian (see `counted_bounds`).
-NON_GAUSSIAN = ('dp_sgd_poisson', 'ldp_sgd')
+BOUNDS = dp_canary.BOUNDS
 MAX_EPSILON = 50.0
 # The empirical profile's epsilon grid, as multiples of the claim.
 PROFILE_GRID = tuple(np.round(np.linspace(0.0, 1.5, 16), 3))
@@ -199,160 +195,18 @@ def declaration_from_metrics(mechanism: str, claimed_epsilon: float,
 # ------------------------------------------------------------------------------ games ---
 
 
-def known_contributions(count: int, dim: int, clip_norm: float) -> np.ndarray:
-  """The other rows the adversary knows: fixed vectors on coordinates 1..d-1.
-
-  Norms spread from C/2 to 2C, so the mechanism's clip acts on some of them as well; they
-  are orthogonal to the canary, so the canary coordinate carries only the canary and noise.
-  """
-  if count == 0:
-    return np.zeros((0, dim), np.float32)
-  rng = np.random.default_rng(12345)
-  g = rng.normal(size=(count, dim))
-  g[:, 0] = 0.0
-  g /= np.linalg.norm(g, axis=1, keepdims=True)
-  g *= clip_norm * np.linspace(0.5, 2.0, count)[:, None]
-  return g.astype(np.float32)
-
-
-def canary_vector(dim: int, norm: float, sign: float = 1.0) -> jax.Array:
-  """sign x norm x e_1 (the Dirac canary)."""
-  return jnp.zeros((dim,), jnp.float32).at[0].set(sign * norm)
-
-
-def poisson_llr(x: jax.Array, q: float, shift: float, sigma: jax.Array) -> jax.Array:
-  """sum_t log(1 - q + q exp((x_t D - D^2 / 2) / s^2)): the log-likelihood ratio of T
-  Poisson-subsampled Gaussian steps (canary in with probability q, shift D, noise s) vs
-  no canary; the optimal statistic of the add/remove game."""
-  a = (x * shift - 0.5 * shift**2) / sigma**2
-  return jnp.sum(jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + a), axis=-1)
-
-
-def _fair_coin(world: Callable[..., jax.Array]):
-  """A trial function: one game whose world (in or out) is a fair coin of the trial's key.
-
-  Independent fair coins are what the one-run bounds of `auditing.audit_scores` assume
-  (fixed numbers of in and out games would break them); n_in + n_out = trials.
-  """
-  def trial(key, index, *args):
-    del index
-    k_coin, k_game = jax.random.split(key)
-    present = jax.random.bernoulli(k_coin)
-    return {'present': present, 'score': world(k_game, present, *args)}
-  return trial
-
-
 def trial_fn(config, mechanism: str, extra: dict) -> Callable[..., Any]:
-  """The mechanism's `trial_fn(key, index, strength) -> {'present': bool, 'score': float}`.
+  """`attacks.audit.dp_canary.trial_fn` with the config's game settings.
 
-  `strength` is the traced noise multiplier actually run (calibrated z x noise_scale_factor)
-  or, for ldp_sgd, the epsilon per report actually run; one compilation per mechanism.
+  `extra` holds what the point calibrated for the game (`sigma` for 'gaussian').
   """
   s = config.dp_audit
-  d, c = int(s.dimension), float(s.clip_norm)
-  canary = float(s.canary_norm) * c
-  if mechanism in ('dp_sgd_poisson', 'dp_sgd_shuffle'):
-    b = int(s.batch_size)
-    others = jnp.asarray(known_contributions(b - 1, d, c))
-    poisson = mechanism == 'dp_sgd_poisson'
-    steps = s.epochs * (s.num_examples // s.batch_size) if poisson else int(s.epochs)
-    q = float(s.batch_size) / float(s.num_examples)
-
-    def world(key, present, z):
-      def step(t):
-        k_sample, k_noise = jax.random.split(jax.random.fold_in(key, t))
-        if poisson:   # add/remove: the canary joins each step with probability q
-          row = canary_vector(d, canary)
-          used = jnp.logical_and(present, jax.random.bernoulli(k_sample, q))
-        else:         # replace-one: the canary's step holds +canary or -canary
-          row = canary_vector(d, canary, 1.0) * jnp.where(present, 1.0, -1.0)
-          used = jnp.asarray(True)
-        batch = jnp.concatenate([row[None], others])
-        mask = jnp.concatenate([used[None].astype(jnp.float32), jnp.ones((b - 1,))])
-        # Poisson batches divide by the expected batch size, as the dp_sgd defense does;
-        # times b, the step's noisy sum.
-        g = dp.private_gradient(k_noise, batch, mask, c, z, denominator=float(b))
-        return g[0] * b
-      x = jax.vmap(step)(jnp.arange(steps))
-      if poisson:
-        return poisson_llr(x, q, c, z * c)
-      return jnp.sum(x)
-    return _fair_coin(world)
-
-  if mechanism == 'update_dp':
-    rounds = int(s.rounds)
-
-    def world(key, present, z):
-      delta = canary_vector(d, canary) * jnp.where(present, 1.0, -1.0)
-      ups = jax.vmap(lambda t: dp.clip_and_noise_update(jax.random.fold_in(key, t), delta,
-                                                        c, z))(jnp.arange(rounds))
-      return jnp.sum(ups[:, 0])
-    return _fair_coin(world)
-
-  if mechanism in ('central_dp', 'weak_dp'):
-    k = int(s.num_clients)
-    rounds = int(s.rounds) if mechanism == 'central_dp' else 1
-    others = jnp.asarray(known_contributions(k - 1, d, c))
-    weights = jnp.asarray(np.linspace(1.0, 2.0, k), jnp.float32)  # sizes; DP-FedAvg ignores
-
-    def world(key, present, z):
-      row = canary_vector(d, canary) * jnp.where(present, 1.0, -1.0)
-      uploads = jnp.concatenate([row[None], others])
-      agg = jax.vmap(lambda t: dp.dp_fedavg(jax.random.fold_in(key, t), uploads, weights,
-                                            c, z))(jnp.arange(rounds))
-      return jnp.sum(agg[:, 0]) * k   # K x the mean: the noisy sum of clipped uploads
-    return _fair_coin(world)
-
-  if mechanism == 'gaussian':
-    randomize = registry.randomizer('gaussian', sigma=float(extra['sigma']))
-
-    def world(key, present, z):
-      del z  # sigma is the randomizer's own (built from the calibrated z)
-      x = canary_vector(d, c) * jnp.where(present, 1.0, 0.0)
-      return randomize(key, x)[0]
-    return _fair_coin(world)
-
-  if mechanism == 'ldp_sgd':
-    reports = int(s.ldp_reports)
-
-    def world(key, present, eps):
-      g = canary_vector(d, canary) * jnp.where(present, 1.0, -1.0)
-      r = jax.vmap(lambda t: ldp_sgd.randomize(jax.random.fold_in(key, t), g, eps, c))(
-          jnp.arange(reports))
-      return jnp.sum(jnp.sign(r[:, 0]))
-    return _fair_coin(world)
-  raise ValueError(f'unknown mechanism {mechanism!r}')
-
-
-# ----------------------------------------------------------------------------- bounds ---
-
-
-def counted_bounds(mechanism: str) -> tuple[str, ...]:
-  """The bounds of `BOUNDS` that are lower bounds of this mechanism's epsilon.
-
-  `epsilon_gdp` and `epsilon_one_run_fdp` test Gaussian trade-off curves
-  (`fl_privacy.eval.auditing`): lower bounds for the Gaussian compositions only. The
-  Poisson-subsampled Gaussian and LDP-SGD's randomized response have other curves, on which
-  they may exceed the true epsilon, so they are reported there but not counted.
-  """
-  if mechanism in NON_GAUSSIAN:
-    return ('epsilon_cp', 'epsilon_one_run')
-  return BOUNDS
-
-
-def audit_bounds(in_scores, out_scores, *, delta: float, confidence: float) -> dict:
-  """`auditing.audit_scores` (lower bounds of epsilon) as flat metrics."""
-  found = auditing.audit_scores(in_scores, out_scores, delta=delta, confidence=confidence)
-  return {k: (int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else
-              float(v) if isinstance(v, (float, np.floating)) else v)
-          for k, v in found.items()}
-
-
-def best_bound(metrics: dict, mechanism: str) -> float:
-  """The largest finite counted lower bound of epsilon (0 when none is)."""
-  vals = [float(metrics[k]) for k in counted_bounds(mechanism) if k in metrics]
-  vals = [v for v in vals if math.isfinite(v)]
-  return max(vals + [0.0])
+  return dp_canary.trial_fn(
+      mechanism, dimension=int(s.dimension), clip_norm=float(s.clip_norm),
+      canary_norm=float(s.canary_norm), batch_size=int(s.batch_size),
+      num_examples=int(s.num_examples), epochs=int(s.epochs), rounds=int(s.rounds),
+      num_clients=int(s.num_clients), ldp_reports=int(s.ldp_reports),
+      sigma=extra.get('sigma'))
 
 
 # ------------------------------------------------------------------------------ point ---
@@ -398,21 +252,9 @@ def audit_point(config, params: dict, key: jax.Array, fns: dict
   ins, outs = scores[present], scores[~present]
   validate.require(len(ins) > 0 and len(outs) > 0, 'dp_audit.num_trials',
                    'large enough for games in both worlds', int(s.num_trials))
-  bounds = audit_bounds(ins, outs, delta=float(s.delta), confidence=float(s.confidence))
-  metrics.update(bounds)
-  best = best_bound(bounds, mech)
-  if 'dp_epsilon_pld' in metrics:
-    # Against the mechanism's (near) exact epsilon: the audit's own slack, without the RDP
-    # accountant's.
-    metrics['tightness_pld'] = best / float(metrics['dp_epsilon_pld'])
-  metrics.update(best_bound=best, tightness=best / eps,
-                 privacy_violation=float(best > eps),
-                 counted_bounds=','.join(counted_bounds(mech)),
-                 # The table's GDP column: only where it is a bound (Gaussian curves).
-                 epsilon_gdp_if_gaussian=(bounds['epsilon_gdp'] if mech not in NON_GAUSSIAN
-                                          else float('nan')),
-                 confidence=float(s.confidence),
-                 score_in_mean=float(np.mean(ins)), score_out_mean=float(np.mean(outs)))
+  metrics.update(dp_canary.claim_metrics(ins, outs, mech, eps, delta=float(s.delta),
+                                         confidence=float(s.confidence),
+                                         pld_epsilon=metrics.get('dp_epsilon_pld')))
   if mech == s.profile_mechanism and math.isclose(eps, float(s.profile_epsilon)):
     grid = [float(g) * eps for g in PROFILE_GRID]
     metrics['profile_epsilons'] = grid

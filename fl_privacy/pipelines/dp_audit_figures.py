@@ -49,6 +49,8 @@ def claims_figure(stored: list[dict], workdir: str) -> str | None:
                    key=lambda p: float(p['params']['claimed_epsilon']))
       x = [float(p['params']['claimed_epsilon']) for p in pts]
       y = [_finite(p['metrics'].get(key, 'nan')) for p in pts]
+      if all(math.isnan(v) for v in y):
+        continue  # no such bound for this mechanism: a legend entry would show nothing here
       ax.plot(x, y, marker=markers[i % len(markers)], color=colors[i % len(colors)], lw=1,
               label=mech)
     ax.set_xlim(0, top)

@@ -18,6 +18,7 @@ from fl_privacy import defenses
 from fl_privacy import validate
 from fl_privacy.data import duplicates
 from fl_privacy.report import atomic
+from fl_privacy.report import progress
 from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
@@ -119,6 +120,8 @@ def sweep(config, state, store, key) -> None:
     listing = {}
   threshold = float(config.dishonest.near_threshold)
   kinds = ('exact', 'near') if threshold > 0 else ('exact',)
+  # Every (scope, kind) is a point, so the progress line shows "point k/N" and an ETA.
+  progress.plan(len(scopes(state['names'])) * len(kinds))
   for split, ref in scopes(state['names']):
     name = scope_name(split, ref)
     for kind in kinds:
@@ -136,5 +139,5 @@ def sweep(config, state, store, key) -> None:
       if saved:  # the point is stored but its listing was lost: rebuild the listing only
         compute()
       else:
-        run_point(store, params, compute)
+        run_point(store, params, compute, unit='examples')
   atomic.atomic_write_text(os.path.join(store.workdir, TEXT), text_listing(config, listing))

@@ -3,12 +3,11 @@
 `python -m experiments.fedmia` hands `prepare` and `sweep` to `experiments.common.main`; the
 script's docstring says how to run it and what it writes. One *training* is a FedAvg run of
 `fedmia.num_rounds` rounds under one setting (model, Dirichlet beta, K, E, defense and
-strength); `fl.recording.train_recorded` measures every query (train split + test split)
-against every client's upload at the recorded rounds and the arrays go to the artifact store
+strength); `fl.recording.record_shards` measures every query (train + test split) against
+every client's upload at the recorded rounds and the arrays go to the artifact store
 (`<workdir>/recorded/*.npz`, atomic), so re-scoring or resuming never retrains. The attacks
-(`fl_privacy.attacks.passive`) then score the recording; each (attack, scoring) is one results
-point with params `attack, defense, defense_param, beta, num_clients, local_epochs, model,
-nonmember_scoring`.
+(`fl_privacy.attacks.passive`) score the recording; each (attack, scoring) is one point, params
+`attack, defense, defense_param, beta, num_clients, local_epochs, model, nonmember_scoring`.
 
 Trainings: the main setting (IID, K = num_clients, E = local_epochs, no defense) scored with
 every attack and both scorings; the non-IID (betas), clients (client_counts), local-epochs
@@ -26,8 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from typing import Any
 
 from absl import logging
 import jax
@@ -37,14 +34,13 @@ import numpy as np
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import models as models_lib
+from fl_privacy import memory
 from fl_privacy import validate
 from fl_privacy.attacks import passive
 from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
-from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
-from fl_privacy.fl import rounds as rounds_lib
 from fl_privacy.pipelines import fedmia_figures
 from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
@@ -58,7 +54,7 @@ NAME = 'fedmia'
 # The defenses FedMIA's Sect. 4.4 / Appendix A.2 sweeps (and quantisation, which its code has).
 DEFENSES = ('update_noise', 'update_dp', 'sparsify', 'quantize', 'mixup', 'augment',
             'sampling', 'augment_sampling')
-LR_SCHEDULES = ('cosine', 'exponential', 'constant')
+LR_SCHEDULES = optimizers_lib.LR_SCHEDULES
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
     summary.param('model'), summary.param('attack'), summary.param('nonmember_scoring',
@@ -70,8 +66,6 @@ SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
     summary.seconds()))
 RECORDED = 'recorded'
 ROUNDS_JSON = 'rounds.json'
-ROUND_CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
-                       'fedmia_ii')
 
 
 def _attack_names(config, field: str) -> tuple[str, ...]:
@@ -147,8 +141,7 @@ def trainings(config) -> list[dict]:
     base = dict(model=None, beta=math.inf, num_clients=int(s.num_clients),
                 local_epochs=int(s.local_epochs), defense='none', defense_param=None)
     base.update(kw)
-    key = {k: v for k, v in base.items()}
-    if all(key != {k: o[k] for k in key} for o in out):
+    if all(base != training_params(o) for o in out):
       out.append(dict(base, sweep=sweep))
 
   for model in s.models:
@@ -178,22 +171,10 @@ def make_model(config, name: str, num_classes: int):
 def make_optimizer(config):
   """`t -> optax`: the paper's SGD (momentum 0.9, weight decay 5e-4) with the lr schedule."""
   s = config.fedmia
-  lr0, total, schedule = float(s.learning_rate), int(s.num_rounds), s.lr_schedule
-  kw = {'momentum': float(s.momentum)} if s.optimizer in ('sgd', 'momentum') else {}
-  if s.optimizer == 'sgd' and not s.momentum:
-    kw = {}
-
-  def lr(t):
-    if schedule == 'cosine':  # PyTorch's CosineAnnealingLR over the rounds (eta_min 0).
-      return lr0 * 0.5 * (1.0 + jnp.cos(jnp.pi * t / total))
-    if schedule == 'exponential':
-      return lr0 * float(s.lr_decay) ** t
-    return lr0
-
-  def optimizer(t):
-    return optimizers_lib.make(s.optimizer, lr(t), weight_decay=float(s.weight_decay),
-                               field='fedmia.optimizer', **kw)
-  return optimizer
+  return optimizers_lib.per_round(
+      s.optimizer, float(s.learning_rate), num_rounds=int(s.num_rounds),
+      schedule=s.lr_schedule, decay=float(s.lr_decay), momentum=float(s.momentum),
+      weight_decay=float(s.weight_decay), field='fedmia.optimizer')
 
 
 def prepare(config) -> dict:
@@ -207,9 +188,16 @@ def prepare(config) -> dict:
   counts = (int(s.num_clients),) + tuple(int(k) for k in s.client_counts)
   for k in counts:
     need = k * (int(s.per_client) if s.per_client is not None else 1)
+    data_lib.require_examples(config.data, "its 'train' split", len(train), need,
+                              f'fedmia.num_clients = {k} clients x per_client = '
+                              f'{s.per_client or 1}')
     validate.require(need <= len(train), 'fedmia.per_client' if s.per_client else
                      'fedmia.num_clients', f'K x per_client <= {len(train)} training examples',
                      s.per_client if s.per_client else k)
+  for name in s.models:
+    memory.require_batch_fits('fedmia.batch_size', int(s.batch_size),
+                              make_model(config, name, train.num_classes), train.x.shape[1:],
+                              max(counts))
   names = set(config.fedmia.defenses.keys())
   if names & {'augment', 'augment_sampling'} and not train.is_image:
     raise validate.ConfigError('fedmia.defenses', 'no augment/augment_sampling on feature '
@@ -228,56 +216,26 @@ def prepare(config) -> dict:
 
 def partition(config, state, key, beta: float, num_clients: int) -> list[np.ndarray]:
   """Client shards (indices into the train split): IID for beta = inf, else Dirichlet."""
-  s = config.fedmia
-  train = state['train']
-  k = point_key(key, {'partition': 1, 'beta': beta, 'num_clients': num_clients})
-  per_client = None if s.per_client is None else int(s.per_client)
-  if math.isinf(beta):
-    return data_lib.iid_partition(k, len(train), num_clients, per_client)
-  return data_lib.dirichlet_partition(k, train.y, num_clients, beta, per_client)
-
-
-def queries(state, shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(x, y, owner) of every query: the train split (owner = its client, -1 if unassigned) then
-  the test split (owner -1)."""
-  train, test = state['train'], state['test']
-  owner = np.full(len(train) + len(test), -1, np.int32)
-  for k, idx in enumerate(shards):
-    owner[idx] = k
-  x = np.concatenate([data_lib.to_float(train.x), data_lib.to_float(test.x)])
-  y = np.concatenate([train.y, test.y]).astype(np.int32)
-  return x, y, owner
+  per_client = config.fedmia.per_client
+  return data_lib.beta_partition(
+      point_key(key, {'partition': 1, 'beta': beta, 'num_clients': num_clients}),
+      state['train'].y, num_clients, beta, None if per_client is None else int(per_client))
 
 
 def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
-  """Trains one setting and returns its recording (plus `owner` and timing)."""
+  """Trains one setting and returns its recording (`fl.recording.record_shards`)."""
   s = config.fedmia
-  train, test = state['train'], state['test']
   beta, num_clients, epochs = tr['beta'], tr['num_clients'], tr['local_epochs']
-  shards = partition(config, state, key, beta, num_clients)
-  xf = data_lib.to_float(train.x)
-  clients = rounds_lib.pad_clients([xf[i] for i in shards], [train.y[i] for i in shards])
-  qx, qy, owner = queries(state, shards)
-  model = state['models'][tr['model']]
-  init = model.init(point_key(key, {'init': 1, 'model': tr['model']}), qx[:1])
-  run_key = point_key(key, {'train': 1, 'beta': beta, 'num_clients': num_clients,
-                            'local_epochs': epochs})
-  hooks = None if tr['defense'] == 'none' else defense_for(config, state, tr).hooks
-  t0 = time.perf_counter()
-
-  def progress(i, info):
-    logging.log_every_n_seconds(logging.INFO, '%s: round %d, test accuracy %.3f', 10,
-                                describe(tr), info['round'] + 1, info['test_accuracy'])
-
-  rec = recording_lib.train_recorded(
-      model.apply, init, clients, qx, qy, key=run_key, num_rounds=int(s.num_rounds),
-      record_every=int(s.record_every), optimizer=state['optimizer'], epochs=int(epochs),
-      batch_size=int(s.batch_size), hooks=hooks, test_x=data_lib.to_float(test.x),
-      test_y=test.y, chunk_size=int(s.chunk_size), progress=progress)
-  rec['owner'] = owner
-  rec['train_seconds'] = np.asarray(time.perf_counter() - t0)
-  rec['client_sizes'] = np.asarray([len(i) for i in shards], np.int64)
-  return rec
+  return recording_lib.record_shards(
+      state['models'][tr['model']], point_key(key, {'init': 1, 'model': tr['model']}),
+      state['train'], state['test'], partition(config, state, key, beta, num_clients),
+      label=describe(tr), key=point_key(key, {'train': 1, 'beta': beta,
+                                              'num_clients': num_clients,
+                                              'local_epochs': epochs}),
+      num_rounds=int(s.num_rounds), record_every=int(s.record_every),
+      optimizer=state['optimizer'], epochs=int(epochs), batch_size=int(s.batch_size),
+      hooks=None if tr['defense'] == 'none' else defense_for(config, state, tr).hooks,
+      chunk_size=int(s.chunk_size))
 
 
 def _validate_defenses(config) -> None:
@@ -300,26 +258,20 @@ def defense_for(config, state, tr: dict) -> defenses.Configured:
   cache = state.setdefault('defenses', {})
   key = (tr['defense'], tr['defense_param'], tr['local_epochs'], tr['num_clients'])
   if key not in cache:
-    train = state['train']
-    cache[key] = _build_defense(config, tr, train.num_classes,
-                                train.x.shape[1:] if train.is_image else None)
+    s, train = config.fedmia, state['train']
+    name, value = tr['defense'], tr['defense_param']
+    setting = defenses.Setting(
+        num_classes=int(train.num_classes),
+        image_shape=train.x.shape[1:] if train.is_image else None,
+        batch_size=int(s.batch_size), epochs=int(tr['local_epochs']),
+        rounds=int(s.num_rounds), num_clients=int(tr['num_clients']))
+    fixed = {'update_dp': {'clip_norm': float(s.dp_clip)},
+             'mixup': {'public_code': bool(s.mixup_public_code)},
+             'augment_sampling': {'level': int(s.augment_sampling_level)}}.get(name, {})
+    cache[key] = defenses.configured.sweep_point(
+        name, int(value) if name in ('quantize', 'augment') else value, setting,
+        experiment=NAME, prefix='fedmia.defenses', fixed=fixed, delta=float(s.dp_delta))
   return cache[key]
-
-
-def _build_defense(config, tr: dict, num_classes: int, image_shape) -> defenses.Configured:
-  s = config.fedmia
-  name, value = tr['defense'], tr['defense_param']
-  setting = defenses.Setting(num_classes=int(num_classes), image_shape=image_shape,
-                             batch_size=int(s.batch_size), epochs=int(tr['local_epochs']),
-                             rounds=int(s.num_rounds), num_clients=int(tr['num_clients']))
-  fixed = {'update_dp': {'clip_norm': float(s.dp_clip)},
-           'mixup': {'public_code': bool(s.mixup_public_code)},
-           'augment_sampling': {'level': int(s.augment_sampling_level)}}.get(name, {})
-  if name in ('quantize', 'augment'):
-    value = int(value)
-  return defenses.configured.sweep_point(
-      name, value, setting, experiment=NAME, prefix='fedmia.defenses', fixed=fixed,
-      delta=float(s.dp_delta))
 
 
 def describe(tr: dict) -> str:
@@ -345,24 +297,10 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
                   dp_metrics: dict | None = None) -> dict:
   """The results metrics of one (training, attack, scoring)."""
   s = config.fedmia
-  params = point_params(tr, attack, scoring)
-  rng = data_lib.rng_from_key(point_key(key, params))
-  recorded = list(np.asarray(rec['rounds']) + 1)
-  m = evaluate_lib.evaluate(rec, rec['owner'], attack, scoring=scoring,
-                            single_index=recorded.index(int(s.single_round)),
-                            default_filter=s.outlier_filter, rng=rng,
-                            audit_delta=(float(s.dp_delta) if 'dp_unit' in (dp_metrics or {})
-                                         else None))
-  n_test = int(rec['num_test'])
-  correct = int(rec['test_correct'][-1])
-  acc = stats.rate('test_accuracy', correct, n_test)
-  m.update(acc)
-  m['n_test'] = n_test
-  m['test_error'] = 1.0 - acc['test_accuracy']
-  m.update(dp_metrics or {})
-  m.setdefault('dp_epsilon', math.inf)
-  m['train_seconds'] = float(rec['train_seconds'])
-  return m
+  return evaluate_lib.recording_metrics(
+      rec, attack, scoring=scoring, single_round=int(s.single_round),
+      default_filter=s.outlier_filter, dp_metrics=dp_metrics, dp_delta=float(s.dp_delta),
+      rng=data_lib.rng_from_key(point_key(key, point_params(tr, attack, scoring))))
 
 
 def sweep(config, state, store, key) -> None:
@@ -403,7 +341,8 @@ def sweep(config, state, store, key) -> None:
         return (point_metrics(config, key, rec, tr, a, sc,
                               defense_for(config, state, tr).metrics),
                 int(len(rec['owner']) * rec['loss'].shape[1]))
-      run_point(store, point_params(tr, attack, scoring), compute)
+      # n counts the loss scores the attack ranked (examples x recorded rounds).
+      run_point(store, point_params(tr, attack, scoring), compute, unit='scores')
   curves = fedmia_figures.round_curves(config, key, main_records)
   atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
                            fedmia_tables.dumps(curves))

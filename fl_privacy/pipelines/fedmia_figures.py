@@ -125,7 +125,9 @@ def noniid_figure(config, points):
   plt = _plt()
   s = config.fedmia
   idx = fedmia_tables._index(points)  # pylint: disable=protected-access
-  fig, axes = plt.subplots(1, len(s.models), figsize=(6.5 * len(s.models), 4), squeeze=False)
+  # One y scale for every model: equal gaps read as equal between panels.
+  fig, axes = plt.subplots(1, len(s.models), figsize=(6.5 * len(s.models), 4), squeeze=False,
+                           sharey=True)
   betas = sorted({float(b) for b in s.betas}, reverse=True)
   for ax, model in zip(axes[0], s.models):
     pos = np.arange(len(betas))
@@ -142,36 +144,71 @@ def noniid_figure(config, points):
     ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
     ax.set_title(f'{model}: non-IID data (Fig. 4), aligned scoring', fontsize=9)
     _legend_outside(ax)
+  figures.rate_limits(axes[0][0], scale=100)  # shared: sets every panel
   return fig
 
 
 def rounds_figure(config, curves: dict):
+  """TPR@0.1% FPR after each recorded round: one panel per (model, attack), both scorings.
+
+  One panel per attack, because on one axes the attacks' bands (all near 0 under aligned
+  scoring) merged into one block and coinciding lines hid each other. In a panel, aligned
+  scoring is a solid line with a filled band, public-code scoring a dashed line with a
+  hatched band, so the two bands stay apart where they overlap; every panel shares one y
+  scale.
+  """
   plt = _plt()
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   models = list(curves) or ['(none)']
-  fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
-  for ax, model in zip(axes[0], models):
-    for scoring, style in (('aligned', '-'), ('public_code', '--')):
-      for a, c in curves.get(model, {}).get(scoring, {}).items():
-        y = 100 * np.asarray(c['tpr_at_fpr_1e-3'])
-        lo = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_low'])
-        hi = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_high'])
-        ax.plot(c['round'], y, style, marker='o', ms=2.5, lw=1, color=_colour(a),
-                label=f'{scores_lib.label(a, config.fedmia.outlier_filter)}'
-                f'{" (public code)" if scoring == "public_code" else ""}')
-        if scoring == 'aligned':
-          ax.fill_between(c['round'], lo, hi, color=_colour(a), alpha=0.12, lw=0)
+  attacks = []
+  for model in models:
+    for scoring in ('aligned', 'public_code'):
+      for a in curves.get(model, {}).get(scoring, {}):
+        if a not in attacks:
+          attacks.append(a)
+  attacks = attacks or ['(none)']
+  cols = min(3, len(attacks))
+  per_model = -(-len(attacks) // cols)
+  fig, axes = plt.subplots(per_model * len(models), cols, figsize=(4.2 * cols, 3.3 * per_model
+                                                                   * len(models)),
+                           squeeze=False, sharex=True, sharey=True)
+  flat = [(m, a) for m in models for a in attacks]
+  f = config.fedmia.outlier_filter
+  for ax, (model, a) in zip(axes.reshape(-1), flat):
+    for scoring in ('public_code', 'aligned'):  # aligned on top: its markers are smaller
+      c = curves.get(model, {}).get(scoring, {}).get(a)
+      if c is None:
+        continue
+      y = 100 * np.asarray(c['tpr_at_fpr_1e-3'], float)
+      lo = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_low'], float)
+      hi = 100 * np.asarray(c['tpr_at_fpr_1e-3_ci_high'], float)
+      colour = _colour(a)
+      if scoring == 'aligned':
+        ax.fill_between(c['round'], lo, hi, color=colour, alpha=0.18, lw=0)
+        ax.plot(c['round'], y, '-', marker='o', ms=2.5, lw=1.2, color=colour, zorder=3,
+                label='aligned scoring (band: 95% CI)')
+      else:
+        ax.fill_between(c['round'], lo, hi, facecolor='none', edgecolor=colour,
+                        hatch='////', lw=0, alpha=0.6)
+        ax.plot(c['round'], y, '--', marker='s', ms=4.5, mfc='white', lw=1, color=colour,
+                zorder=2.5, label='public-code scoring (hatched band: 95% CI)')
     _chance(ax)
-    # Aligned scoring stays within a few tenths of a percent, public-code scoring reaches tens
-    # of percent: a linear axis would flatten the first onto zero.
-    ax.set_yscale('symlog', linthresh=0.1, linscale=0.5)
-    ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
-    ax.set_xlabel('communication round (multi-round attacks use every recorded round so far)')
-    ax.set_ylabel('TPR at 0.1% FPR (%, symlog: linear below 0.1)')
-    ax.set_title(f'{model}: attack strength over rounds (Fig. 5a); bands: 95% CI (aligned)',
-                 fontsize=9)
-    _legend_outside(ax)
+    ax.set_title(f'{model}: {scores_lib.label(a, f)}', fontsize=8)
+    ax.set_xlabel('communication round (count)')
+    ax.set_ylabel('TPR at 0.1% FPR (%, symlog)')
+  for ax in axes.reshape(-1)[len(flat):]:
+    ax.axis('off')
+  first = axes[0][0]
+  # Aligned scoring stays within a few tenths of a percent, public-code scoring reaches tens
+  # of percent: a linear axis would flatten the first onto zero.
+  first.set_yscale('symlog', linthresh=0.1, linscale=0.5)
+  figures.rate_limits(first, scale=100)
+  first.yaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
+  first.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # rounds are whole
+  fig.suptitle('Attack strength over rounds (Fig. 5a); multi-round attacks use every '
+               'recorded round so far; y linear below 0.1%', fontsize=9)
+  fig.tight_layout()
+  figures.figure_legend(fig)
   return fig
 
 
@@ -179,7 +216,9 @@ def clients_epochs_figure(config, points):
   plt = _plt()
   s = config.fedmia
   idx = fedmia_tables._index(points)  # pylint: disable=protected-access
-  fig, axes = plt.subplots(len(s.models), 2, figsize=(12, 4 * len(s.models)), squeeze=False)
+  # One y scale for every panel: equal gaps read as equal between K, E and the models.
+  fig, axes = plt.subplots(len(s.models), 2, figsize=(12, 4 * len(s.models)), squeeze=False,
+                           sharey=True)
   ks = sorted({int(s.num_clients), *map(int, s.client_counts)})
   es = sorted({int(s.local_epochs), *map(int, s.epoch_counts)})
   for row, model in zip(axes, s.models):
@@ -194,17 +233,36 @@ def clients_epochs_figure(config, points):
           _errorbar(ax, [values[j] * (1 + 0.02 * (i - n / 2)) for j in keep],
                     [ms[j] for j in keep], a, scores_lib.label(a, s.outlier_filter))
       _chance(ax)
-      ax.set_xscale('log')
+      # A log axis needs two labelled ticks: with one value swept, the axis stays linear.
+      if len(values) > 1:
+        ax.set_xscale('log')
       ax.set_xticks(values)
       ax.set_xticklabels([str(v) for v in values])
       ax.minorticks_off()
-      ax.set_xlabel(xlabel + ' (log scale)')
+      ax.set_xlabel(xlabel + (' (log scale)' if len(values) > 1 else ' (count)'))
       ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
       ax.set_title(f'{model}: {xlabel} (Fig. 5{"b" if field == "k" else "d"}), aligned',
                    fontsize=9)
     _legend_outside(row[1])
+  figures.rate_limits(axes[0][0], scale=100)  # shared: sets every panel
   fig.tight_layout()
   return fig
+
+
+def _defense_points(ax, metrics, **kw):
+  """Test error against TPR@0.1% FPR of `metrics`, with both 95% Clopper-Pearson intervals."""
+  x = np.array([100 * float(m['test_error']) for m in metrics])
+  y = np.array([100 * float(m['tpr_at_fpr_1e-3']) for m in metrics])
+  ylo = np.array([100 * float(m['tpr_at_fpr_1e-3_ci_low']) for m in metrics])
+  yhi = np.array([100 * float(m['tpr_at_fpr_1e-3_ci_high']) for m in metrics])
+  xerr = None
+  if all('test_accuracy_ci_low' in m for m in metrics):
+    # The error's interval is the accuracy's, mirrored: error = 1 - accuracy.
+    xlo = np.array([100 * (1 - float(m['test_accuracy_ci_high'])) for m in metrics])
+    xhi = np.array([100 * (1 - float(m['test_accuracy_ci_low'])) for m in metrics])
+    xerr = [np.maximum(x - xlo, 0), np.maximum(xhi - x, 0)]
+  return ax.errorbar(x, y, yerr=[np.maximum(y - ylo, 0), np.maximum(yhi - y, 0)], xerr=xerr,
+                     capsize=2, elinewidth=0.8, **kw)
 
 
 def defenses_figure(config, points):
@@ -214,7 +272,9 @@ def defenses_figure(config, points):
   attacks = list(s.sweep_attacks)
   cols = 3
   rows_ = -(-len(attacks) // cols) * len(s.models)
-  fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False)
+  # Shared axes: each panel on its own scale made a gap well inside the intervals look large.
+  fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False,
+                           sharex=True, sharey=True)
   names = list(s.defenses.keys())
   cmap = plt.get_cmap('tab10')
   flat = []
@@ -225,22 +285,24 @@ def defenses_figure(config, points):
   for ax, (model, a) in zip(axes.reshape(-1), flat):
     base = fedmia_tables._get(idx, config, model, a)  # pylint: disable=protected-access
     if base is not None:
-      h = ax.plot([100 * float(base['test_error'])], [100 * float(base['tpr_at_fpr_1e-3'])],
-                  marker='*', ms=10, color='k', ls='none', label='no defense')[0]
+      h = _defense_points(ax, [base], marker='*', ms=10, color='k', ls='none',
+                          label='no defense')
       handles.setdefault('no defense', h)
     for i, name in enumerate(names):
-      pts = []
+      ms = []
       for v in s.defenses[name]:
         m = fedmia_tables._get(idx, config, model, a, defense=name, param=float(v))  # pylint: disable=protected-access
         if m is not None:
-          pts.append((100 * float(m['test_error']), 100 * float(m['tpr_at_fpr_1e-3'])))
-      if pts:
-        pts.sort()
-        h = ax.plot(*zip(*pts), marker='o', ms=3, lw=1, color=cmap(i % 10), label=name)[0]
+          ms.append(m)
+      if ms:
+        ms.sort(key=lambda m: float(m['test_error']))
+        h = _defense_points(ax, ms, marker='o', ms=3, lw=1, color=cmap(i % 10), label=name)
         handles.setdefault(name, h)
     ax.set_xlabel('test error (%)')
-    ax.set_ylabel('TPR at 0.1% FPR (%)')
+    ax.set_ylabel('TPR at 0.1% FPR (%, 95% CI)')
     ax.set_title(f'{model}: {scores_lib.label(a, s.outlier_filter)}', fontsize=8)
+  figures.rate_limits(axes[0][0], 'x', scale=100)  # shared: sets every panel
+  figures.rate_limits(axes[0][0], 'y', scale=100)
   for ax in axes.reshape(-1)[len(flat):]:
     ax.axis('off')
   fig.legend(list(handles.values()), list(handles), loc='upper center', ncol=min(5, len(handles)),

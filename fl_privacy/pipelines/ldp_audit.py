@@ -8,6 +8,9 @@ runs LDP-SGD and a distinguisher guesses which (`ldp_sgd_point`); with
 instead, on two extreme inputs with the exact likelihood-ratio test (`input_point`).
 `prepare(config)` validates and loads the data; `sweep(config, state, store, key)` runs
 the points the store lacks and draws the figures (`fl_privacy.pipelines.ldp_audit_figures`).
+LDP-SGD's model, crafted pairs and server step are `fl_privacy.attacks.audit.ldp_sgd_setup`;
+an input mechanism's realised bit probabilities and implied epsilon are its own
+(`bitrand` / `ome.bit_one_probabilities`, `pair_epsilon`).
 
 Fields: configs/_ldp_audit.py. Results: docs/experiments/ldp_audit.md.
 """
@@ -17,22 +20,19 @@ from __future__ import annotations
 import math
 
 from absl import logging
-import jax
-from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 from scipy import stats as scipy_stats
 
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
-from fl_privacy import models
 from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.attacks import audit
 from fl_privacy.attacks.audit import crafters
 from fl_privacy.attacks.audit import game
+from fl_privacy.attacks.audit import ldp_sgd_setup
 from fl_privacy.eval import runner
-from fl_privacy.fl import losses
 from fl_privacy.mechanisms import bitrand
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms import gaussian
@@ -44,9 +44,9 @@ from fl_privacy.report import progress
 from fl_privacy.report import summary
 
 NAME = 'ldp_audit'
-INPUT_PAIRS = ('extreme_pair', 'one_feature_pair')
+INPUT_PAIRS = crafters.INPUT_PAIRS
 INPUT_DISTINGUISHER = 'likelihood_ratio'
-SERVER_LR_RULES = ('relative', 'paper')
+SERVER_LR_RULES = ldp_sgd_setup.SERVER_LR_RULES
 
 # The headline columns: logged per saved point (so the log shows eps_emp per point) and
 # printed as a table at the end of a run.
@@ -160,11 +160,6 @@ def prepare(config) -> dict:
   return state
 
 
-def _stream(key: jax.Array, name: str) -> jax.Array:
-  """An independent key for a named purpose (`report.point_key` of {'stream': name})."""
-  return report.point_key(key, {'stream': name})
-
-
 def _epsilons(config) -> tuple[float, ...]:
   eps = config.ldp_audit.epsilons
   return tuple(float(e) for e in (eps if isinstance(eps, (list, tuple))
@@ -197,92 +192,13 @@ def points(config, mechanism: str) -> list[dict]:
 def build_ldp_sgd_setup(config, dataset, key) -> dict:
   """Trains theta_t (and the colluding model) and crafts every crafter's pair."""
   s = config.ldp_audit
-  x = data_lib.to_float(dataset.x)
-  y = dataset.y.astype(np.int32)
-  model = models.make('audit_cnn', dataset.num_classes, padding='SAME')
-  variables = jax.jit(model.init)(_stream(key, 'init'), jnp.asarray(x[:1]))
-  loss_fn = losses.make_loss_fn(model.apply)
-  xj, yj = jnp.asarray(x), jnp.asarray(y)
-  theta = crafters.sgd_train(loss_fn, variables, xj, yj,
-                             key=_stream(key, 'pretrain'),
-                             steps=s.pretrain_steps,
-                             learning_rate=s.pretrain_lr,
-                             batch_size=s.batch_size)
-  rng = data_lib.rng_from_key(_stream(key, 'candidates'))
-  cand = rng.choice(len(y), size=min(s.candidates, len(y)), replace=False)
-  cx, cy = jnp.asarray(x[cand]), y[cand]
-  norms = crafters.grad_norms(loss_fn, theta, cx, jnp.asarray(cy))
-  i1, i2 = crafters.select_examples(norms, cy, s.target_selection)
-  x1, y1, x2, y2 = cx[i1], int(cy[i1]), cx[i2], int(cy[i2])
-  logging.info('audit model: %d parameters; x1 = example %d (label %d, '
-               '||g|| %.3f), x2 = example %d (label %d, ||g|| %.3f)',
-               models.param_count(theta), cand[i1], y1, norms[i1], cand[i2],
-               y2, norms[i2])
-  crafted = {}
-  wanted = set(points_crafters(config))
-  if 'benign' in wanted:
-    crafted['benign'] = crafters.benign(loss_fn, theta, x1, y1, x2, y2)
-  if 'input_perturbation' in wanted:
-    crafted['input_perturbation'] = crafters.input_perturbation(
-        loss_fn, theta, x1, y1, alpha=s.fgsm_alpha)
-  if 'parameter_retrogression' in wanted:
-    crafted['parameter_retrogression'] = crafters.parameter_retrogression(
-        loss_fn, theta, x1, y1, alpha=s.retrogression_alpha)
-  if 'gradient_flip' in wanted:
-    crafted['gradient_flip'] = crafters.gradient_flip(loss_fn, theta, x1, y1)
-  if 'dummy_gradient' in wanted:
-    crafted['dummy_gradient'] = crafters.dummy_gradient(
-        theta, x1, y1, clip_norm=s.clip_norm)
-  if 'collusion' in wanted:
-    bad = crafters.malicious_model(
-        loss_fn, theta, x, y, label=s.collusion_label,
-        key=_stream(key, 'collusion'), steps=s.collusion_steps,
-        learning_rate=s.collusion_lr, batch_size=s.batch_size)
-    bad_norms = crafters.grad_norms(loss_fn, bad, cx, jnp.asarray(cy))
-    j1, _ = crafters.select_examples(bad_norms, cy, s.target_selection,
-                                     exclude_label=s.collusion_label)
-    crafted['collusion'] = crafters.collusion(loss_fn, bad, cx[j1],
-                                              int(cy[j1]))
-  _, unravel = flatten_util.ravel_pytree(theta)
-
-  def per_example_loss(params, xs, ys):
-    return losses.per_example_cross_entropy(model.apply(params, xs), ys)
-
-  return {'crafted': crafted, 'unravel': unravel,
-          'per_example_loss': per_example_loss, 'trial_fns': {}}
-
-
-def _trial_fn(setup: dict, distinguisher: str, crafter: str):
-  rule = (audit.BLACK_BOX_RULE[crafter] if distinguisher == 'black_box'
-          else None)
-  cache = setup['trial_fns']
-  if (distinguisher, rule) not in cache:
-    cache[(distinguisher, rule)] = game.ldp_sgd_trial_fn(
-        distinguisher, rule, setup['per_example_loss'], setup['unravel'])
-  return cache[(distinguisher, rule)]
-
-
-def _antipodal_accuracy(g_norm: float, epsilon: float, clip_norm: float):
-  # Exact white-box accuracy for g2 = -g1: keep x pole agreement.
-  pk = 1.0 / (1.0 + math.exp(-epsilon))
-  pz = 0.5 + min(g_norm, clip_norm) / (2.0 * clip_norm)
-  return pk * pz + (1.0 - pk) * (1.0 - pz)
-
-
-def server_learning_rate(s, radius: float, dim: int, eps: float) -> float:
-  """The server's eta_t: `server_lr` if set, else by `server_lr_rule`.
-
-  'relative' (default): the step is `server_step_fraction` of ||C||
-  (`ldp_sgd.relative_learning_rate`, whose docstring derives it); 'paper': the
-  eta_t of Algorithm 2 (`ldp_sgd.paper_learning_rate`, n = 1 client), whose step
-  with the unbiased constant is about 1.25 ||C||.
-  """
-  if s.server_lr is not None:
-    return float(s.server_lr)
-  if s.server_lr_rule == 'paper':
-    return float(ldp_sgd.paper_learning_rate(radius, 1, dim, eps, s.clip_norm))
-  return float(ldp_sgd.relative_learning_rate(radius, dim, eps, s.clip_norm,
-                                              float(s.server_step_fraction)))
+  return ldp_sgd_setup.build(
+      dataset, key, points_crafters(config), pretrain_steps=s.pretrain_steps,
+      pretrain_lr=s.pretrain_lr, batch_size=s.batch_size, candidates=s.candidates,
+      target_selection=s.target_selection, fgsm_alpha=s.fgsm_alpha,
+      retrogression_alpha=s.retrogression_alpha, clip_norm=s.clip_norm,
+      collusion_label=s.collusion_label, collusion_steps=s.collusion_steps,
+      collusion_lr=s.collusion_lr)
 
 
 def ldp_sgd_point(config, setup: dict, params: dict, key,
@@ -294,7 +210,8 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
   dim = int(c.g1.size)
   radius = (float(s.radius) if s.radius is not None
             else float(jnp.linalg.norm(c.params)))
-  lr = server_learning_rate(s, radius, dim, eps)
+  lr = ldp_sgd_setup.server_learning_rate(s.server_lr, s.server_lr_rule, radius, dim, eps,
+                                          s.clip_norm, s.server_step_fraction)
   if params['distinguisher'] == 'white_box' and s.white_box_path == 'projected':
     fn = setup['trial_fns'].setdefault(
         'projected', game.ldp_sgd_projected_white_box_trial_fn())
@@ -302,7 +219,7 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
     args = (jnp.asarray(coef), jnp.float32(eps), jnp.float32(s.clip_norm),
             jnp.float32(dim))
   else:
-    fn = _trial_fn(setup, params['distinguisher'], params['crafter'])
+    fn = ldp_sgd_setup.trial_fn(setup, params['distinguisher'], params['crafter'])
     args = (jnp.stack([c.g1, c.g2]), c.params, c.x, c.y, jnp.float32(eps),
             jnp.float32(s.clip_norm), jnp.float32(lr), jnp.float32(radius))
   metrics = game.run_point(fn, key, s.num_trials,
@@ -318,57 +235,11 @@ def ldp_sgd_point(config, setup: dict, params: dict, key,
                  server_lr=lr, radius=radius, server_step_norm=step,
                  server_step_relative=step / radius)
   if cos < -0.999999:
-    metrics['acc_white_box_exact'] = _antipodal_accuracy(g1n, eps,
-                                                         s.clip_norm)
+    metrics['acc_white_box_exact'] = ldp_sgd_setup.antipodal_accuracy(g1n, eps, s.clip_norm)
   return metrics, s.num_trials
 
 
 # ------------------------------------------------------ input mechanisms ---
-
-
-def _pair_bits(s) -> np.ndarray:
-  """Encodings [2, r, l] of the audited input pair of a bitwise mechanism.
-
-  'extreme_pair': the all-zero and the all-maximum vector (every magnitude bit
-  differs); 'one_feature_pair': the all-zero vector and the one whose feature 0
-  alone is the maximum (the neighbours of a per-feature guarantee).
-  """
-  top = fixed_point.max_value(s.int_bits, s.frac_bits)
-  other = (jnp.full((s.num_features,), top) if s.input_pair == 'extreme_pair'
-           else jnp.zeros((s.num_features,)).at[0].set(top))
-  x = jnp.stack([jnp.zeros((s.num_features,)), other])
-  bits, _ = fixed_point.encode(x, s.int_bits, s.frac_bits, s.sign_bit)
-  return np.asarray(bits, np.uint8)
-
-
-def _bit_probabilities(mechanism: str, s, eps: float, bits: np.ndarray):
-  """P(output bit = 1 | input) [2, r, l] as the integer-threshold draw realises."""
-  r, l = bits.shape[-2], bits.shape[-1]
-  if mechanism == 'bitrand':
-    q = bitrand.effective_probabilities(
-        np.asarray(bitrand.flip_probabilities(eps, r, l), np.float64),
-        s.rng_bits)
-    return np.where(bits == 1, 1.0 - q, q)
-  p = bitrand.effective_probabilities(
-      np.asarray(ome.output_probabilities(eps, r * l, s.ome_alpha), np.float64),
-      s.rng_bits)
-  odd = ome.odd_positions(r, l).astype(int)
-  return p[odd[None], bits.astype(int)]
-
-
-def _implied_epsilon(mechanism: str, s, eps: float, bits: np.ndarray) -> float:
-  """The LDP epsilon the bit probabilities imply for the audited pair.
-
-  Bits are independent, so it is the sum of the per-bit epsilons over the bits
-  in which the pair differs (tight for that pair).
-  """
-  r, l = bits.shape[-2], bits.shape[-1]
-  if mechanism == 'bitrand':
-    per_bit = np.broadcast_to(bitrand.per_bit_epsilon(
-        eps, r, l, rng_bits=s.rng_bits), (r, l))
-  else:
-    per_bit = ome.per_bit_epsilon(eps, r, l, s.ome_alpha, rng_bits=s.rng_bits)
-  return float(np.sum(np.where(bits[0] != bits[1], per_bit, 0.0)))
 
 
 def input_point(config, mechanism: str, params: dict, key,
@@ -392,10 +263,13 @@ def input_point(config, mechanism: str, params: dict, key,
     metrics.update(sigma=sigma, fp_exact=tail,
                    eps_test_exact=max(0.0, math.log((1 - s.delta - tail) / tail)))
     return metrics, s.num_trials
-  bits = _pair_bits(s)
-  probs = _bit_probabilities(mechanism, s, eps, bits)
-  if_one, if_zero = audit.distinguishers.bit_log_ratios(probs[0], probs[1])
+  bits = crafters.input_pair_bits(s.input_pair, s.num_features, s.int_bits, s.frac_bits,
+                                  s.sign_bit)
+  # The probabilities and epsilon the integer-threshold draw realises, from the mechanism.
+  mech = {'bitrand': bitrand, 'ome': ome}[mechanism]
   extra = {'alpha': s.ome_alpha} if mechanism == 'ome' else {}
+  probs = mech.bit_one_probabilities(bits, eps, rng_bits=s.rng_bits, **extra)
+  if_one, if_zero = audit.distinguishers.bit_log_ratios(probs[0], probs[1])
   fn = game.bits_trial_fn(registry.bit_randomizer(mechanism, eps, rng_bits=s.rng_bits,
                                                   **extra))
   metrics = game.run_point(fn, key, s.num_trials, **opts,
@@ -404,7 +278,8 @@ def input_point(config, mechanism: str, params: dict, key,
                            claimed_epsilon=eps,
                            violation_confidence=violation_confidence,
                            audit_delta=float(s.delta))
-  metrics['eps_implied'] = _implied_epsilon(mechanism, s, eps, bits)
+  metrics['eps_implied'] = mech.pair_epsilon(bits[0], bits[1], eps, rng_bits=s.rng_bits,
+                                             **extra)
   return metrics, s.num_trials
 
 
@@ -434,7 +309,7 @@ def sweep(config, state, store, key) -> None:
         return input_point(config, mechanism, params, point_key, vc)
       if not setup:
         setup.update(build_ldp_sgd_setup(config, state['dataset'],
-                                         _stream(key, 'setup')))
+                                         ldp_sgd_setup.stream(key, 'setup')))
       return ldp_sgd_point(config, setup, params, point_key, vc)
 
     metrics = report.run_point(store, params, compute)

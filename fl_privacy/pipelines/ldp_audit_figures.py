@@ -40,15 +40,16 @@ def draw_figures(stored: list[dict], workdir: str) -> list[str]:
     n = len(crafter_names)
     cols = min(3, n)
     rows = -(-n // cols)
+    # One scale for every crafter's panel (limits from all of them): equal gaps read equal.
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.8, 3.6 * rows),
-                             squeeze=False)
+                             squeeze=False, sharex=True, sharey=True)
+    eps_all = sorted({p['params']['epsilon'] for p in pts})
+    finite = [_float(p['metrics'][k]) for p in pts
+              for k in ('eps_emp', 'eps_emp_lower', 'eps_emp_upper')]
+    finite = [v for v in finite if math.isfinite(v)]
+    top = max([max(eps_all) * 1.15] + finite) * 1.12
     for ax, crafter in zip(axes.ravel(), crafter_names):
       sub = [p for p in pts if p['params']['crafter'] == crafter]
-      eps_all = sorted({p['params']['epsilon'] for p in sub})
-      finite = [_float(p['metrics'][k]) for p in sub
-                for k in ('eps_emp', 'eps_emp_lower', 'eps_emp_upper')]
-      finite = [v for v in finite if math.isfinite(v)]
-      top = max([max(eps_all) * 1.15] + finite) * 1.12
       ax.plot([0, top], [0, top], 'k--', lw=1, label='claimed = empirical')
       ax.set_ylim(bottom=min([0.0] + finite) - 0.02 * top, top=top)
       ax.set_xlim(0, max(eps_all) * 1.15)

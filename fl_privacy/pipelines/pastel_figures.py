@@ -109,7 +109,9 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
   """AUC of `attack` against test accuracy per training; one panel per target (Fig. 4b, d)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   targets = list(config.pastel.targets)
-  fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False)
+  # One AUC scale for both targets: equal gaps read as equal between the panels.
+  fig, axes = plt.subplots(1, len(targets), figsize=(5.2 * len(targets), 4.2), squeeze=False,
+                           sharey=True)
   by = _by_training(points)
   for ax, target in zip(axes[0], targets):
     # One errorbar series per defense (and optimizer): each appears once in the legend.
@@ -166,7 +168,8 @@ def auc_figure(config, points: list[dict]):
   names = [_name(tr) for tr in by]
   attacks = list(config.pastel.attacks)
   fig, axes = plt.subplots(len(targets), 1, figsize=(max(7, 0.55 * len(names) + 2),
-                                                     3.6 * len(targets)), squeeze=False)
+                                                     3.6 * len(targets)), squeeze=False,
+                           sharey=True)  # one AUC scale for both targets
   width = 0.8 / max(1, len(attacks))
   for ax, target in zip(axes[:, 0], targets):
     for j, attack in enumerate(attacks):

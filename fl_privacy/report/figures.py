@@ -133,6 +133,27 @@ def spread_annotations(ax, *, step: float = 7.0, tries: int = 12) -> None:
     placed.append(t.get_window_extent(renderer).padded(2))
 
 
+def rate_limits(ax, which: str = 'y', scale: float = 1.0) -> None:
+  """Keeps a rate axis (TPR, accuracy, AUC: values in [0, `scale`]) inside that range.
+
+  Matplotlib's margins would show impossible values below 0 or above `scale`; on a linear
+  axis a sliver (1.5% of the span) stays on either side, so a marker at 0 or at `scale`
+  draws whole. Call it after plotting (and after any shared axis got its data).
+  """
+  get, put = (ax.get_ylim, ax.set_ylim) if which == 'y' else (ax.get_xlim, ax.set_xlim)
+  scale_kind = ax.get_yscale() if which == 'y' else ax.get_xscale()
+  lo, hi = get()
+  lo, hi = max(lo, 0.0), min(hi, scale)
+  if scale_kind == 'linear':
+    pad = 0.015 * (hi - lo)
+    lo, hi = (lo - pad if lo <= pad else lo), (hi + pad if hi >= scale - pad else hi)
+  elif scale_kind == 'symlog' and lo <= 0:
+    # Near 0 a symlog axis is linear over `linthresh`: a sliver of it keeps 0 off the spine.
+    axis = ax.yaxis if which == 'y' else ax.xaxis
+    lo = -0.1 * axis.get_transform().linthresh
+  put(lo, hi)
+
+
 def _label_is_auto(label: str) -> bool:
   return label.startswith('_child') or label.startswith('_container') or label == ''
 
@@ -215,4 +236,330 @@ def readability_problems(fig) -> list[str]:
     for name, abox, ax in boxes:
       if ax is not owner and box.overlaps(abox):
         problems.append(f'title {text!r} overlaps the data area of {name}')
+  problems += data_problems(fig)
+  return problems
+
+
+# -------------------------------------------------------------------------------------------
+# What the data ink says: scales, intervals, visible series, reference lines, ticks.
+
+# A rate's quantity leads or ends the label's head ('TPR at 0.1% FPR', 'test accuracy');
+# 'rounds to FPR <= delta' is a count that merely mentions a rate, so it is no rate.
+_RATE_FIRST = re.compile(r'^(TPR|FPR|TNR|FNR|AUC|accuracy)\b', re.I)
+_RATE_LAST = re.compile(r'\b(TPR|FPR|TNR|FNR|AUC|accuracy|rate|test error|error rate)$', re.I)
+_COUNT = re.compile(r'\b(rounds?|epochs?|number of|count)\b', re.I)
+# Quantities along which one run passes through every value (a training's rounds): a band
+# between two measured rounds follows states that existed. Anything else (epsilon, K) is a
+# set of separate experiments, and a band between them invents measurements.
+_TRAJECTORY = re.compile(r'\b(rounds?|epochs?|steps?|iterations?)\b', re.I)
+_CLASSES = re.compile(r'(\d+)-class', re.I)
+
+
+def _head_unit(label: str) -> tuple[str, list[str]]:
+  """'TPR at 0.1% FPR (%, 95% CI)' -> ('TPR at 0.1% FPR', ['%', '95% CI'])."""
+  head, _, rest = label.partition('(')
+  unit = rest.rsplit(')', 1)[0]
+  return head.strip(), [t.strip() for t in re.split(r'[,;]', unit) if t.strip()]
+
+
+def rate_scale(label: str) -> float | None:
+  """100 for a rate in percent, 1 for a fraction, None when `label` names no rate."""
+  head, unit = _head_unit(label)
+  if unit and unit[0].startswith('count'):
+    return None
+  percent = bool(unit) and unit[0].startswith('%')
+  fraction = any(t.startswith('fraction') or t.endswith('fraction') for t in unit)
+  if percent or fraction or _RATE_FIRST.search(head) or _RATE_LAST.search(head):
+    return 100.0 if percent else 1.0
+  return None
+
+
+def _counts(label: str) -> bool:
+  head, unit = _head_unit(label)
+  return bool(_COUNT.search(head)) or (bool(unit) and unit[0].startswith('count'))
+
+
+def _labelled_ticks(axis, lo: float, hi: float) -> list[tuple[float, str]]:
+  """(location, text) of the major and minor ticks drawn with a label inside [lo, hi]."""
+  out = []
+  slack = (hi - lo) * 1e-9
+  for minor in (False, True):
+    ticks = axis.get_minor_ticks() if minor else axis.get_major_ticks()
+    locs = list(axis.get_minorticklocs() if minor else axis.get_majorticklocs())
+    fmt = axis.get_minor_formatter() if minor else axis.get_major_formatter()
+    texts = fmt.format_ticks(locs) if locs else []
+    shown = bool(ticks) and (ticks[0].label1.get_visible() or ticks[0].label2.get_visible())
+    for loc, text in zip(locs, texts):
+      if shown and text.strip() and lo - slack <= loc <= hi + slack:
+        out.append((float(loc), text))
+  return out
+
+
+def _rgb(c) -> tuple:
+  import matplotlib.colors as mcolors  # pylint: disable=g-import-not-at-top
+  return tuple(np.round(mcolors.to_rgb(c), 3))
+
+
+def _bands(ax) -> list:
+  """The fill_between bands of `ax` (FillBetweenPolyCollection from matplotlib 3.10)."""
+  return [c for c in ax.collections
+          if type(c).__name__ in ('PolyCollection', 'FillBetweenPolyCollection')]
+
+
+def _band_colours(band) -> set:
+  """Colours a band shows: its fill, or its edge (and hatch) when it is not filled."""
+  out = set()
+  for colours in (band.get_facecolor(), band.get_edgecolor()):
+    for c in np.atleast_2d(colours):
+      if len(c) == 4 and c[3] > 0:
+        out.add(_rgb(c))
+  return out
+
+
+def _display_path(coll):
+  import matplotlib.path as mpath  # pylint: disable=g-import-not-at-top
+  paths = coll.get_paths()
+  if not paths:
+    return None
+  return coll.get_transform().transform_path(mpath.Path.make_compound_path(*paths))
+
+
+def _inside(path, pts, tol: float = 1.5) -> np.ndarray:
+  """Which display points lie in `path` or within `tol` pixels above or below it (an
+  estimate on its interval's edge, e.g. 0 with a Clopper-Pearson lower bound of 0)."""
+  pts = np.asarray(pts, float).reshape(-1, 2)
+  hit = path.contains_points(pts)
+  for dy in (-tol, tol):
+    hit |= path.contains_points(pts + [0.0, dy])
+  return hit
+
+
+def _points(line) -> np.ndarray:
+  """The finite display points of a data line."""
+  xy = np.column_stack([np.asarray(line.get_xdata(), float).ravel(),
+                        np.asarray(line.get_ydata(), float).ravel()])
+  xy = xy[np.isfinite(xy).all(axis=1)]
+  return line.get_transform().transform(xy) if len(xy) else xy.reshape(0, 2)
+
+
+def _has_marker(line) -> bool:
+  return line.get_marker() not in (None, 'None', 'none', '', ' ')
+
+
+def _has_line(line) -> bool:
+  return line.get_linestyle() not in ('None', 'none', '', ' ') and line.get_linewidth() > 0
+
+
+def _series_lines(ax) -> list[tuple[str, object, object]]:
+  """(label, data line, its ErrorbarContainer or None) of every labelled data series."""
+  out = []
+  of_errorbar = set()
+  for cont in ax.containers:
+    if type(cont).__name__ == 'ErrorbarContainer' and cont.lines[0] is not None:
+      of_errorbar.add(id(cont.lines[0]))
+      out.append((cont.get_label(), cont.lines[0], cont))
+  for line in ax.get_lines():
+    if id(line) in of_errorbar or line.get_transform() != ax.transData:
+      continue  # error bar parts; markers in axes coordinates (`mark_unbounded`)
+    if not line.get_label().startswith('_'):
+      out.append((line.get_label(), line, None))
+  return out
+
+
+def _band_of(ax, line, taken=()):
+  """The band in `line`'s colour that holds every point of `line` (none of `taken`), or None."""
+  pts, colour = _points(line), _rgb(line.get_color())
+  for band in _bands(ax):
+    if id(band) in taken:
+      continue
+    path = _display_path(band)
+    if path is not None and colour in _band_colours(band) and _inside(path, pts).all():
+      return band
+  return None
+
+
+def _interval_problems(ax, name: str, ylabel: str) -> list[str]:
+  """A measured rate (a series drawn with markers) shows its interval: error bars or a band."""
+  problems = []
+  trajectory = bool(_TRAJECTORY.search(_head_unit(ax.get_xlabel())[0]))
+  for label, line, cont in _series_lines(ax):
+    if not _has_marker(line):
+      continue  # a curve (ROC) or a reference line, not a set of measured points
+    if cont is not None:
+      if not cont.has_yerr:
+        problems.append(f'{name}: {label!r} plots measured rates ({ylabel!r}) without '
+                        'their intervals: draw error bars or a band')
+      continue
+    if _band_of(ax, line) is None:
+      problems.append(f'{name}: {label!r} plots measured rates ({ylabel!r}) without their '
+                      'intervals: draw error bars or a band in its colour')
+    elif not trajectory:
+      xs = ', '.join(f'{x:g}' for x in sorted(set(np.asarray(line.get_xdata(), float))))
+      problems.append(f'{name}: the band of {label!r} shades between measured points '
+                      f'(x = {xs}), suggesting measurements in between: draw error bars at '
+                      'the points')
+  for cont in ax.containers:
+    if type(cont).__name__ == 'BarContainer' and cont.errorbar is None:
+      problems.append(f'{name}: bars {cont.get_label()!r} show measured rates ({ylabel!r}) '
+                      'without error bars')
+  return problems
+
+
+def _band_overlap_problems(ax, name: str) -> list[str]:
+  """Filled bands of one colour and alpha that overlap merge into one block."""
+  owners = {}
+  for label, line, _ in _series_lines(ax):
+    band = _band_of(ax, line, taken=owners)  # two series never own one band
+    if band is not None:
+      owners[id(band)] = label
+  filled = []
+  for k, band in enumerate(_bands(ax)):
+    face = np.atleast_2d(band.get_facecolor())
+    if len(face) and face.shape[1] == 4 and face[0][3] > 0 and not band.get_hatch():
+      filled.append((owners.get(id(band), f'band {k}'), tuple(np.round(face[0], 3)),
+                     _display_path(band)))
+  problems = []
+  for i, (la, fa, pa) in enumerate(filled):
+    for lb, fb, pb in filled[i + 1:]:
+      if fa != fb or pa is None or pb is None:
+        continue
+      a, b = pa.get_extents(), pb.get_extents()
+      x0, x1, y0, y1 = max(a.x0, b.x0), min(a.x1, b.x1), max(a.y0, b.y0), min(a.y1, b.y1)
+      if x1 <= x0 or y1 <= y0:
+        continue
+      gx, gy = np.meshgrid(np.linspace(x0, x1, 40), np.linspace(y0, y1, 40))
+      grid = np.column_stack([gx.ravel(), gy.ravel()])
+      if (pa.contains_points(grid) & pb.contains_points(grid)).any():
+        problems.append(f'{name}: the bands of {la!r} and {lb!r} share colour and alpha and '
+                        'overlap: they merge into one block')
+  return problems
+
+
+def _hidden_problems(ax, name: str, in_legend: set) -> list[str]:
+  """A series in a legend shows: not transparent, not all NaN, not under another line."""
+  problems = []
+  lines = ax.get_lines()
+  order = {id(l): (l.get_zorder(), k) for k, l in enumerate(lines)}
+  for label, line, _ in _series_lines(ax):
+    if label not in in_legend:
+      continue
+    alpha = line.get_alpha()
+    if not line.get_visible() or (alpha is not None and alpha == 0):
+      problems.append(f'{name}: {label!r} is in the legend but drawn invisible (zero alpha)')
+      continue
+    pts = _points(line)
+    if not len(pts):
+      problems.append(f'{name}: {label!r} is in the legend but has no finite point (all NaN)')
+      continue
+    for other in lines:
+      if (other is line or order[id(other)] < order[id(line)] or not other.get_visible() or
+          other.get_transform() != ax.transData or (other.get_alpha() or 1.0) < 0.5):
+        continue
+      # The cover must be as wide wherever `line` puts ink: a solid stroke at least as thick
+      # over its stroke, markers at least as large over its markers.
+      if _has_line(line) and not (_has_line(other) and other.get_linestyle() == '-' and
+                                  other.get_linewidth() >= line.get_linewidth()):
+        continue
+      if _has_marker(line) and not (_has_marker(other) and
+                                    other.get_markersize() >= line.get_markersize()):
+        continue
+      theirs = _points(other)
+      if not len(theirs):
+        continue
+      gap = np.abs(pts[:, None, :] - theirs[None, :, :]).max(axis=2).min(axis=1)
+      if (gap <= 1.0).all():
+        problems.append(f'{name}: {label!r} is in the legend but hidden behind '
+                        f'{other.get_label()!r} (every point under it)')
+        break
+  return problems
+
+
+def _reference_problems(ax, name: str, ylabel: str) -> list[str]:
+  """A chance line holds for the series it spans: named when they differ, right for k classes."""
+  problems = []
+  quantities = [q.strip() for q in _head_unit(ylabel)[0].split(',') if q.strip()]
+  series = [label for label, _, _ in _series_lines(ax)]
+  scale = rate_scale(ylabel) or 1.0
+  for line in ax.get_lines():
+    label = line.get_label()
+    ys = np.asarray(line.get_ydata(), float)
+    if not label.lower().startswith('chance') or not len(ys) or np.ptp(ys) > 0:
+      continue  # horizontal chance lines only: a diagonal (ROC) has no single level
+    level = float(ys[0]) / scale
+    named = ' for ' in label
+    if len(quantities) > 1 and not named:
+      problems.append(f'{name}: reference line {label!r} spans {", ".join(quantities)}, '
+                      'whose chance levels differ: say which series it is for')
+    for text in ([label] if named else series + [ylabel]):
+      m = _CLASSES.search(text)
+      if m and abs(level - 1.0 / int(m.group(1))) > 1e-6:
+        problems.append(f'{name}: reference line {label!r} at {level:g} is wrong for '
+                        f'{text!r}: chance for {m.group(1)} classes is '
+                        f'{1.0 / int(m.group(1)):g}')
+  return problems
+
+
+def data_problems(fig) -> list[str]:
+  """What misleads in the data ink of `fig`; empty when nothing does.
+
+  `readability_problems` calls it. Per axes showing data:
+  - a rate axis (TPR, FPR, accuracy, AUC, test error; `(fraction)` or `(%...)`) stays in
+    [0, 1] or [0, 100] (2% of the span beyond, so that edge markers draw whole);
+  - panels with the same y label share one y scale, unless the label says `per panel`;
+  - a series of measured rates (drawn with markers) shows its interval, error bars or a
+    band in its colour; a band only along a trajectory (rounds, epochs), not between
+    separate measurements (epsilons), where it would suggest measurements in between;
+  - filled bands of one colour and alpha do not overlap;
+  - a legend entry's series shows: not transparent, not all NaN, not under another line;
+  - a horizontal chance line says which series it is for when the y label names several
+    quantities, and is 1/k for a k-class accuracy;
+  - a count axis (rounds, epochs, `(count)`) labels whole numbers only;
+  - a log axis labels at least two ticks.
+  """
+  fig.canvas.draw()
+  problems = []
+  legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+  legends += list(fig.legends)
+  in_legend = {t.get_text() for lg in legends for t in lg.get_texts()}
+  shown = [ax for ax in fig.axes if ax.axison and ax.has_data()]
+  names = {id(ax): ax.get_title() or f'axes {i}' for i, ax in enumerate(shown)}
+  for ax in shown:
+    name, ylabel = names[id(ax)], ax.get_ylabel()
+    for which, label, limits in (('x', ax.get_xlabel(), ax.get_xlim()),
+                                 ('y', ylabel, ax.get_ylim())):
+      lo, hi = min(limits), max(limits)
+      scale = rate_scale(label)
+      pad = 0.02 * (hi - lo) + 1e-12
+      if scale is not None and (lo < -pad or hi > scale + pad):
+        problems.append(f'{name}: {which} axis {label!r} is a rate in [0, {scale:g}] but '
+                        f'spans {lo:.3g} to {hi:.3g}')
+      axis = ax.xaxis if which == 'x' else ax.yaxis
+      ticks = _labelled_ticks(axis, lo, hi)
+      if _counts(label):
+        odd = [text for loc, text in ticks if abs(loc - round(loc)) > 1e-9]
+        if odd:
+          problems.append(f'{name}: {which} axis {label!r} counts whole units but labels '
+                          f'ticks at {", ".join(odd)}: tick whole numbers only')
+      kind = ax.get_xscale() if which == 'x' else ax.get_yscale()
+      shared = ax.get_shared_x_axes() if which == 'x' else ax.get_shared_y_axes()
+      labelled_elsewhere = not ticks and len(shared.get_siblings(ax)) > 1
+      if kind in ('log', 'symlog') and len(ticks) < 2 and not labelled_elsewhere:
+        texts = ', '.join(t for _, t in ticks) or 'none'
+        problems.append(f'{name}: {kind} {which} axis {label!r} labels {len(ticks)} tick(s) '
+                        f'({texts}): a log axis needs at least two labelled ticks')
+    if rate_scale(ylabel) is not None:
+      problems += _interval_problems(ax, name, ylabel)
+    problems += _band_overlap_problems(ax, name)
+    problems += _hidden_problems(ax, name, in_legend)
+    problems += _reference_problems(ax, name, ylabel)
+  by_label: dict[str, list] = {}
+  for ax in shown:
+    if ax.get_ylabel().strip() and 'per panel' not in ax.get_ylabel():
+      by_label.setdefault(ax.get_ylabel(), []).append(ax)
+  for label, group in by_label.items():
+    scales = {(ax.get_yscale(), *np.round(sorted(ax.get_ylim()), 9)) for ax in group}
+    if len(scales) > 1:
+      problems.append(f'panels {", ".join(repr(names[id(ax)]) for ax in group)} show '
+                      f'{label!r} on different y scales: share the y axis (sharey) so that '
+                      'equal gaps read as equal')
   return problems

@@ -66,7 +66,7 @@ class Progress:
     self.computed: list[float] = []  # wall times of the points computed in this run
     self.resumed: list[dict] = []    # points read back from an earlier run
     self.current: Mapping[str, Any] | None = None
-    self.trials: tuple[int, int, float] | None = None  # (done, total, trials/s)
+    self.trials: tuple[int, int, float, str] | None = None  # (done, total, per s, unit)
     self.t_start = clock()
     self._shown = False
     self._last_draw = -1e9
@@ -95,9 +95,9 @@ class Progress:
     self.trials = None
     self.draw(force=True)
 
-  def chunk(self, done: int, total: int, elapsed_s: float) -> None:
-    """A chunk of the game runner finished: `done` of `total` trials after `elapsed_s`."""
-    self.trials = (int(done), int(total), done / max(elapsed_s, 1e-9))
+  def chunk(self, done: int, total: int, elapsed_s: float, unit: str = 'trials') -> None:
+    """A chunk of the game runner finished: `done` of `total` `unit` after `elapsed_s`."""
+    self.trials = (int(done), int(total), done / max(elapsed_s, 1e-9), unit)
     self.draw()
 
   # --------------------------------------------------------------- drawing
@@ -119,8 +119,8 @@ class Progress:
     where = f'point {max(k, 1)}' + (f'/{self.total}' if self.total is not None else '')
     parts = [self.name, where + (f' ({_params_text(self.current)})' if self.current else '')]
     if self.trials is not None:
-      done, total, per_s = self.trials
-      parts.append(f'{done:,}/{total:,} trials, {per_s:,.0f} trials/s')
+      done, total, per_s, unit = self.trials
+      parts.append(f'{done:,}/{total:,} {unit}, {per_s:,.0f} {unit}/s')
     parts.append(f'elapsed {summary_lib.format_duration(self.clock() - self.t_start)}')
     eta = self.eta_s()
     if eta is not None:

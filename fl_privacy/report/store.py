@@ -282,14 +282,16 @@ def describe_params(params: Mapping[str, Any]) -> str:
 
 
 def run_point(store: ResultsStore, params: Mapping[str, Any],
-              compute: Callable[[], tuple[Mapping[str, Any], int]]
-              ) -> dict[str, Any]:
+              compute: Callable[[], tuple[Mapping[str, Any], int]], *,
+              unit: str = 'trials') -> dict[str, Any]:
   """Runs one sweep point unless the store already has it; returns its metrics.
 
   Args:
     store: the run's results store.
     params: flat dict of the swept parameters of this point.
     compute: `() -> (metrics, n_trials)`, called only for a new point.
+    unit: what `n_trials` counts, for the log line ('trials' of a game; 'runs',
+      'examples', 'scores' where the point is not a game's trials).
 
   Returns:
     The point's metrics (as stored).
@@ -310,7 +312,7 @@ def run_point(store: ResultsStore, params: Mapping[str, Any],
   # The experiment's headline metrics (its summary columns), so a log alone says what
   # each point measured.
   headline = tracker.headline(point) if tracker is not None else ''
-  logging.info('saved %s (%d trials, %.1f s)%s', describe_params(params), n_trials,
+  logging.info('saved %s (%d %s, %.1f s)%s', describe_params(params), n_trials, unit,
                point['elapsed_s'], f': {headline}' if headline else '')
   if tracker is not None:
     tracker.point_finished(point, computed=True)

@@ -80,6 +80,21 @@ def test_python_m_configs_lists_every_config_and_its_sections():
   assert bad.returncode == 2 and 'no config' in bad.stderr
 
 
+def test_python_m_configs_into_a_closed_pipe_exits_quietly():
+  # `python -m configs | head -1`: the reader is gone before the listing is written.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  for args in ([], ['digits']):
+    proc = subprocess.Popen([sys.executable, '-m', 'configs', *args], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 141, err
+    assert err == '', err
+
+
 @pytest.mark.parametrize('name', ['digits', 'cifar10', 'cifar100'])
 def test_optional_fields_can_be_set_from_the_command_line(name):
   # ml_collections cannot parse an override of a field whose value is a bare None, so every

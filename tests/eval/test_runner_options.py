@@ -204,13 +204,15 @@ def test_listener_sees_done_total_and_elapsed_after_every_chunk(monkeypatch):
   calls = []
   remove = runner.add_chunk_listener(lambda *a: calls.append(a))
   try:
-    # 23 trials in chunks of 5 (one group of 5): 5 chunks, the last padded: 25 trials run.
+    # 23 trials in chunks of 5 (one group of 5): 5 chunks, the last padded: 25 trials run,
+    # but the listener counts the 23 the results hold.
     out = runner.run_trials(_key_trial, jax.random.key(1), 23, chunk_size=5, progress=False)
   finally:
     remove()
   assert out.shape == (23,)
-  assert [c[:2] for c in calls] == [(5, 25), (10, 25), (15, 25), (20, 25), (25, 25)]
+  assert [c[:2] for c in calls] == [(5, 23), (10, 23), (15, 23), (20, 23), (23, 23)]
   assert [c[2] for c in calls] == [0.5, 2.0, 4.0, 7.5, 11.0]
+  assert {c[3] for c in calls} == {'trials'}
   remove()  # removing twice is harmless
   clock.times.extend([200.0 + t for t in range(6)])
   runner.run_trials(_key_trial, jax.random.key(1), 23, chunk_size=5, progress=False)
@@ -231,6 +233,19 @@ def test_progress_line_per_chunk(monkeypatch):
       '_key_trial: 12/16 trials, 5.3 trials/s (chunk), 12.0 trials/s (run)',
       '_key_trial: 16/16 trials, 2.0 trials/s (chunk), 5.3 trials/s (run)',
   ]
+
+
+def test_progress_line_counts_real_trials_in_their_unit(monkeypatch):
+  # 6 runs in chunks of 4: the padded last chunk shows 6/6 runs, as many as are saved.
+  clock = _Clock([0.0, 1.0, 2.0, 3.0, 4.0])
+  monkeypatch.setattr(runner, 'time', types.SimpleNamespace(perf_counter=clock.perf_counter))
+  lines = []
+  monkeypatch.setattr(runner, 'logging',
+                      types.SimpleNamespace(info=lambda fmt, *a: lines.append(fmt % a)))
+  out = runner.run_trials(_key_trial, jax.random.key(1), 6, chunk_size=4, unit='runs')
+  assert out.shape == (6,)
+  assert lines == ['_key_trial: 4/6 runs, 4.0 runs/s (chunk), 4.0 runs/s (run)',
+                   '_key_trial: 6/6 runs, 2.0 runs/s (chunk), 3.0 runs/s (run)']
 
 
 def test_progress_line_names_a_trial_without_a_name(monkeypatch):
@@ -325,7 +340,7 @@ def test_run_trials_splits_as_plan_says(kw):
     remove()
   count = n - kw.get('start', 0)
   chunks = -(-count // want['chunk'])
-  assert [c[:2] for c in calls] == [((i + 1) * want['chunk'], chunks * want['chunk'])
+  assert [c[:2] for c in calls] == [(min((i + 1) * want['chunk'], count), count)
                                     for i in range(chunks)]
   np.testing.assert_array_equal(out['index'], np.arange(n - count, n))
 

@@ -15,6 +15,7 @@ from configs import digits
 from fl_privacy import data as data_lib
 from fl_privacy import validate
 from fl_privacy.pipelines import ami as ami_pipeline
+from tests.experiments import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,8 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _run(workdir, *flags, config='configs/digits.py:smoke', timeout=300):
   cmd = [sys.executable, '-m', 'experiments.ami', f'--config={config}',
          f'--workdir={workdir}', *flags]
-  env = dict(os.environ, PYTHONPATH=REPO)
-  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+  return subprocess.run(cmd, cwd=REPO, env=cli.env(), capture_output=True, text=True,
                         timeout=timeout)
 
 
@@ -191,13 +191,14 @@ def test_gradient_path_rates_agree_with_fast_path_within_intervals():
   key = jax.random.key(0)
   mechanism, epsilon = 'bitrand', 5.0
   randomize = ami.mechanism_fn(mechanism, epsilon, state['pool_x'].shape[1], state['encoding'])
-  neurons, _, _, _ = ami_pipeline.craft_targets(jax.random.fold_in(key, 0), config, state,
-                                                randomize, True)
+  neurons, _, _, _ = ami.point.craft_targets(jax.random.fold_in(key, 0),
+                                             ami_pipeline.settings(config), state, randomize,
+                                             True)
   rates = {}
   for path in ('fast', 'gradient'):
     config.ami.decision_path = path
-    out, extra = ami_pipeline.play(jax.random.fold_in(key, 1), config, state, neurons,
-                                   mechanism, epsilon, randomize)
+    out, extra = ami.point.play(jax.random.fold_in(key, 1), ami_pipeline.settings(config),
+                                state, neurons, mechanism, epsilon, randomize)
     rates[path] = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
     if path == 'gradient':
       assert extra['fast_path_agreement'] == 1.0

@@ -33,10 +33,12 @@ def test_calibration_never_touches_the_papers_neurons(smoke):
   d = state['pool_x'].shape[1]
   randomize = ami.mechanism_fn('bitrand', 4.0, d, state['encoding'])
   key = jax.random.key(5)
-  with_variant = pipeline.craft_targets(key, config, state, randomize, True)
+  with_variant = ami.point.craft_targets(key, pipeline.settings(config), state, randomize,
+                                         True)
   config_off = digits.get_config('smoke')
   config_off.ami.calibrated_variant = False
-  without = pipeline.craft_targets(key, config_off, state, randomize, True)
+  without = ami.point.craft_targets(key, pipeline.settings(config_off), state, randomize,
+                                    True)
   paper, _, calibrated, predicted = with_variant
   paper_off, _, calibrated_off, predicted_off = without
   assert calibrated_off is None and np.all(np.isnan(np.asarray(predicted_off)))
@@ -50,7 +52,7 @@ def test_calibration_never_touches_the_papers_neurons(smoke):
 def test_calibrated_metrics_are_suffixed_with_intervals():
   out = {'decision': np.array([1, 0, 1, 1, 0, 0]), 'b': np.array([1, 0, 1, 0, 1, 0]),
          'score': np.array([3.0, -1.0, 2.0, 0.5, -0.5, -2.0])}
-  m = pipeline.calibrated_metrics(out)
+  m = ami.game.calibrated_metrics(out)
   for name in ('adv', 'tpr', 'tnr', 'fpr', 'fnr'):
     assert m[f'{name}_calibrated_ci_low'] <= m[f'{name}_calibrated'] <= m[
         f'{name}_calibrated_ci_high']
@@ -61,11 +63,12 @@ def test_calibrated_metrics_are_suffixed_with_intervals():
 def test_certificate_samples_come_from_the_pool(smoke):
   config, state = smoke
   n_pool = len(state['pool_x'])
-  assert np.array_equal(pipeline.certified_rows(jax.random.key(0), config, state),
-                        np.arange(n_pool))
+  assert np.array_equal(
+      ami.point.certified_rows(jax.random.key(0), pipeline.settings(config), n_pool),
+      np.arange(n_pool))
   config = digits.get_config('smoke')
   config.ami.certified_samples = 50
-  rows = pipeline.certified_rows(jax.random.key(0), config, state)
+  rows = ami.point.certified_rows(jax.random.key(0), pipeline.settings(config), n_pool)
   assert len(rows) == 50 == len(np.unique(rows)) and rows.max() < n_pool
   # Disjoint from what crafting and calibration use: the pool and the adversary's rows differ.
   pool = {r.tobytes() for r in np.asarray(state['pool_x'])[rows]}

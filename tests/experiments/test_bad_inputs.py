@@ -17,6 +17,7 @@ import pytest
 
 from configs import _base
 from experiments import common
+from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,10 @@ def _features(n=60, d=5):
 
 def _labels(n=60):
   return (np.arange(n) % 3).astype(np.int32)
+
+
+def _images(n=60):
+  return np.random.default_rng(0).integers(0, 256, (n, 8, 8), dtype=np.uint8)
 
 
 def _with_value(x, value):
@@ -111,7 +116,35 @@ ROWS = [
      "needs an array named one of ['images', 'x']; it holds ['arr_0', 'arr_1']"),
     ('npz with labels of the wrong length', 'ami',
      lambda t: _npz_flags(_npz(t, 'len', x=_features(), y=_labels(59))),
-     "labels of 'x' must have shape [60] (one per example), got (59,)"),
+     "'y' (the labels of 'x') must have shape [60] (one per example), got (59,)"),
+    ('npz of images with labels of the wrong length', 'ami',
+     lambda t: _npz_flags(_npz(t, 'imglen', images=_images(), labels=_labels(59))),
+     "'labels' (the labels of 'images') must have shape [60] (one per example), got (59,)"),
+    ('npz with one class', 'ami',
+     lambda t: _npz_flags(_npz(t, 'one', x=_features(), y=np.zeros(60, np.int32))),
+     "'y' must hold at least 2 classes; got only label 0 in all 60 examples"),
+    ('npz whose features square to inf', 'ami',
+     lambda t: _npz_flags(_npz(t, 'huge', x=_features() * np.float32(1e30), y=_labels())),
+     "'x' must hold features of magnitude <= 1.84e+19 (their float32 square overflows "
+     "beyond); 300 values in 60 rows exceed it"),
+    ('npz with 3 examples', 'ami',
+     lambda t: _npz_flags(_npz(t, 'three', images=_images(3), labels=_labels(3))),
+     "three.npz: too small for this run: its 'train' split holds 2 examples; needs at least "
+     "42 (ami.num_targets = 2 targets"),
+    ('empty npz', 'ami',
+     lambda t: _npz_flags(_npz(t, 'empty', images=_images(0), labels=_labels(0))),
+     "empty.npz: too small: 'images' holds 0 examples; needs at least 3 (20% are held out "
+     "as the test split)"),
+    ('an infinite PASTEL weight', 'pastel',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.pastel.pastel_weights=(1e999,)'],
+     "config.pastel.pastel_weights: must be a finite number >= 0 (got (inf,))"),
+    ('an infinite weight decay', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.weight_decay=inf'],
+     "config.fedmia.weight_decay: must be a finite number >= 0 (got inf)"),
+    ('more LDP copies than memory holds', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ami.copies=1000000000000'],
+     "config.ami.copies: must be small enough for the randomized copies (2 targets x "
+     "1000000000000 copies x 64 features x 4 bytes) to fit in memory: ~476,837.2 GiB >"),
     ('npz with NaN features', 'ami',
      lambda t: _npz_flags(_npz(t, 'nan', x=_with_value(_features(), np.nan), y=_labels())),
      "'x' must hold finite numbers; 1 NaN/inf values in 1 rows (first row 7)"),
@@ -141,7 +174,7 @@ def _npz_flags(path):
 
 
 def _run(experiment, flags, cwd=REPO):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO))
+  env = cli.env(JAX_PLATFORMS='cpu')
   return subprocess.run([sys.executable, '-m', f'experiments.{experiment}', *flags],
                         cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
@@ -156,11 +189,36 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, row, exper
   proc = _run(experiment, flags)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert 'Traceback' not in proc.stderr
-  errors = [l for l in proc.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1, proc.stderr[-2000:]
+  # The error is the only line: no INFO lines or JAX backend probing before it.
+  errors = proc.stderr.splitlines()
+  assert len(errors) == 1 and errors[0].startswith('error:'), proc.stderr[-2000:]
   assert needle in errors[0], errors[0]
   assert not (tmp_path / 'never').exists()
   assert not (tmp_path / 'a_file' / 'run').exists()
+
+
+# One field each experiment checks while it prepares (after JAX and the compile cache started).
+_BAD_FIELD = {
+    'ami': ('--config.ami.num_trials=1', 'config.ami.num_trials'),
+    'dishonest_mia': ('--config.dishonest.momentum=1.5', 'config.dishonest.momentum'),
+    'dp_audit': ('--config.dp_audit.delta=2.0', 'config.dp_audit.delta'),
+    'duplicates': ('--config.dishonest.near_threshold=inf', 'config.dishonest.near_threshold'),
+    'fedmia': ('--config.fedmia.weight_decay=inf', 'config.fedmia.weight_decay'),
+    'ldp_audit': ('--config.ldp_audit.clip_norm=-1.0', 'config.ldp_audit.clip_norm'),
+    'pastel': ('--config.pastel.pastel_weights=(1e999,)', 'config.pastel.pastel_weights'),
+    'toy_game': ('--config.toy.p=(1.5,)', 'config.toy.p'),
+}
+
+
+@pytest.mark.parametrize('experiment', sorted(common.SECTIONS))
+def test_every_experiment_prints_only_the_error_line(tmp_path, experiment):
+  flag, field = _BAD_FIELD[experiment]
+  config = 'configs/toy.py:smoke' if experiment == 'toy_game' else 'configs/digits.py:smoke'
+  proc = _run(experiment, [f'--config={config}', flag, f'--workdir={tmp_path / "never"}'])
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+  assert proc.stderr.startswith(f'error: {field}: must be '), proc.stderr
+  assert not (tmp_path / 'never').exists()
 
 
 def test_every_row_is_in_build_md():

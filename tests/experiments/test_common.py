@@ -17,13 +17,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
 _FAKE = textwrap.dedent('''
+    import logging
     import os
+    import warnings
     from experiments import common
     from fl_privacy import validate
 
     MODE = os.environ['FAKE_MODE']
 
     def prepare(config):
+      if MODE.startswith('noisy'):
+        # What JAX and the data loading say while a run starts (backend probing, warnings).
+        logging.getLogger('jax._src.xla_bridge').info("Unable to initialize backend 'tpu'")
+        warnings.warn('a loading warning')
+        if MODE == 'noisy_error':
+          raise validate.ConfigError('toy.p', 'in [0, 1]', 7)
       if MODE == 'config_error':
         raise validate.ConfigError('toy.p', 'in [0, 1]', 7)
       if MODE == 'missing':
@@ -69,6 +77,20 @@ def test_prepare_errors_exit_2_and_write_nothing(tmp_path, mode, needle):
   assert len(error_lines) == 1 and needle in error_lines[0]
   assert 'Traceback' not in proc.stderr
   assert not workdir.exists()
+
+
+def test_a_bad_input_prints_one_line_and_a_good_one_keeps_the_start_logs(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = _run_fake(tmp_path, 'noisy_error', f'--workdir={workdir}')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.splitlines() == ['error: config.toy.p: must be in [0, 1] (got 7)']
+  assert not workdir.exists()
+  # A run whose inputs pass shows what was held, before its own log lines.
+  proc = _run_fake(tmp_path, 'noisy_ok', f'--workdir={workdir}', '--quiet')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  err = proc.stderr
+  assert "Unable to initialize backend 'tpu'" in err and 'a loading warning' in err
+  assert err.index("backend 'tpu'") < err.index('point(s) already saved')
 
 
 def test_interrupt_lists_saved_points_then_resume(tmp_path):

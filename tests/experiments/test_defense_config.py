@@ -13,6 +13,7 @@ import pytest
 from configs import digits
 from fl_privacy import defenses
 from fl_privacy import validate
+from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ('--config.dishonest.M=(4,)', "--config.dishonest.optimizers=('sgd',)",
@@ -23,7 +24,7 @@ def _run(experiment, workdir, *overrides):
   return subprocess.run(
       [sys.executable, '-m', f'experiments.{experiment}', '--config=configs/digits.py:smoke',
        f'--workdir={workdir}', *overrides],
-      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+      cwd=REPO, env=cli.env(), capture_output=True, text=True, timeout=600, check=False)
 
 
 BAD = [

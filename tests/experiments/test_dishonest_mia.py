@@ -87,6 +87,7 @@ def test_attribution_finds_the_duplicate_in_the_client_data():
 
   from configs import digits
   from fl_privacy import data as data_lib
+  from fl_privacy.attacks import dishonest
   from fl_privacy.pipelines import dishonest_mia
 
   config = digits.get_config()
@@ -94,7 +95,7 @@ def test_attribution_finds_the_duplicate_in_the_client_data():
   p = dict(M=2, optimizer='sgd', num_batches=4, epochs=1)
   key = jax.random.key(3)
   run = 7  # odd: the target is outside
-  client = dishonest_mia.client_indices(key, p, run, len(pool), 32)
+  client = dishonest.client_indices(dishonest_mia.point_key(key, p), run, len(pool), 4 * 32)
   assert len(set(client.tolist())) == 128
   target = int(np.setdiff1d(np.arange(len(pool)), client)[0])
   x = pool.x.copy()
@@ -132,6 +133,7 @@ def test_a_near_duplicate_that_did_not_fire_is_not_blamed():
 
   from configs import digits
   from fl_privacy import data as data_lib
+  from fl_privacy.attacks import dishonest
   from fl_privacy.pipelines import dishonest_mia
 
   config = digits.get_config()
@@ -139,7 +141,7 @@ def test_a_near_duplicate_that_did_not_fire_is_not_blamed():
   p = dict(M=2, optimizer='sgd', num_batches=4, epochs=1)
   key = jax.random.key(3)
   run = 7
-  client = dishonest_mia.client_indices(key, p, run, len(pool), 32)
+  client = dishonest.client_indices(dishonest_mia.point_key(key, p), run, len(pool), 4 * 32)
   target = int(np.setdiff1d(np.arange(len(pool)), client)[0])
   x = pool.x.copy()
   near_copy = x[target].copy()

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = 'configs/digits.py:smoke'
@@ -19,7 +20,7 @@ SMOKE = 'configs/digits.py:smoke'
 def _run(workdir, *overrides, timeout=600):
   cmd = [sys.executable, '-m', 'experiments.dp_audit', f'--config={SMOKE}',
          f'--workdir={workdir}', *overrides]
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env = cli.env(JAX_PLATFORMS='cpu')
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                         env=env, check=False)
 
@@ -78,13 +79,13 @@ def test_smoke_writes_results_table_and_figures(smoke_run):
 
 
 def test_honest_mechanisms_stay_below_their_claims(smoke_run):
-  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
+  from fl_privacy.attacks.audit import dp_canary  # pylint: disable=g-import-not-at-top
   workdir, proc = smoke_run
   assert 'PRIVACY VIOLATION' not in proc.stderr
   for (mech, eps), p in _points(workdir).items():
     m = p['metrics']
     assert m['privacy_violation'] == 0.0, (mech, eps)
-    for key in dp_audit.counted_bounds(mech):
+    for key in dp_canary.counted_bounds(mech):
       assert 0.0 <= float(m[key]) <= eps, (mech, eps, key, m[key])
     assert 0.0 <= m['tightness'] <= 1.0
   # The Gaussian mechanism at its own sensitivity: the GDP bound approaches the claim
@@ -212,15 +213,15 @@ def test_config_lists_the_pipeline_mechanisms():
 
 def test_poisson_llr_is_the_gaussian_llr_without_subsampling():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
+  from fl_privacy.attacks.audit import dp_canary  # pylint: disable=g-import-not-at-top
   x = np.array([[-1.0, 0.5, 2.0]], np.float32)
   shift, sigma = 1.0, 1.5
   gauss = np.sum((x * shift - shift**2 / 2) / sigma**2, axis=-1)
   # q -> 1: log(1 - q + q e^a) -> a.
-  got = dp_audit.poisson_llr(jnp.asarray(x), 1.0 - 1e-7, shift, jnp.float32(sigma))
+  got = dp_canary.poisson_llr(jnp.asarray(x), 1.0 - 1e-7, shift, jnp.float32(sigma))
   np.testing.assert_allclose(np.asarray(got), gauss, rtol=1e-4, atol=1e-4)
   # Small q: the mixture LLR is monotone in each step's value.
-  lo = dp_audit.poisson_llr(jnp.asarray(x), 0.1, shift, jnp.float32(sigma))
-  hi = dp_audit.poisson_llr(jnp.asarray(x + 0.1), 0.1, shift, jnp.float32(sigma))
+  lo = dp_canary.poisson_llr(jnp.asarray(x), 0.1, shift, jnp.float32(sigma))
+  hi = dp_canary.poisson_llr(jnp.asarray(x + 0.1), 0.1, shift, jnp.float32(sigma))
   assert float(hi[0]) > float(lo[0])
   assert math.isfinite(float(lo[0]))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fl_privacy import data as data_lib
+from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,7 @@ def _run(workdir, *overrides):
   return subprocess.run(
       [sys.executable, '-m', 'experiments.duplicates', '--config=configs/digits.py:smoke',
        f'--workdir={workdir}', *overrides],
-      cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+      cwd=REPO, env=cli.env(), capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope='module')
@@ -68,3 +69,37 @@ def test_bad_split_exits_2(tmp_path):
   assert proc.returncode == 2
   assert 'config.dishonest.duplicate_splits' in proc.stderr
   assert not os.path.exists(workdir)
+
+
+def test_the_progress_line_knows_every_point_and_counts_examples(tmp_path):
+  # In process, on small synthetic images: the sweep plans its N points (the line shows
+  # "point k/N" and an ETA) and the log says what a point counts: examples, not trials.
+  import logging  # pylint: disable=g-import-not-at-top
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy import report  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import duplicates as pipeline  # pylint: disable=g-import-not-at-top
+  from fl_privacy.report import progress  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  config.data = dict(name='synthetic', num_examples=40, num_classes=2, shape=(4, 4, 1),
+                     seed=0, data_dir=None, image_size=None, max_examples=None)
+  state = pipeline.prepare(config)
+  store = report.ResultsStore(str(tmp_path / 'run'), 'duplicates', config)
+  tracker = progress.Progress('duplicates', enabled=False)
+  # A handler on absl's own logger: caplog's root handler misses these records once an earlier
+  # test in the same process has stopped absl's logger from propagating.
+  records = []
+  handler = logging.Handler(logging.INFO)
+  handler.emit = records.append
+  absl_logger = logging.getLogger('absl')
+  absl_logger.addHandler(handler)
+  level = absl_logger.level
+  absl_logger.setLevel(logging.INFO)
+  try:
+    with progress.activate(tracker):
+      pipeline.sweep(config, state, store, None)
+  finally:
+    absl_logger.removeHandler(handler)
+    absl_logger.setLevel(level)
+  assert tracker.total == len(store.points) == 6 and tracker.finished == 6
+  saved = [r.getMessage() for r in records if r.getMessage().startswith('saved ')]
+  assert len(saved) == 6 and all(' examples, ' in m and 'trials' not in m for m in saved)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = 'configs/digits.py:smoke'
@@ -18,7 +19,7 @@ SMOKE = 'configs/digits.py:smoke'
 def _run(workdir, *overrides, timeout=600):
   cmd = [sys.executable, '-m', 'experiments.ldp_audit', f'--config={SMOKE}',
          f'--workdir={workdir}', *overrides]
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env = cli.env(JAX_PLATFORMS='cpu')
   return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                         timeout=timeout, env=env)
 

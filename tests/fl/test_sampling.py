@@ -385,8 +385,8 @@ def _reference_order(key, mask, *, epochs, batch_size, max_batch_size):
   mask = np.asarray(mask)
   real_rows = np.flatnonzero(mask > 0)
   n = real_rows.size
-  # q in float32, as the sampler computes it (u is on a 2^-24 grid, exact in either type).
-  q = float(np.float32(batch_size) / np.float32(max(n, 1))) if n else 1.0
+  # q = min(B / n, 1) rounded to float32 as the sampler computes it (u is exact in both).
+  q = min(float(np.float32(batch_size) / np.float32(max(n, 1))), 1.0)
   steps, real_steps = -(-mask.size // batch_size), -(-n // batch_size)
   kept, step_masks = {}, np.zeros((epochs, steps), np.float32)
   for e in range(epochs):
@@ -397,7 +397,7 @@ def _reference_order(key, mask, *, epochs, batch_size, max_batch_size):
         step_masks[e, j] = 1.0
         for r, row in enumerate(real_rows):  # r: the row's rank among the real rows
           w = np.asarray(jax.random.bits(jax.random.fold_in(k_ej, r), (2,), jnp.uint32))
-          if (int(w[0]) >> 8) / 2.0 ** 24 < min(q, 1.0):
+          if (int(w[0]) >> 8) / 2.0 ** 24 < q:
             chosen.append((int(w[1]), int(row)))  # priority, then index
       kept[e, j] = [row for _, row in sorted(chosen)][:max_batch_size]
   return kept, step_masks
@@ -405,20 +405,23 @@ def _reference_order(key, mask, *, epochs, batch_size, max_batch_size):
 
 # capacity 9, n = 6, B = 2: q = 1/3, 3 real steps of 5 (n / B whole, and (n + B - 1) / B not);
 # slots 2 (truncating) and 10 (> capacity); a single real row with B = 1 (q = 1: it joins its
-# one real step every epoch).
+# one real step every epoch); q = 1/2 with a key (found by a search over 2^24 seeds) whose
+# rank-0 draw in epoch 0, step 0 is u = 1/2 exactly, which must not join (u < q).
 PADDED = jnp.asarray([0, 1, 1, 1, 0, 1, 1, 1, 0], jnp.float32)
-ORDER_CASES = {
-    'truncating': (PADDED, dict(epochs=2, batch_size=2, max_batch_size=2)),
-    'more_slots_than_rows': (PADDED, dict(epochs=1, batch_size=2, max_batch_size=10)),
+TIE_SEED = 14566009
+ORDER_CASES = {  # case: mask, arguments, seed
+    'truncating': (PADDED, dict(epochs=2, batch_size=2, max_batch_size=2), 11),
+    'more_slots_than_rows': (PADDED, dict(epochs=1, batch_size=2, max_batch_size=10), 11),
     'one_row': (jnp.asarray([0, 1, 0], jnp.float32), dict(epochs=3, batch_size=1,
-                                                          max_batch_size=1)),
+                                                          max_batch_size=1), 11),
+    'u_equals_q': (jnp.ones(2), dict(epochs=1, batch_size=1, max_batch_size=2), TIE_SEED),
 }
 
 
 @pytest.mark.parametrize('case', list(ORDER_CASES))
 def test_order_is_the_documented_draw(case):
-  mask, kw = ORDER_CASES[case]
-  key = jax.random.key(11)
+  mask, kw, seed = ORDER_CASES[case]
+  key = jax.random.key(seed)
   idx, rm, sm = sampling.poisson_batch_order(key, mask, **kw)
   kept, step_masks = _reference_order(key, mask, **kw)
   steps = -(-mask.shape[0] // kw['batch_size'])
@@ -439,6 +442,11 @@ def test_order_is_the_documented_draw(case):
       np.testing.assert_array_equal(got, want)
   if case == 'one_row':
     np.testing.assert_array_equal(rm[:, 0, 0], [1, 1, 1])
+  if case == 'u_equals_q':
+    k_00 = jax.random.fold_in(jax.random.fold_in(key, 0), 0)
+    w = jax.random.bits(jax.random.fold_in(k_00, 0), (2,), jnp.uint32)
+    assert int(w[0]) >> 8 == 2 ** 23  # u = 1/2 = q
+    assert 0 not in kept[0, 0]
 
 
 def test_argument_limits_and_messages():

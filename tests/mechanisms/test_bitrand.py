@@ -233,3 +233,23 @@ def test_bad_rng_bits_raises_config_error():
   with pytest.raises(validate.ConfigError) as e:
     bitrand.randomize(jax.random.key(0), jnp.zeros((2, 3)), 1.0, rng_bits=8)
   assert e.value.field == 'rng_bits'
+
+
+@pytest.mark.parametrize('rng_bits', [None, 32, 16])
+def test_bit_probabilities_and_pair_epsilon_follow_the_flip_probabilities(rng_bits):
+  # Eq. (23) read bit by bit: a 0 becomes 1 with q_k, a 1 stays 1 with 1 - q_k; a pair's
+  # epsilon is the sum of per_bit_epsilon over the bits in which the encodings differ.
+  eps, r, l = 2.0, 4, 6
+  rng = np.random.default_rng(1)
+  bits = rng.integers(0, 2, size=(2, r, l)).astype(np.uint8)
+  q = np.asarray(bitrand.flip_probabilities(eps, r, l), np.float64)
+  if rng_bits is not None:
+    q = bitrand.effective_probabilities(q, rng_bits)
+  got = bitrand.bit_one_probabilities(bits, eps, rng_bits=rng_bits)
+  np.testing.assert_array_equal(got, np.where(bits == 1, 1.0 - q, q))
+  per_bit = np.broadcast_to(bitrand.per_bit_epsilon(eps, r, l, rng_bits=rng_bits), (r, l))
+  assert bitrand.pair_epsilon(bits[0], bits[1], eps, rng_bits=rng_bits) == pytest.approx(
+      float(np.sum(per_bit[bits[0] != bits[1]])))
+  everything = bitrand.pair_epsilon(np.zeros((r, l)), np.ones((r, l)), eps, rng_bits=rng_bits)
+  assert everything == pytest.approx(
+      bitrand.claimed_vs_implied(eps, r, l, rng_bits=rng_bits)['per_vector'])

@@ -209,3 +209,25 @@ def test_claimed_vs_implied_fields_and_short_vectors():
   assert single['rng_bits'] is None
   assert single['per_parity'][0] == pytest.approx(by_parity(1)[0])
   assert math.isnan(single['per_parity'][1])
+
+
+@pytest.mark.parametrize('rng_bits', [None, 32, 16])
+def test_bit_probabilities_and_pair_epsilon_follow_per_bit_epsilon(rng_bits):
+  # Eq. (22) read bit by bit: P(1 | bit) by the parity of the bit's index in the r*l vector,
+  # and a pair's epsilon is the sum of per_bit_epsilon where the two encodings differ.
+  eps, alpha, r, l = 3.0, 20.0, 3, 5
+  rng = np.random.default_rng(0)
+  bits = rng.integers(0, 2, size=(2, r, l)).astype(np.uint8)
+  p = np.asarray(ome.output_probabilities(eps, r * l, alpha), np.float64)
+  if rng_bits is not None:
+    p = bitrand.effective_probabilities(p, rng_bits)
+  odd = ome.odd_positions(r, l)
+  got = ome.bit_one_probabilities(bits, eps, alpha, rng_bits=rng_bits)
+  for idx in np.ndindex(bits.shape):
+    assert got[idx] == p[int(odd[idx[1:]]), bits[idx]]
+  per_bit = ome.per_bit_epsilon(eps, r, l, alpha, rng_bits=rng_bits)
+  assert ome.pair_epsilon(bits[0], bits[1], eps, alpha, rng_bits=rng_bits) == pytest.approx(
+      float(np.sum(per_bit[bits[0] != bits[1]])))
+  everything = ome.pair_epsilon(np.zeros((r, l)), np.ones((r, l)), eps, alpha, rng_bits)
+  assert everything == pytest.approx(
+      ome.claimed_vs_implied(eps, r, l, alpha, rng_bits)['per_vector'])

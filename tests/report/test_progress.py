@@ -50,6 +50,8 @@ def test_line_counts_points_and_estimates_eta():
   # 2 points left at 10 s each, half of the current one done.
   assert p.eta_s() == 15.0 and 'ETA ~15.0 s' in line and 'elapsed 10.0 s' in line
   assert out.getvalue().count('\r') >= 3
+  p.chunk(4, 16, 2.0, 'runs')  # a game whose trial is a whole federated run
+  assert '4/16 runs, 2 runs/s' in p.line() and 'trials' not in p.line()
 
 
 def test_disabled_progress_draws_nothing():

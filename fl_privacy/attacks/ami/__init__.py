@@ -27,7 +27,8 @@ This package holds
 - the security game's trials (Figs. 1 and 3) for `eval.runner.run_trials` (`game`);
 - the certified guarantee (`certified`, Eqs. 9-10) and DP-SGD noise averaging (`dp_averaging`).
 
-Modules: `crafting`, `decisions`, `game`, `certified`, `dp_averaging`. The names below are
+Modules: `crafting`, `decisions`, `game`, `certified`, `dp_averaging`, `point` (one point of
+the experiment: craft, play, certify, utility). The names below are
 re-exported so that `ami.craft`, `ami.fast_trial`, ... read as one API.
 """
 
@@ -36,6 +37,7 @@ from fl_privacy.attacks.ami import crafting
 from fl_privacy.attacks.ami import decisions
 from fl_privacy.attacks.ami import dp_averaging
 from fl_privacy.attacks.ami import game
+from fl_privacy.attacks.ami import point
 from fl_privacy.attacks.ami.crafting import CraftedNeuron
 from fl_privacy.attacks.ami.crafting import CraftReport
 from fl_privacy.attacks.ami.crafting import init_neuron
@@ -111,6 +113,7 @@ __all__ = [
     'fast_trial_pair',
     'fast_trial_no_ldp',
     'game',
+    'point',
     'game_rates',
     'init_neuron',
     'literal_trial',

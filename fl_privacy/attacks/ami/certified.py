@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy import data as data_lib
 from fl_privacy.attacks.ami import crafting as ami
 from fl_privacy.eval import stats
 
@@ -188,3 +189,42 @@ def certify(values_target: np.ndarray, values_other: np.ndarray,
   out['p'] = int(len(values_target))
   out['q'] = int(len(values_other))
   return out
+
+
+def sample_rows(key: jax.Array, num_rows: int, q: int) -> np.ndarray:
+  """q of `num_rows` indices at random without replacement, sorted (all of them when q is
+  num_rows): the certificate's non-target samples, drawn from rows independent of the
+  crafted neuron, as Hoeffding's inequality needs."""
+  if q == num_rows:
+    return np.arange(num_rows)
+  return np.sort(data_lib.rng_from_key(key).choice(num_rows, q, replace=False))
+
+
+def certify_targets(key: jax.Array, neurons: ami.CraftedNeuron, target_x: np.ndarray,
+                    other_x: jax.Array, randomize, low: float, high: float, *, num_draws: int,
+                    delta: float) -> tuple[dict, dict]:
+  """Theorem 1 per target; metrics of target 0 and the fraction certified, and its draws.
+
+  p = `num_draws` randomized copies of target t (key fold_in(key, 2 t)); the q rows of
+  `other_x`, each randomized once (fold_in(key, 2 t + 1)); `value_range` over [low, high].
+
+  Returns:
+    (`certified_<certify's fields>` of target 0, `certified_q`, `certified_fraction`,
+    `certified_delta_star_median`; target 0's draws {'target', 'other'}).
+  """
+  out, draws, certified_count, deltas = {}, {}, 0, []
+  for t in range(neurons.w.shape[0]):
+    neuron = jax.tree.map(lambda x, t=t: x[t], neurons)
+    v_t = monte_carlo_values(jax.random.fold_in(key, 2 * t), neuron, jnp.asarray(target_x[t]),
+                             randomize, int(num_draws))
+    v_x = monte_carlo_values(jax.random.fold_in(key, 2 * t + 1), neuron, other_x, randomize)
+    res = certify(v_t, v_x, value_range(neuron, low, high), float(delta))
+    certified_count += int(res['certified'])
+    deltas.append(res['delta_star'])
+    if t == 0:
+      out = {f'certified_{k}': v for k, v in res.items()}
+      draws = {'target': v_t, 'other': v_x}
+  out['certified_q'] = int(other_x.shape[0])
+  out['certified_fraction'] = certified_count / neurons.w.shape[0]
+  out['certified_delta_star_median'] = float(np.median(deltas))
+  return out, draws

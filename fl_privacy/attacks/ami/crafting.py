@@ -11,6 +11,7 @@ from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 Array = jax.Array
@@ -256,3 +257,83 @@ def calibrate_bias(neuron: CraftedNeuron, v_positive: Array, v_negative: Array,
   return neuron._replace(c=neuron.c - candidates[best]), adv[best]
 
 
+
+
+def craft_targets(key: Array, target_x: Array, negatives: Array, heldout: Array,
+                  randomize, *, ldp: bool, copies: int, randomize_negatives: bool,
+                  num_neurons: int, learning_rate: float, max_steps: int,
+                  class_weights: tuple[float, float] | None, stop_when_separated: bool,
+                  calibrated_variant: bool, batch_size: int):
+  """Crafts one neuron per target with the paper's rule, and its calibrated variant.
+
+  Under LDP the positives are `copies` randomized copies of each target (Sect. 4 of the AMI
+  paper), the negatives the adversary's crafting rows (randomized once per target when
+  `randomize_negatives`); without LDP the target itself. Keys: fold_in(key, 0..4) for the
+  positives, negatives, initialisations and the calibration's positives and negatives.
+
+  Args:
+    key: PRNG key of the point's crafting.
+    target_x: [T, d] targets; `negatives`: [m, d] crafting rows; `heldout`: [h, d] the
+      adversary's held-out rows (calibration only).
+    randomize: `(key, x) -> x'`, the clients' LDP mechanism (read only when `ldp`).
+    ldp: whether clients randomize.
+    copies, randomize_negatives: as above.
+    num_neurons, learning_rate, max_steps, class_weights, stop_when_separated: `craft`'s.
+    calibrated_variant: also return the neurons with the bias shifted by `calibrate_bias` on
+      the held-out rows (our extension).
+    batch_size: |D|, the batch the calibration predicts the game's Adv for.
+
+  Returns:
+    (neurons, report, calibrated, predicted): `neurons` decide with the paper's rule
+    (member iff v > 0 with the crafted bias); `calibrated` are the same neurons with the
+    bias shifted by `calibrate_bias` on held-out adversary data (None unless
+    `calibrated_variant`); `predicted` the calibration's predicted Adv per target
+    (NaN without the variant). Both are rescaled by `rescale` (decisions unchanged).
+  """
+  t_x = jnp.asarray(target_x)
+  num_targets, d = t_x.shape
+  neg = jnp.asarray(negatives)
+  held = jnp.asarray(heldout)
+  k_pos, k_neg, k_init, k_vpos, k_vneg = (jax.random.fold_in(key, i) for i in range(5))
+
+  def randomized_copies(k, n):
+    return jnp.stack([randomize(jax.random.fold_in(k, t), jnp.broadcast_to(t_x[t], (n, d)))
+                      for t in range(num_targets)])
+
+  def once(k, x):
+    if not (ldp and randomize_negatives):
+      return jnp.broadcast_to(x, (num_targets,) + x.shape)
+    return jnp.stack([randomize(jax.random.fold_in(k, t), x) for t in range(num_targets)])
+
+  pos = randomized_copies(k_pos, copies) if ldp else t_x[:, None, :]
+  negs = once(k_neg, neg)
+  neurons, report = craft_many(
+      jax.random.split(k_init, num_targets), pos, negs, num_neurons=int(num_neurons),
+      learning_rate=float(learning_rate), max_steps=int(max_steps), class_weights=class_weights,
+      stop_when_separated=bool(stop_when_separated))
+  predicted = jnp.full((num_targets,), jnp.nan)
+  calibrated = None
+  if calibrated_variant:
+    v_pos = jax.vmap(chosen_value)(neurons, randomized_copies(k_vpos, copies) if ldp
+                                   else t_x[:, None, :])
+    held_r = (jnp.stack([randomize(jax.random.fold_in(k_vneg, t), held)
+                         for t in range(num_targets)]) if ldp
+              else jnp.broadcast_to(held, (num_targets,) + held.shape))
+    v_neg = jax.vmap(chosen_value)(neurons, held_r)
+    calibrated, predicted = jax.vmap(calibrate_bias, in_axes=(0, 0, 0, None))(
+        neurons, v_pos, v_neg, int(batch_size))
+  rows = jnp.concatenate([pos, negs], axis=1)
+  neurons = jax.vmap(rescale)(neurons, rows)
+  if calibrated is not None:
+    calibrated = jax.vmap(rescale)(calibrated, rows)
+  return neurons, report, calibrated, predicted
+
+
+def report_metrics(report: CraftReport) -> dict[str, float]:
+  """Crafting diagnostics over the targets: `craft_steps_mean/max`, the fraction of targets
+  separated on the crafting data, and the crafting-set TPR and TNR (means)."""
+  steps = np.asarray(report.steps)
+  return {'craft_steps_mean': float(np.mean(steps)), 'craft_steps_max': int(np.max(steps)),
+          'craft_separated_fraction': float(np.mean(np.asarray(report.separated))),
+          'craft_train_tpr': float(np.mean(np.asarray(report.train_tpr))),
+          'craft_train_tnr': float(np.mean(np.asarray(report.train_tnr)))}

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy.eval import stats
 from fl_privacy.mechanisms import gaussian
 
 RULES = ('known_signal', 'unknown_signal')
@@ -194,3 +195,31 @@ def rounds_needed_monte_carlo(errors: dict[str, Any], delta: float) -> int:
   ok = (errors['fp'] <= delta * n) & (errors['fn'] <= delta * n)
   hits = np.flatnonzero(ok)
   return int(hits[0]) + 1 if len(hits) else -1
+
+
+def point_metrics(key: jax.Array, *, epsilon: float, delta: float, num_neurons: int,
+                  signal: float, rule: str, num_trials: int,
+                  max_rounds_simulated: int = 20_000) -> tuple[dict[str, Any], int]:
+  """Rounds needed to average away DP-SGD noise (Appendix E, Fig. 13); (metrics, n_trials).
+
+  The closed form (`rounds_needed`, its FPR and FNR at that many rounds), and, when it is
+  at most `max_rounds_simulated`, the Monte Carlo count (`rounds_needed_monte_carlo` over
+  up to 1.5 x the closed form + 2 rounds) with the simulated error rates at the closed form's
+  round count (Clopper-Pearson intervals); -1 when not simulated.
+  """
+  kw = dict(epsilon=epsilon, delta=delta, num_neurons=num_neurons, signal=float(signal),
+            rule=rule)
+  closed = rounds_needed(**kw)
+  fpr, fnr = error_rates(max(closed, 1), **kw)
+  m = {'rounds_closed_form': closed, 'fpr_closed_form': fpr, 'fnr_closed_form': fnr}
+  cap = max_rounds_simulated
+  if 0 < closed <= cap:
+    max_rounds = min(cap, int(math.ceil(1.5 * closed)) + 2)
+    errors = monte_carlo_errors(key, max_rounds, num_trials=int(num_trials), **kw)
+    m['rounds_monte_carlo'] = rounds_needed_monte_carlo(errors, delta)
+    n = errors['n']
+    m.update(stats.rate('fpr_mc', int(errors['fp'][closed - 1]), n))
+    m.update(stats.rate('fnr_mc', int(errors['fn'][closed - 1]), n))
+  else:
+    m['rounds_monte_carlo'] = -1
+  return m, 2 * int(num_trials)

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy import models
 from fl_privacy.attacks.ami.crafting import CraftedNeuron
 from fl_privacy.attacks.ami.crafting import chosen_value
 from fl_privacy.attacks.ami.decisions import FC1
 from fl_privacy.attacks.ami.decisions import FC2
 from fl_privacy.attacks.ami.decisions import decide_from_activation
 from fl_privacy.attacks.ami.decisions import decide_from_gradient
+from fl_privacy.attacks.ami.decisions import write_into_mlp
+from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import runner
+from fl_privacy.fl import losses
+from fl_privacy.mechanisms import fixed_point
 from fl_privacy.mechanisms.codes import Encoding
+from fl_privacy.mechanisms.codes import bit_probabilities
+from fl_privacy.mechanisms.codes import channel_from_bit_probs
 from fl_privacy.mechanisms.codes import codes_to_values
+from fl_privacy.mechanisms.codes import pack_codes
 from fl_privacy.mechanisms.codes import sample_codes
 
 Array = jax.Array
@@ -271,3 +281,214 @@ def game_rates(outcomes: dict) -> dict[str, float | int]:
   tpr, tnr = tp / max(n_pos, 1), tn / max(n_neg, 1)
   return {'tp': tp, 'n_pos': n_pos, 'tn': tn, 'n_neg': n_neg, 'tpr': tpr, 'tnr': tnr,
           'adv': 0.5 * (tpr + tnr)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Playing the game: every trial of one point through `eval.runner.run_trials`.
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_partial(fn, **kw):
+  # One partial per static setting, so the runner's compile cache is reused across points.
+  return functools.partial(fn, **kw)
+
+
+def play(key: Array, neurons: CraftedNeuron, targets: GameSide, pool: GameSide, *,
+         mechanism: str, epsilon: float | None, randomize: Callable, encoding: Encoding,
+         num_trials: int, batch_size: int, defense: Any = None, decision_path: str = 'fast',
+         mlp_hidden: tuple[int, ...] = (), num_classes: int | None = None,
+         calibrated: CraftedNeuron | None = None,
+         run_options: dict | None = None) -> tuple[dict, dict]:
+  """Runs the security game (Figs. 1 and 3 of the AMI paper); returns (outcomes, extra metrics).
+
+  Args:
+    key: the game's run key (trial i uses fold_in(key, i)).
+    neurons: the crafted neurons, one per target (leading axis T).
+    targets, pool: `GameSide(x, y)` as the client holds them (y: the literal path only).
+    mechanism, epsilon, randomize, encoding: the clients' LDP mechanism ('none': no LDP).
+    num_trials, batch_size: trials and |D|.
+    defense: the client's batch defense (`ClientHooks` or None).
+    decision_path: 'fast' (some row activates the chosen neuron) or 'gradient' (the client
+      computes `jax.grad` of a real `models.MLP(mlp_hidden, num_classes)` holding the crafted
+      block; also reports `fast_path_agreement`).
+    calibrated: the calibrated variant's neurons: the outcomes also carry
+      `decision_variant` / `score_variant`, the same trials (same key: same batches and
+      randomization) decided by them. The fast paths under LDP or a defense score each
+      randomized batch with both neurons in one run; the others (no LDP: a gather of
+      precomputed values; the literal gradient path) replay the game.
+    run_options: `run_trials` keyword arguments (`runner.options(config)`).
+  """
+  kw = dict(mechanism=mechanism, epsilon=epsilon, randomize=randomize, encoding=encoding,
+            num_trials=int(num_trials), batch_size=int(batch_size), defense=defense,
+            decision_path=decision_path, mlp_hidden=tuple(mlp_hidden),
+            num_classes=num_classes, run_options=dict(run_options or {}))
+  out, extra = _play(key, neurons, targets, pool, calibrated=calibrated, **kw)
+  if calibrated is not None and 'decision_variant' not in out:
+    other, _ = _play(key, calibrated, targets, pool, **kw)
+    out = dict(out, decision_variant=other['decision'], score_variant=other['score'])
+  return out, extra
+
+
+def _play(key, neurons, targets, pool, *, mechanism, epsilon, randomize, encoding, num_trials,
+          batch_size, defense, decision_path, mlp_hidden, num_classes, run_options,
+          calibrated=None):
+  # `calibrated` is honoured only where it costs one activation (the fast LDP/defense paths).
+  enc = encoding
+  d = pool.x.shape[1]
+  n = num_trials
+  opts = run_options
+  extra = {}
+  if decision_path == 'gradient':
+    return _play_literal(key, neurons, targets, pool, mechanism=mechanism, randomize=randomize,
+                         num_trials=n, batch_size=batch_size, defense=defense,
+                         mlp_hidden=mlp_hidden, num_classes=num_classes, run_options=opts)
+  if mechanism == 'none' and defense is None:
+    v_t, v_p = precomputed_values(neurons, jnp.asarray(targets.x), jnp.asarray(pool.x))
+    fn = _cached_partial(fast_trial_no_ldp, batch_size=batch_size)
+    return runner.run_trials(fn, key, n, **opts, args=(v_t, v_p)), extra
+  p_one = None if mechanism == 'none' else bit_probabilities(mechanism, epsilon, d, enc)
+  if p_one is None:
+    kw = dict(batch_size=batch_size, mechanism=randomize, defense=defense)
+    sides = (GameSide(x=jnp.asarray(targets.x)), GameSide(x=jnp.asarray(pool.x)), ())
+    if mechanism != 'none':
+      extra['sampler_tv_per_trial'] = 0.0
+  else:
+    channel = channel_from_bit_probs(p_one, enc.group_sizes())
+    sizes = enc.group_sizes()
+    t_codes = pack_codes(fixed_point.encode(jnp.asarray(targets.x), enc.int_bits,
+                                            enc.frac_bits, True)[0], sizes)
+    p_codes = pack_codes(fixed_point.encode(jnp.asarray(pool.x), enc.int_bits,
+                                            enc.frac_bits, True)[0], sizes)
+    kw = dict(batch_size=batch_size, xor=channel.xor, encoding=enc, defense=defense)
+    sides = (GameSide(codes=t_codes), GameSide(codes=p_codes),
+             tuple(jnp.asarray(t) for t in channel.thresholds))
+    # Total-variation bound between the simulated and the exact client, per trial.
+    extra['sampler_tv_per_trial'] = channel.tv_per_feature * d * batch_size
+  if calibrated is None:
+    fn = _cached_partial(fast_trial, **kw)
+    return runner.run_trials(fn, key, n, **opts, args=(neurons,) + sides), extra
+  fn = _cached_partial(fast_trial_pair, **kw)
+  return runner.run_trials(fn, key, n, **opts, args=(neurons, calibrated) + sides), extra
+
+
+def mlp_with_neurons(key: Array, neurons: CraftedNeuron, num_features: int,
+                     mlp_hidden: tuple[int, ...], num_classes: int, chosen_index: int = 0):
+  """(model, params stacked over targets): an honest `models.MLP` init per target (key
+  fold_in(key, t)) with the crafted block written in (`write_into_mlp`)."""
+  model = models.MLP(hidden=tuple(mlp_hidden), num_classes=num_classes)
+  per_target = []
+  for t in range(neurons.w.shape[0]):
+    honest = model.init(jax.random.fold_in(key, t), jnp.zeros((1, num_features), jnp.float32))
+    neuron = jax.tree.map(lambda x, t=t: x[t], neurons)
+    per_target.append(write_into_mlp(neuron, honest, chosen_index))
+  return model, jax.tree.map(lambda *xs: jnp.stack(xs), *per_target)
+
+
+# The chosen neuron of the literal path's MLP is unit 0 of fc2.
+CHOSEN_INDEX = 0
+
+
+def _play_literal(key, neurons, targets, pool, *, mechanism, randomize, num_trials, batch_size,
+                  defense, mlp_hidden, num_classes, run_options):
+  model, params = mlp_with_neurons(jax.random.fold_in(key, 10**6), neurons, pool.x.shape[1],
+                                   mlp_hidden, num_classes, CHOSEN_INDEX)
+  loss_fn = losses.make_loss_fn(model.apply)
+  t_side = GameSide(x=jnp.asarray(targets.x), y=jnp.asarray(targets.y))
+  p_side = GameSide(x=jnp.asarray(pool.x), y=jnp.asarray(pool.y))
+  fn = _cached_partial(literal_trial, batch_size=batch_size, loss_fn=loss_fn,
+                       chosen_index=CHOSEN_INDEX,
+                       mechanism=None if mechanism == 'none' else randomize,
+                       defense=defense)
+  out = runner.run_trials(fn, key, num_trials, **run_options,
+                          args=(params, t_side, p_side, None))
+  agree = float(np.mean(out['decision'] == out['decision_fast']))
+  return out, {'fast_path_agreement': agree}
+
+
+CALIBRATED_SUFFIX = '_calibrated'
+
+
+def calibrated_metrics(out: dict) -> dict:
+  """The calibrated variant's rates, named `<rate>_calibrated` (`_ci_low/_ci_high` after).
+
+  `out`: {'b', 'decision', 'score'} of the variant. E.g. `adv_calibrated`,
+  `adv_calibrated_ci_low`, `tpr_calibrated`, `auc_calibrated`.
+  """
+  m = metrics_lib.tpr_tnr_adv(out['decision'], out['b'])
+  named = {}
+  for k, v in m.items():
+    base, sep, tail = k.partition('_ci_')
+    named[f'{base}{CALIBRATED_SUFFIX}{sep}{tail}'] = v
+  named[f'auc{CALIBRATED_SUFFIX}'] = metrics_lib.roc_auc(out['score'], out['b'])
+  return named
+
+
+def target_spread(out: dict, num_targets: int) -> dict[str, float]:
+  """The smallest and largest per-target Adv (`adv_target_min`, `adv_target_max`)."""
+  per_target = [metrics_lib.tpr_tnr_adv(out['decision'][out['target'] == t],
+                                        out['b'][out['target'] == t])['adv']
+                for t in range(num_targets)]
+  return {'adv_target_min': float(np.min(per_target)),
+          'adv_target_max': float(np.max(per_target))}
+
+
+# ----------------------------------------------------------------------------------------------
+# The game's data roles (Fig. 1 of the AMI paper): targets, the adversary's rows, the pool.
+
+
+def least_shared_split(num_targets: int, adversary_fraction: float, heldout_fraction: float,
+                       batch_size: int, limit: int = 10**7) -> int:
+  """The fewest examples one split holding targets, adversary and pool needs (as
+  `role_indices` cuts it): >= 1 crafting negative and a pool of >= `batch_size` rows.
+
+  Counts only, in `role_indices`' order, so a too-small data file is reported with the size
+  that passes every check rather than one check at a time.
+  """
+  nt, n = int(num_targets), int(num_targets) + 1
+  while n < limit:
+    rest = n - nt
+    n_adv = int(round(adversary_fraction * rest))
+    n_held = max(1, int(round(heldout_fraction * n_adv)))
+    if n_adv - n_held >= 1 and rest - n_adv >= batch_size:
+      return n
+    n += 1
+  return n
+
+
+def role_indices(rng: np.random.Generator, num_targets: int, adversary_size: int,
+                 pool_size: int, *, adversary_is_pool: bool, adversary_is_target: bool,
+                 pool_is_target: bool, adversary_fraction: float, heldout_fraction: float,
+                 max_negatives: int = 0) -> dict[str, np.ndarray]:
+  """Indices of the targets, the adversary's crafting and held-out rows and the game pool.
+
+  Targets are the first `num_targets` rows of their split. Where the adversary's split is the
+  pool's, its rows (less the targets when that split is also theirs) are permuted by `rng`
+  and cut at `adversary_fraction`; otherwise the adversary holds its whole split (permuted)
+  and the pool every row of its split but the targets. `heldout_fraction` of the adversary's
+  rows are held out (>= 1); `max_negatives` > 0 caps the crafting rows (and the held-out
+  ones in proportion). The roles never share a row of a split.
+
+  Returns:
+    {'targets', 'crafting' (sorted), 'heldout' (sorted), 'pool'}; `crafting` may be empty
+    (the caller refuses that).
+  """
+  targets = np.arange(num_targets)
+  if adversary_is_pool:
+    rest = np.arange(adversary_size)
+    if adversary_is_target:
+      rest = rest[num_targets:]
+    rest = rng.permutation(rest)
+    n_adv = int(round(adversary_fraction * len(rest)))
+    adversary, pool = np.sort(rest[:n_adv]), np.sort(rest[n_adv:])
+  else:
+    adversary = rng.permutation(adversary_size)
+    pool = np.arange(pool_size)
+    if pool_is_target:
+      pool = pool[num_targets:]
+  n_held = max(1, int(round(heldout_fraction * len(adversary))))
+  heldout, crafting = adversary[:n_held], adversary[n_held:]
+  if max_negatives:
+    crafting = crafting[:max_negatives]
+    heldout = heldout[:max(1, int(round(heldout_fraction * max_negatives)))]
+  return {'targets': targets, 'crafting': np.sort(crafting), 'heldout': np.sort(heldout),
+          'pool': pool}

@@ -23,8 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fl_privacy.mechanisms import fixed_point
+
 CRAFTERS = ('benign', 'input_perturbation', 'parameter_retrogression',
             'gradient_flip', 'collusion', 'dummy_gradient')
+# The audited input pairs of a bitwise input mechanism (`input_pair_bits`).
+INPUT_PAIRS = ('extreme_pair', 'one_feature_pair')
 
 LossFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
@@ -242,3 +246,19 @@ def select_examples(norms: np.ndarray, labels: np.ndarray, selection: str,
   i1 = int(allowed[0])
   others = [i for i in order if labels[i] != labels[i1]]
   return i1, int(others[0]) if others else i1
+
+
+def input_pair_bits(pair: str, num_features: int, int_bits: int, frac_bits: int,
+                    sign_bit: bool) -> np.ndarray:
+  """Encodings [2, r, l] of the audited input pair of a bitwise input mechanism.
+
+  'extreme_pair': the all-zero and the all-maximum vector (every magnitude bit
+  differs); 'one_feature_pair': the all-zero vector and the one whose feature 0
+  alone is the maximum (the neighbours of a per-feature guarantee).
+  """
+  top = fixed_point.max_value(int_bits, frac_bits)
+  other = (jnp.full((num_features,), top) if pair == 'extreme_pair'
+           else jnp.zeros((num_features,)).at[0].set(top))
+  x = jnp.stack([jnp.zeros((num_features,)), other])
+  bits, _ = fixed_point.encode(x, int_bits, frac_bits, sign_bit)
+  return np.asarray(bits, np.uint8)

@@ -7,6 +7,8 @@
 - `whitebox`: the white-box attack of Nasr et al. (2019) on recorded snapshots (feature groups,
   per-group MLPs and an encoder trained on a balanced half) and the loss threshold; PASTEL's
   attack.
+- `pastel`: the PASTEL experiment's attacks on its recorded trainings (targets, balanced
+  halves, `record`, FedMIA re-scoring of its rows).
 - `evaluate`: pooled metrics with intervals (AUC by DeLong, TPR at low FPR by Clopper-Pearson).
 
 The measurements come from `fl.queries.measure` / `fl.recording.train_recorded`.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from fl_privacy.attacks.passive import evaluate
 from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import pastel
 from fl_privacy.attacks.passive import scores
 from fl_privacy.attacks.passive import whitebox
 from fl_privacy.attacks.passive.fedmia import FILTERS

@@ -4,7 +4,9 @@
 pipeline stores: AUC with DeLong's 95% interval, log-AUC, TPR at 1% and 0.1% FPR with
 Clopper-Pearson intervals on the member count above the threshold, the numbers of members and
 non-members, the smallest and largest per-target AUC and TPR@0.1% FPR, and for FedMIA the
-fraction of shadow values the outlier filter removed.
+fraction of shadow values the outlier filter removed. `recording_metrics` adds what a
+results point of the FedMIA pipeline carries besides: the trained model's test accuracy and
+the defense's DP metrics.
 """
 
 from __future__ import annotations
@@ -110,6 +112,42 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
                                         if pooled['owner_examined'] else math.nan)
   if audit_delta is not None:
     m.update(auditing.attack_bounds(final, labels, audit_delta))
+  return m
+
+
+def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring: str,
+                      single_round: int, default_filter: str, rng: np.random.Generator,
+                      dp_metrics: dict[str, Any] | None = None,
+                      dp_delta: float | None = None) -> dict[str, Any]:
+  """`evaluate` on a recording that carries its `owner` (`fl.recording.record_shards`).
+
+  Args:
+    recording: `fl.recording.record_shards`'s arrays.
+    attack, scoring, default_filter, rng: as in `evaluate`.
+    single_round: the 1-based recorded round single-round attacks use.
+    dp_metrics: the defense's DP metrics (`dp_epsilon`, ...), copied in.
+    dp_delta: the DP defense's delta: when `dp_metrics` declare a DP unit (`dp_unit`), the
+      attack's own empirical epsilon bounds at it too (`evaluate`'s `audit_delta`).
+
+  Returns:
+    `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson
+    interval, `n_test`, `test_error`, `dp_metrics` (`dp_epsilon` inf when it has none) and
+    `train_seconds`.
+  """
+  dp_metrics = dp_metrics or {}
+  recorded = list(np.asarray(recording['rounds']) + 1)
+  m = evaluate(recording, recording['owner'], attack, scoring=scoring,
+               single_index=recorded.index(int(single_round)), default_filter=default_filter,
+               rng=rng, audit_delta=float(dp_delta) if 'dp_unit' in dp_metrics else None)
+  n_test = int(recording['num_test'])
+  correct = int(recording['test_correct'][-1])
+  acc = stats.rate('test_accuracy', correct, n_test)
+  m.update(acc)
+  m['n_test'] = n_test
+  m['test_error'] = 1.0 - acc['test_accuracy']
+  m.update(dp_metrics)
+  m.setdefault('dp_epsilon', math.inf)
+  m['train_seconds'] = float(recording['train_seconds'])
   return m
 
 

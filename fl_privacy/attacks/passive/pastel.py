@@ -1,0 +1,266 @@
+"""The attacks of the PASTEL experiment (Elhattab and Bouchenak) on its recorded trainings.
+
+Targets: `local` (client k's uploaded model w_t - Delta_k; members: k's members; non-members:
+k's disjoint share of the test split) and `global` (the global model; members: every client's
+members; non-members: the test split). Each target's labelled rows are split, seeded, into
+balanced halves (`attack_rows`): the white-box attack (`whitebox`, Nasr et al. 2019) trains on
+one and every attack scores the other, so all attacks and all defenses are compared on the same
+rows. `record` trains (through `defenses.pastel_training.run_segments`) and keeps what the
+attacks read: white-box features at the last snapshots, FedMIA's measurements
+(`fl.queries.measure`) at every recorded round, and the training's utility diagnostics.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fl_privacy import data as data_lib
+from fl_privacy.attacks.passive import evaluate as evaluate_lib
+from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.attacks.passive import whitebox
+from fl_privacy.defenses import dp as dp_lib
+from fl_privacy.defenses import pastel as pastel_lib
+from fl_privacy.defenses import pastel_training
+from fl_privacy.eval import utility
+from fl_privacy.fl import losses
+from fl_privacy.fl import queries
+from fl_privacy.report import point_key
+
+FEDMIA_ATTACKS = ('fedmia_i', 'fedmia_ii')
+_MEASUREMENTS = ('loss', 'cos', 'diff', 'grad_sq')
+# Rows the internal-gap diagnostic (jsd_last_round) reads per client (memory on big models).
+_JSD_ROWS = 512
+
+
+def attack_rows(members: Sequence[np.ndarray], test_parts: Sequence[np.ndarray], num_test: int,
+                key) -> dict:
+  """Rows of each target and their seeded balanced halves (the same for every training).
+
+  Global rows: every client's members (client order), then the whole test split. Local rows:
+  for each client k, k's members then its test share. Each row's `example` indexes the train
+  (members) or test (non-members) split.
+
+  Returns:
+    {target: {'labels', 'client', 'example', 'train' (row indices), 'eval' (row indices)}}.
+  """
+  k = len(members)
+  n_test = num_test
+  out = {}
+  g_labels = np.r_[np.ones(sum(len(m) for m in members), np.int8), np.zeros(n_test, np.int8)]
+  g_client = np.r_[np.concatenate([np.full(len(m), i) for i, m in enumerate(members)]),
+                   np.full(n_test, -1)]
+  g_example = np.r_[np.concatenate(members), np.arange(n_test)]
+  rng = data_lib.rng_from_key(point_key(key, {'role': 'halves', 'target': 'global'}))
+  pos, neg = np.flatnonzero(g_labels == 1), np.flatnonzero(g_labels == 0)
+  tp, tn, ep, en = whitebox.balanced_halves(rng, len(pos), len(neg))
+  out['global'] = dict(labels=g_labels, client=g_client, example=g_example,
+                       train=np.r_[pos[tp], neg[tn]], eval=np.r_[pos[ep], neg[en]])
+  labels, client, example, train_rows, eval_rows = [], [], [], [], []
+  offset = 0
+  for i in range(k):
+    m, t = members[i], test_parts[i]
+    labels.append(np.r_[np.ones(len(m), np.int8), np.zeros(len(t), np.int8)])
+    client.append(np.full(len(m) + len(t), i))
+    example.append(np.r_[m, t])
+    rng = data_lib.rng_from_key(point_key(key, {'role': 'halves', 'target': 'local',
+                                                'client': i}))
+    tp, tn, ep, en = whitebox.balanced_halves(rng, len(m), len(t))
+    train_rows.append(offset + np.r_[tp, len(m) + tn])
+    eval_rows.append(offset + np.r_[ep, len(m) + en])
+    offset += len(m) + len(t)
+  out['local'] = dict(labels=np.concatenate(labels), client=np.concatenate(client),
+                      example=np.concatenate(example), train=np.concatenate(train_rows),
+                      eval=np.concatenate(eval_rows))
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def feature_fn(apply_fn, last_layer):
+  """`whitebox.make_feature_fn`, cached: one jitted program per model, shared by trainings."""
+  return whitebox.make_feature_fn(apply_fn, last_layer=last_layer)
+
+
+def _stack_snapshots(snaps: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  return {g: np.stack([s[g] for s in snaps], axis=1) for g in snaps[0]}
+
+
+def record(apply_fn, params, clients, key, strength: float, *, factory, optimizer, epochs: int,
+           batch_size: int, num_rounds: int, record_every: int, attack_snapshots: int,
+           x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+           members: Sequence[np.ndarray], heldout: Sequence[np.ndarray], rows: dict,
+           need_fedmia: bool, last_layer_grad: bool, chunk_size: int, layers: tuple,
+           representation: str, temperature: float, defense: str, clip_norm: float,
+           update_clip_norm: float) -> dict[str, Any]:
+  """One training from `params` (w_0): rounds in segments; what the attacks read, recorded.
+
+  Args:
+    apply_fn, params, clients, key, strength, factory, optimizer, epochs, batch_size: the
+      training (`defenses.pastel_training.segment`; `key` the rounds' key).
+    num_rounds, record_every: T and the recording period (rounds every-1, 2 every-1, ...).
+    attack_snapshots: white-box features at the last this many recorded rounds.
+    members, heldout: per client, indices into the train split; `rows`: `attack_rows`.
+    need_fedmia: record FedMIA's measurements (queries: the global rows).
+    last_layer_grad: add the white-box group `last_layer_grad`.
+    layers, representation, temperature: PASTEL's JS gap measured at the end (diagnostic).
+    defense, clip_norm, update_clip_norm: which clipping `clip_fraction` reports.
+
+  Returns:
+    Arrays for the artifact store: white-box features `global/<group>` and `local/<group>`
+    [rows, S, d]; FedMIA's `fm_loss`, `fm_cos`, `fm_diff` [R, K, Q], `fm_grad_sq` [R, Q],
+    `fm_rounds`; `test_accuracy_rounds` [R]; the final model's test, member and per-client
+    local counts; the internal gap `jsd_last_round`; `clip_fraction`, `upload_norm_median`.
+  """
+  static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
+                batch_size=int(batch_size), hook_factory=factory)
+  recorded = pastel_training.recorded_rounds(int(num_rounds), int(record_every))
+  attacked = recorded[-int(attack_snapshots):]
+  fn = feature_fn(apply_fn, whitebox.last_layer_name(params) if last_layer_grad else None)
+  chunk = int(chunk_size)
+  g_rows, l_rows = rows['global'], rows['local']
+  last_locals = []
+  all_members = np.concatenate(members)
+  gx = np.concatenate([x_train[all_members], x_test])
+  gy = np.r_[y_train[all_members], y_test]
+  g_snaps, l_snaps, fm, acc_rounds, upload_norms = [], [], [], [], []
+  for r, new_params, params, uploads in pastel_training.run_segments(
+      params, clients, key, strength, recorded, **static):
+    norms = jax.vmap(dp_lib.global_norm)(uploads)
+    upload_norms.append(np.asarray(norms))
+    acc_rounds.append(utility.count_correct(apply_fn, new_params, x_test, y_test) / len(y_test))
+    if need_fedmia:
+      meas = queries.measure(apply_fn, params, uploads, jnp.asarray(gx), jnp.asarray(gy),
+                             chunk_size=chunk)
+      fm.append({n: np.asarray(getattr(meas, n)) for n in _MEASUREMENTS})
+    if r in attacked:
+      g_snaps.append(whitebox.features(fn, new_params, gx, gy, chunk_size=chunk))
+      parts = []
+      for i in range(len(members)):
+        local = pastel_training.local_model(params, uploads, i)
+        sel = l_rows['client'] == i
+        ex = l_rows['example'][sel]
+        is_member = l_rows['labels'][sel] == 1
+        xs = np.concatenate([x_train[ex[is_member]], x_test[ex[~is_member]]])
+        ys = np.r_[y_train[ex[is_member]], y_test[ex[~is_member]]]
+        parts.append(whitebox.features(fn, local, xs, ys, chunk_size=chunk))
+      l_snaps.append({g: np.concatenate([p[g] for p in parts]) for g in parts[0]})
+    if r == recorded[-1]:
+      last_locals = [pastel_training.local_model(params, uploads, i)
+                     for i in range(len(members))]
+    params = new_params
+  out = {f'global/{g}': v for g, v in _stack_snapshots(g_snaps).items()}
+  out.update({f'local/{g}': v for g, v in _stack_snapshots(l_snaps).items()})
+  if fm:
+    for n in _MEASUREMENTS:
+      out[f'fm_{n}'] = np.stack([m[n] for m in fm])
+    out['fm_rounds'] = np.asarray(recorded)
+  out['test_accuracy_rounds'] = np.asarray(acc_rounds)
+  out['test_correct'] = utility.count_correct(apply_fn, params, x_test, y_test)
+  out['member_correct'] = utility.count_correct(apply_fn, params, x_train[all_members],
+                                                y_train[all_members])
+  out['num_members'] = len(all_members)
+  out['local_test_correct'] = np.asarray([utility.count_correct(apply_fn, p, x_test, y_test)
+                                          for p in last_locals])
+  loss_fn = losses.make_loss_fn(apply_fn)
+  jsd = []
+  for m, h in zip(members, heldout):
+    m, h = m[:_JSD_ROWS], h[:_JSD_ROWS]
+    jsd.append(pastel_lib.mean_jsd(apply_fn, loss_fn, params, jnp.asarray(x_train[m]),
+                                   jnp.asarray(y_train[m]), jnp.asarray(x_train[h]),
+                                   jnp.asarray(y_train[h]), layers=layers,
+                                   representation=representation, temperature=temperature))
+  out['jsd_last_round'] = float(np.mean(jsd))
+  # Clipping: DP-SGD's per-example gradients at the final global model (members), or the
+  # server's clip of the recorded rounds' uploads.
+  if defense == 'ldp':
+    g = out['global/grad_norms'][:, -1][g_rows['labels'] == 1]
+    out['clip_fraction'] = float(np.mean(np.sqrt(np.sum(g.astype(np.float64) ** 2, -1)) >
+                                         clip_norm))
+  elif defense in ('cdp', 'wdp'):
+    out['clip_fraction'] = float(np.mean(np.concatenate(upload_norms) > update_clip_norm))
+  else:
+    out['clip_fraction'] = math.nan
+  out['upload_norm_median'] = float(np.median(np.concatenate(upload_norms)))
+  return out
+
+
+def fedmia_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray],
+                  attack: str) -> tuple[np.ndarray, np.ndarray]:
+  """FedMIA-I / -II (aligned, leave-one-out filter) on the local target's evaluation rows.
+
+  Queries are the global rows (members of every client, then the test split); for target k,
+  `scores.pooled_round_scores` ranks k's members against every other query; only k's
+  evaluation-half members and test share are kept, so FedMIA scores the same rows as the
+  other attacks.
+  """
+  recording = {n: arrays[f'fm_{n}'] for n in _MEASUREMENTS}
+  recording['rounds'] = arrays['fm_rounds']
+  g = rows['global']
+  owner = np.where(g['labels'] == 1, g['client'], -1)
+  pooled = scores_lib.pooled_round_scores(recording, owner, attack)
+  final = scores_lib.combine_rounds(pooled['scores'], attack)
+  # Entry order of pooled_round_scores: per target k, its members then every other query.
+  query_ids, target_ids = [], []
+  for k in range(len(members)):
+    mine, others = scores_lib.target_views(owner, k)
+    query_ids.append(np.r_[mine, others])
+    target_ids.append(np.full(len(mine) + len(others), k))
+  query_ids, target_ids = np.concatenate(query_ids), np.concatenate(target_ids)
+  loc = rows['local']
+  n_members = len(np.concatenate(members))
+  # Global query index of each local evaluation row.
+  wanted = {}
+  for r in loc['eval']:
+    k = int(loc['client'][r])
+    ex = int(loc['example'][r])
+    if loc['labels'][r] == 1:
+      q = int(np.flatnonzero((g['client'] == k) & (g['example'] == ex) & (g['labels'] == 1))[0])
+    else:
+      q = n_members + ex
+    wanted[(k, q)] = int(loc['labels'][r])
+  keep = np.array([(int(k), int(q)) in wanted for k, q in zip(target_ids, query_ids)])
+  labels = np.array([wanted[(int(k), int(q))] for k, q in zip(target_ids[keep],
+                                                               query_ids[keep])])
+  assert np.array_equal(labels, pooled['labels'][keep])
+  return final[keep], labels
+
+
+def attack_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray], attack: str,
+                  target: str, key, *, steps: int, learning_rate: float,
+                  hidden: int) -> tuple[np.ndarray, np.ndarray]:
+  """(scores, labels) of `attack` on `target`'s evaluation half.
+
+  `steps`, `learning_rate`, `hidden`: the white-box attack's training (`nasr_whitebox`).
+  """
+  r = rows[target]
+  if attack in FEDMIA_ATTACKS:
+    return fedmia_scores(arrays, rows, members, attack)
+  prefix = f'{target}/'
+  feats = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+  labels = r['labels'][r['eval']]
+  if attack == 'loss_threshold':
+    return whitebox.loss_scores({'loss': feats['loss'][r['eval']]}), labels
+  scores = whitebox.train_and_score(
+      point_key(key, {'role': 'attack', 'target': target}),
+      {g: v[r['train']] for g, v in feats.items()}, r['labels'][r['train']],
+      {g: v[r['eval']] for g, v in feats.items()}, steps=int(steps),
+      learning_rate=float(learning_rate), hidden=int(hidden))
+  return scores, labels
+
+
+def attack_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+  """`evaluate.score_metrics` under PASTEL's names: `attack_auc` (+ DeLong interval),
+  `log_auc`, `tpr_at_fpr_1e-2` / `1e-3` (+ Clopper-Pearson), `n_pos`, `n_neg`."""
+  base = evaluate_lib.score_metrics(scores, labels)
+  m = {'attack_auc': base['auc'], 'attack_auc_ci_low': base['auc_ci_low'],
+       'attack_auc_ci_high': base['auc_ci_high'], 'log_auc': base['log_auc']}
+  for name in ('tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
+    for suffix in ('', '_ci_low', '_ci_high'):
+      m[name + suffix] = base[name + suffix]
+  m['n_pos'], m['n_neg'] = base['n_pos'], base['n_neg']
+  return m
