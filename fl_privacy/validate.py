@@ -126,6 +126,11 @@ class Rule:
     return f'Rule({self.allowed!r})'
 
 
+def checked(config, field: str, rule: Rule):
+  """`config.<field>` after `rule.check` (raises `ConfigError` naming the field); returns it."""
+  return rule.check(field, _get(config, field))
+
+
 def _is_number(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

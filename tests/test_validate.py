@@ -79,3 +79,14 @@ def test_every_unbounded_pipeline_field_refuses_inf(module, field, value):
   with pytest.raises(validate.ConfigError, match='must be a finite number >= 0') as info:
     pipeline.validate_static(config)
   assert info.value.field == field
+
+
+def test_checked_reads_the_field_and_applies_the_rule():
+  config = ml_collections.ConfigDict({'s': {'n': 3, 'm': 0}})
+  rule = validate.number(1, integer=True)
+  assert validate.checked(config, 's.n', rule) == 3
+  with pytest.raises(validate.ConfigError, match=r'^config\.s\.m: must be an integer >= 1 '
+                                                 r'\(got 0\)$'):
+    validate.checked(config, 's.m', rule)
+  with pytest.raises(validate.ConfigError, match=r'^config\.s\.k: must be present in the config'):
+    validate.checked(config, 's.k', rule)

@@ -81,13 +81,6 @@ SUMMARY = (
 # -------------------------------------------------------------------------- validation ---
 
 
-def _int_at_least(config, field: str, low: int) -> int:
-  value = config.dp_audit[field.split('.')[-1]]
-  ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-  validate.require(ok, field, f'an integer >= {low}', value)
-  return value
-
-
 def validate_config(config) -> tuple[str, ...]:
   """Checks every field the experiment reads; returns the mechanisms to audit."""
   if 'defense' in config:
@@ -101,8 +94,8 @@ def validate_config(config) -> tuple[str, ...]:
   # audit_scores' Clopper-Pearson and GDP bounds need a significance below 1/2.
   validate.in_range(config, 'dp_audit.confidence', 0.5, 1.0, low_inclusive=False,
                     high_inclusive=False)
-  _int_at_least(config, 'dp_audit.num_trials', 1)
-  _int_at_least(config, 'dp_audit.dimension', 2)
+  validate.checked(config, 'dp_audit.num_trials', validate.number(1, integer=True))
+  validate.checked(config, 'dp_audit.dimension', validate.number(2, integer=True))
   validate.positive(config, 'dp_audit.clip_norm')
   s = config.dp_audit
   validate.require(isinstance(s.canary_norm, (int, float)) and not isinstance(
@@ -111,7 +104,7 @@ def validate_config(config) -> tuple[str, ...]:
                    s.canary_norm)
   for field in ('num_examples', 'batch_size', 'epochs', 'rounds', 'num_clients',
                 'ldp_reports'):
-    _int_at_least(config, f'dp_audit.{field}', 1)
+    validate.checked(config, f'dp_audit.{field}', validate.number(1, integer=True))
   validate.require(s.batch_size < s.num_examples, 'dp_audit.batch_size',
                    f'below num_examples ({s.num_examples}): Poisson sampling needs q < 1',
                    s.batch_size)

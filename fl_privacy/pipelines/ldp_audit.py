@@ -67,13 +67,6 @@ SUMMARY = (
 )
 
 
-def _int_at_least(config, field: str, low: int) -> int:
-  value = config.ldp_audit[field.split('.')[-1]]
-  ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-  validate.require(ok, field, f'an integer >= {low}', value)
-  return value
-
-
 def _optional_positive(config, field: str) -> None:
   if config.ldp_audit[field.split('.')[-1]] is not None:
     validate.positive(config, field)
@@ -99,10 +92,10 @@ def validate_config(config) -> str:
     validate.positive(config, 'ldp_audit.pretrain_lr')
     validate.positive(config, 'ldp_audit.collusion_lr')
     validate.positive(config, 'ldp_audit.batch_size', integer=True)
-    _int_at_least(config, 'ldp_audit.pretrain_steps', 0)
-    _int_at_least(config, 'ldp_audit.collusion_steps', 0)
-    _int_at_least(config, 'ldp_audit.candidates', 2)
-    _int_at_least(config, 'ldp_audit.collusion_label', 0)
+    validate.checked(config, 'ldp_audit.pretrain_steps', validate.number(0, integer=True))
+    validate.checked(config, 'ldp_audit.collusion_steps', validate.number(0, integer=True))
+    validate.checked(config, 'ldp_audit.candidates', validate.number(2, integer=True))
+    validate.checked(config, 'ldp_audit.collusion_label', validate.number(0, integer=True))
     validate.one_of(config, 'ldp_audit.target_selection',
                     ('max_grad_norm', 'random'))
     validate.one_of(config, 'ldp_audit.white_box_path', ('literal', 'projected'))
@@ -128,8 +121,8 @@ def validate_config(config) -> str:
   s = config.ldp_audit
   validate.require(isinstance(s.sign_bit, bool), 'ldp_audit.sign_bit',
                    'True or False', s.sign_bit)
-  _int_at_least(config, 'ldp_audit.int_bits', 0)
-  _int_at_least(config, 'ldp_audit.frac_bits', 0)
+  validate.checked(config, 'ldp_audit.int_bits', validate.number(0, integer=True))
+  validate.checked(config, 'ldp_audit.frac_bits', validate.number(0, integer=True))
   fixed_point.check_format(s.int_bits, s.frac_bits)
   validate.one_of(config, 'ldp_audit.rng_bits', (32, 16))
   validate.one_of(config, 'ldp_audit.input_pair', INPUT_PAIRS)

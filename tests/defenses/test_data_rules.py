@@ -34,8 +34,9 @@ def _within(count, n, p):
 # augmentation parts
 
 
-def test_random_crop_offsets_are_uniform_over_the_padded_windows():
-  img, pad, n = _img(), 2, 2500
+@pytest.mark.parametrize('pad', [1, 2])
+def test_random_crop_offsets_are_uniform_over_the_padded_windows(pad):
+  img, n = _img(), 2500
   out = np.asarray(jax.vmap(lambda k: data.random_crop(k, jnp.asarray(img), pad))(_keys(n)))
   padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)))
   windows = np.stack([padded[oy:oy + 3, ox:ox + 5] for oy in range(2 * pad + 1)
@@ -63,13 +64,12 @@ def test_rotate_matches_scipy_and_half_turn_flips_both_axes():
   # 180 degrees about the centre of a non-square image: both axes reversed, exactly.
   np.testing.assert_allclose(data.rotate(jnp.asarray(img), 180.0), img[::-1, ::-1], atol=1e-5)
   np.testing.assert_allclose(data.rotate(jnp.asarray(img), 0.0), img, atol=1e-6)
-  # 30 degrees: scipy's bilinear rotation about the array centre, away from the border (where
-  # scipy's and JAX's constant modes treat the last pixel differently).
+  # 30 degrees: scipy's bilinear rotation about the array centre, zero outside the image
+  # (scipy's 'grid-constant' mode: it too interpolates towards the fill value past the edge).
   got = np.asarray(data.rotate(jnp.asarray(img), 30.0))
-  want = ndimage.rotate(img, -30.0, axes=(0, 1), reshape=False, order=1, mode='constant')
-  yy, xx = np.meshgrid(np.arange(7) - 3.0, np.arange(9) - 4.0, indexing='ij')
-  inner = np.hypot(yy, xx) < 2.5
-  np.testing.assert_allclose(got[inner], want[inner], atol=1e-5)
+  want = ndimage.rotate(img, -30.0, axes=(0, 1), reshape=False, order=1, mode='grid-constant')
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert np.all(got[0, -1] == 0)  # a corner rotated in from outside the image
   # A quarter turn of a square image is np.rot90 (clockwise in array coordinates).
   sq = img[:7, :7]
   np.testing.assert_allclose(data.rotate(jnp.asarray(sq), 90.0), np.rot90(sq, -1), atol=1e-5)
@@ -89,12 +89,17 @@ def _jitter_reference(img, b, c, s, lo, hi):
 @pytest.mark.parametrize('channels', [1, 3])
 def test_colour_jitter_is_torchvisions_formulas(channels):
   img = np.asarray(jax.random.uniform(jax.random.key(2), (4, 5, channels)), np.float64)
-  key, strength, (lo, hi) = jax.random.key(3), 0.4, (0.1, 0.9)
-  got = np.asarray(data.colour_jitter(key, jnp.asarray(img, jnp.float32), strength, (lo, hi)))
-  factors = [float(jax.random.uniform(k, (), minval=1 - strength, maxval=1 + strength))
-             for k in jax.random.split(key, 3)]
-  np.testing.assert_allclose(got, _jitter_reference(img, *factors, lo, hi), atol=1e-5)
-  assert got.min() >= lo and got.max() <= hi
+  strength, (lo, hi) = 0.4, (0.1, 0.9)
+  clipped_above = False
+  for seed in range(6):  # several draws, so that each clip (low and high) is reached
+    key = jax.random.key(seed)
+    got = np.asarray(data.colour_jitter(key, jnp.asarray(img, jnp.float32), strength, (lo, hi)))
+    factors = [float(jax.random.uniform(k, (), minval=1 - strength, maxval=1 + strength))
+               for k in jax.random.split(key, 3)]
+    np.testing.assert_allclose(got, _jitter_reference(img, *factors, lo, hi), atol=1e-5)
+    assert got.min() >= lo and got.max() <= hi
+    clipped_above |= bool(np.any(img * factors[0] > hi))
+  assert clipped_above
   # The factors are uniform on [1 - j, 1 + j]: brightness alone (contrast and saturation of a
   # constant image do nothing) scales a constant image by factor in [0.6, 1.4].
   flat = jnp.full((2, 2, channels), 0.5)
@@ -141,6 +146,9 @@ def test_augment_composes_the_levels_per_example(level):
   np.testing.assert_array_equal(
       data.augment(key, imgs, level=level, pad=1, jitter=jitter, value_range=value_range),
       got.reshape(3, 3, 4))
+  np.testing.assert_array_equal(  # [B, H, W, C] images as they are
+      data.augment(key, imgs[..., None], level=level, pad=1, jitter=jitter,
+                   value_range=value_range), got.reshape(3, 3, 4, 1))
 
 
 def test_augment_rejects_flat_inputs_without_a_matching_shape():

@@ -162,7 +162,8 @@ def test_regulariser_and_the_loss_hook_are_eq5(rep):
   aux = {'x': vx, 'y': vy, 'mask': jnp.asarray([1, 1, 1, 0, 1, 1, 1, 1], jnp.float32)}
   key, layers = jax.random.key(7), ('fc1', 'fc2')
   mask = jnp.asarray([1.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-  for b, want_b, m, tau in ((None, 6, None, 1.0), (3, 3, mask, 0.5)):
+  # |V| = 8 > the 7 real held-out rows: V's padding slot is masked out of P_l(V).
+  for b, want_b, m, tau in ((None, 6, None, 1.0), (3, 3, mask, 0.5), (8, 8, None, 1.5)):
     want = _reg_by_hand(key, model, loss_fn, variables, x, y, m, aux, layers, rep, tau, want_b)
     got = pastel.regulariser(key, model.apply, loss_fn, variables, x, y, m, aux, layers=layers,
                              representation=rep, temperature=tau, heldout_batch_size=b)
@@ -184,6 +185,11 @@ def test_regulariser_and_the_loss_hook_are_eq5(rep):
                          temperature=2.0)
     want = np.mean([_np_js(_act(variables, x, None, 2.0)[k], _act(variables, vx, None, 2.0)[k])
                     for k in layers])
+    default = np.mean([_np_js(_act(variables, x, None, 1.0)[k],
+                              _act(variables, vx, None, 1.0)[k]) for k in layers])
+    np.testing.assert_allclose(  # temperature 1 by default
+        pastel.mean_jsd(model.apply, loss_fn, variables, x, y, vx, vy, layers=layers), default,
+        rtol=1e-4)
   else:
     mj = pastel.mean_jsd(model.apply, loss_fn, variables, x, y, vx, vy, layers=layers,
                          representation=rep)
