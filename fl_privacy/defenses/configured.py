@@ -11,7 +11,6 @@ the accountant for `target_epsilon`), the epsilon it spends and the declaration 
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 from fl_privacy import validate
@@ -122,8 +121,6 @@ def configure(section, setting: Setting, *, experiment: str,
     params['defense_delta'] = delta
   else:
     hooks = registry.make(name, field_prefix=prefix, **kwargs)
-  if math.isinf(metrics.get('dp_epsilon', 0.0)):
-    metrics['dp_epsilon'] = math.inf
   return Configured(hooks=hooks, params=params, metrics=metrics, declaration=decl)
 
 
