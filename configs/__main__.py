@@ -15,18 +15,13 @@ import sys
 
 import ml_collections
 
+from fl_privacy import catalog
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Which experiments read each section.
-SECTION_EXPERIMENTS = {
-    'ami': ('ami',),
-    'dishonest': ('dishonest_mia', 'duplicates'),
-    'ldp_audit': ('ldp_audit',),
-    'fedmia': ('fedmia',),
-    'pastel': ('pastel',),
-    'dp_audit': ('dp_audit',),
-    'toy': ('toy_game',),
-}
+# Which experiments read each section (`fl_privacy.catalog`).
+SECTION_EXPERIMENTS = {s: catalog.experiments_reading(s)
+                       for s in dict.fromkeys(e.section for e in catalog.EXPERIMENTS.values())}
 
 
 def config_names() -> list[str]:

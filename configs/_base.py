@@ -15,6 +15,7 @@ from typing import Iterable
 import ml_collections
 from ml_collections import config_dict
 
+from fl_privacy import catalog
 from fl_privacy import validate
 
 # Which experiment sections each dataset config carries.

@@ -13,14 +13,13 @@ Results: results.json / results.csv with `adv`, `tpr`,
 `tnr`, `accuracy` (each with `_ci_low` / `_ci_high`) per point, and the figures
 `ami_vs_epsilon.png` (Figs. 5, 11), `neuron_histograms.png` (Fig. 10), `certified.png`
 (Figs. 7, 12) and `dp_rounds.png` (Fig. 13). Every field: configs/_ami.py. The code:
-fl_privacy/pipelines/ami.py (`prepare`, `sweep`), fl_privacy/attacks/ami/point.py (the points)
+fl_privacy/pipelines/ami.py (`prepare`, `plan`, `figures`), fl_privacy/attacks/ami/point.py (the points)
 and fl_privacy/pipelines/ami_figures.py (the figures).
 """
 
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import ami as pipeline
 
 if __name__ == '__main__':
-  common.main('ami', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('ami')

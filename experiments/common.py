@@ -1,6 +1,8 @@
 """Shared scaffolding of the experiment scripts: flags, validation, store, Ctrl-C.
 
-An experiment module defines two functions and hands them to `main`::
+A registered experiment (`fl_privacy.catalog`) is one line: `common.run('fedmia')` runs its
+pipeline (`fl_privacy.pipelines.base`: validate_config, prepare, plan, figures, SUMMARY).
+Lower down, any module can define two functions and hand them to `main`::
 
   def prepare(config) -> state:    # validate (ConfigError) and load data;
     ...                            # must not write anything
@@ -57,6 +59,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from fl_privacy import catalog
 from fl_privacy import validate
 from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
@@ -94,10 +97,9 @@ EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130
 
 
-# The config section each experiment reads (`experiments.<name>` -> `config.<section>`).
-SECTIONS = {'ami': 'ami', 'dishonest_mia': 'dishonest', 'dp_audit': 'dp_audit',
-            'duplicates': 'dishonest', 'fedmia': 'fedmia', 'ldp_audit': 'ldp_audit', 'pastel': 'pastel',
-            'toy_game': 'toy'}
+# The config section each experiment reads (`experiments.<name>` -> `config.<section>`), from
+# the one registration of experiments.
+SECTIONS = {name: e.section for name, e in catalog.EXPERIMENTS.items()}
 _HELP_FLAGS = ('-h', '--help', '-help', '--helpshort', '--helpfull', '-?')
 
 
@@ -333,9 +335,7 @@ def _apply_seed(config) -> int:
   if _SEED.value is not None:
     config.seed = int(_SEED.value)
   seed = config.get('seed')
-  validate.require(isinstance(seed, int) and not isinstance(seed, bool),
-                   'seed', 'an integer (or pass --seed)', seed)
-  return seed
+  return validate.number(integer=True, words='or pass --seed').check('seed', seed)
 
 
 def _error(message: str) -> int:
@@ -539,6 +539,16 @@ def main(name: str, prepare: Callable[[Any], Any],
   app.run(lambda argv: _leftovers(argv) or (initialize_distributed(),
                                               _run(name, prepare, sweep, summary))[1],
           flags_parser=_parse_flags)
+
+
+def run(name: str) -> None:
+  """`main` for experiment `name` of `fl_privacy.catalog`: its pipeline (`pipelines.base`),
+  headline columns and default config."""
+  from fl_privacy.pipelines import base  # pylint: disable=g-import-not-at-top
+  pipeline = base.load(name)
+  main(name, pipeline.prepare,
+       lambda config, state, store, key: base.sweep(pipeline, config, state, store, key),
+       summary=pipeline.SUMMARY, default_config=catalog.get(name).default_config)
 
 
 def _leftovers(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ not depend on the chunking.
 Writes, beside results.json: `table2.md` (the paper's Table 2 layout and the J / E sweeps),
 `false_decisions.json` (every false decision, each false positive attributed to the duplicate of
 the target in the client's data that caused it, or to none), `deltas.json` and `delta.png`.
-Code: fl_privacy/pipelines/dishonest_mia.py (`prepare`, `sweep`) and
+Code: fl_privacy/pipelines/dishonest_mia.py (`prepare`, `plan`, `figures`) and
 fl_privacy/pipelines/dishonest_mia_figures.py. Fields: configs/_dishonest.py.
 Expected results: docs/experiments/dishonest_mia.md.
 """
@@ -31,7 +31,6 @@ Expected results: docs/experiments/dishonest_mia.md.
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import dishonest_mia as pipeline
 
 if __name__ == '__main__':
-  common.main('dishonest_mia', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('dishonest_mia')

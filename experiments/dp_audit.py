@@ -29,7 +29,6 @@ fl_privacy/pipelines/dp_audit_figures.py (figures).
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import dp_audit as pipeline
 
 if __name__ == '__main__':
-  common.main(pipeline.NAME, pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('dp_audit')

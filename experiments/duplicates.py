@@ -13,14 +13,13 @@ Writes `duplicates.json` (every group: indices and labels) and `duplicates.txt` 
 beside results.json, whose points are (scope, kind) with the number of groups, of examples in
 them, and of groups whose labels disagree. Near duplicates are connected components of
 "L2 distance of [0, 1] pixels <= dishonest.near_threshold" and include the exact ones.
-Code: fl_privacy/pipelines/duplicates.py (`prepare`, `sweep`).
+Code: fl_privacy/pipelines/duplicates.py (`prepare`, `plan`, `figures`).
 Fields: configs/_dishonest.py (`duplicate_splits`, `near_threshold`).
 """
 
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import duplicates as pipeline
 
 if __name__ == '__main__':
-  common.main('duplicates', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('duplicates')

@@ -20,7 +20,7 @@ Writes, beside results.json: `recorded/*.npz` (each training's [R, K, Q] measure
 re-scoring and resuming never retrain), `table1.md` (attacks, aligned vs public-code scoring),
 `table2.md` (hypervolume of each defense's privacy-utility front), `rounds.json`, and
 `fedmia_roc.png`, `fedmia_noniid.png`, `fedmia_rounds.png`, `fedmia_clients_epochs.png`,
-`fedmia_defenses.png`. Code: fl_privacy/pipelines/fedmia.py (`prepare`, `sweep`), fedmia_tables.py,
+`fedmia_defenses.png`. Code: fl_privacy/pipelines/fedmia.py (`prepare`, `plan`, `figures`), fedmia_tables.py,
 fedmia_figures.py; defenses from fl_privacy/defenses/registry.py. Fields: configs/_fedmia.py. Expected results:
 docs/experiments/fedmia.md.
 """
@@ -28,7 +28,6 @@ docs/experiments/fedmia.md.
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import fedmia as pipeline
 
 if __name__ == '__main__':
-  common.main('fedmia', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('fedmia')

@@ -25,7 +25,6 @@ fl_privacy/pipelines/ldp_audit_figures.py (figures).
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import ldp_audit as pipeline
 
 if __name__ == '__main__':
-  common.main(pipeline.NAME, pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('ldp_audit')

@@ -15,7 +15,7 @@ Writes, beside results.json (one point per defense, strength, optimizer, attack,
 `table.md` (defense x strength: accuracy, AUC local and global), `pastel_privacy_utility.png`,
 `pastel_auc.png`, `pastel_loss_hist.png`, and `trained/*.npz` (recorded features and FedMIA
 measurements of each training, so re-scoring and resuming never retrain).
-Code: fl_privacy/pipelines/pastel.py (`prepare`, `sweep`), fl_privacy/pipelines/pastel_figures.py,
+Code: fl_privacy/pipelines/pastel.py (`prepare`, `plan`, `figures`), fl_privacy/pipelines/pastel_figures.py,
 fl_privacy/defenses/pastel.py, fl_privacy/defenses/pastel_training.py (trainings, DP baselines),
 fl_privacy/attacks/passive/pastel.py (recording, attacks), fl_privacy/attacks/passive/whitebox.py.
 Fields: configs/_pastel.py.
@@ -25,7 +25,6 @@ Expected results: docs/experiments/pastel.md.
 from __future__ import annotations
 
 from experiments import common
-from fl_privacy.pipelines import pastel as pipeline
 
 if __name__ == '__main__':
-  common.main('pastel', pipeline.prepare, pipeline.sweep, summary=pipeline.SUMMARY)
+  common.run('pastel')

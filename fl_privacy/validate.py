@@ -38,39 +38,25 @@ def require(ok: bool, field: str, allowed: str, got: Any) -> None:
 
 
 def one_of(config, field: str, choices: Iterable[str]) -> str:
-  """The value at dotted `field`, which must be one of `choices`."""
-  choices = tuple(choices)
-  value = _get(config, field)
-  require(value in choices, field, f'one of {choices}', value)
-  return value
+  """The value at dotted `field`, which must be one of `choices` (`choice`)."""
+  return checked(config, field, choice(choices))
 
 
 def subset_of(config, field: str, choices: Iterable[str]) -> tuple:
-  """A non-empty sequence at `field` whose items are all in `choices`."""
+  """A non-empty sequence at `field` whose items are all in `choices` (`subset`)."""
   choices = tuple(choices)
   value = _get(config, field)
   seq = (value,) if isinstance(value, str) else tuple(value)
   require(len(seq) > 0, field, f'a non-empty subset of {choices}', value)
-  for item in seq:
-    require(item in choices, field, f'a subset of {choices}', value)
+  rule = subset(choices)
+  require(rule.ok(seq), field, rule.allowed, value)
   return seq
 
 
 def positive(config, field: str, *, integer: bool = False):
-  """A value (or every value of a sequence) at `field` that is finite and > 0."""
+  """A value (or every value of a sequence) at `field` that is finite and > 0 (`positive_rule`)."""
   value = _get(config, field)
-  seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-  kind = 'a positive integer' if integer else 'a finite number > 0'
-  if isinstance(value, (list, tuple)):
-    kind = ('non-empty, every item ' + kind)
-    require(len(seq) > 0, field, kind, value)
-  for v in seq:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    ok = ok and math.isfinite(v) and v > 0
-    if integer:
-      ok = ok and float(v).is_integer()
-    require(ok, field, kind, value)
-  return value
+  return positive_rule(integer, sequence=isinstance(value, (list, tuple))).check(field, value)
 
 
 def in_range(config, field: str, low: float, high: float, *,
@@ -80,20 +66,8 @@ def in_range(config, field: str, low: float, high: float, *,
   Infinite and NaN values never pass, even when `high` is `math.inf`: "[0, inf]" means
   finite >= 0 (an inf weight or decay only ends in NaN scores after the training).
   """
-  value = _get(config, field)
-  seq = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-  lb = '[' if low_inclusive else '('
-  rb = ']' if high_inclusive else ')'
-  if math.isinf(high):
-    allowed = f'a finite number {">=" if low_inclusive else ">"} {low:g}'
-  else:
-    allowed = f'in {lb}{low}, {high}{rb}'
-  for v in seq:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    ok = ok and (v >= low if low_inclusive else v > low)
-    ok = ok and (v <= high if high_inclusive else v < high)
-    require(ok, field, allowed, value)
-  return value
+  return checked(config, field, range_rule(low, high, low_inclusive=low_inclusive,
+                                           high_inclusive=high_inclusive))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,3 +154,63 @@ def choice(options, *, optional: bool = False) -> Rule:
 
 
 BOOLEAN = Rule('True or False', lambda v: isinstance(v, bool))
+
+
+def items(rule: Rule, allowed: str, *, scalar: bool = True, nonempty: bool = True) -> Rule:
+  """A sequence (non-empty when `nonempty`) whose every item passes `rule`; a bare item too
+  when `scalar`. `allowed` is the whole message text (it names the sequence, not one item).
+  """
+  def ok(v):
+    if isinstance(v, (list, tuple)):
+      return (len(v) > 0 or not nonempty) and all(rule.ok(x) for x in v)
+    return scalar and not isinstance(v, str) and rule.ok(v)
+  return Rule(allowed, ok)
+
+
+def where(rule: Rule, condition, allowed: str) -> Rule:
+  """`rule` and `condition(value)`, with the message text `allowed` (a rule that depends on
+  another field, e.g. 'a divisor of num_rounds = 30')."""
+  return Rule(allowed, lambda v: rule.ok(v) and condition(v))
+
+
+def check_all(config, rules: dict[str, Rule]) -> None:
+  """`checked` for every (dotted field, rule) of a pipeline's declared table."""
+  for field, rule in rules.items():
+    checked(config, field, rule)
+
+
+def subset(choices) -> Rule:
+  """A sequence whose every item is one of `choices` (emptiness is the caller's rule)."""
+  choices = tuple(choices)
+  return Rule(f'a subset of {choices}', lambda v: all(x in choices for x in v))
+
+
+def positive_rule(integer: bool = False, *, sequence: bool = False) -> Rule:
+  """A finite number > 0 (a positive integer when `integer`); with `sequence` a non-empty
+  sequence of them (every item)."""
+  kind = 'a positive integer' if integer else 'a finite number > 0'
+
+  def one(v):
+    ok = _is_number(v) and v > 0
+    return ok and (not integer or float(v).is_integer())
+  if not sequence:
+    return Rule(kind, one)
+  return Rule('non-empty, every item ' + kind,
+              lambda v: len(v) > 0 and all(one(x) for x in v))
+
+
+def range_rule(low: float, high: float, *, low_inclusive: bool = True,
+               high_inclusive: bool = True) -> Rule:
+  """A finite number (or a sequence of them, every item) in the interval; `in_range`'s text."""
+  lb = '[' if low_inclusive else '('
+  rb = ']' if high_inclusive else ')'
+  if math.isinf(high):
+    allowed = f'a finite number {">=" if low_inclusive else ">"} {low:g}'
+  else:
+    allowed = f'in {lb}{low}, {high}{rb}'
+
+  def one(v):
+    ok = _is_number(v) and (v >= low if low_inclusive else v > low)
+    return ok and (v <= high if high_inclusive else v < high)
+  return Rule(allowed, lambda v: all(one(x) for x in v) if isinstance(v, (list, tuple))
+              else one(v))

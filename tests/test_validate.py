@@ -73,11 +73,11 @@ def test_every_unbounded_pipeline_field_refuses_inf(module, field, value):
   from configs import digits  # pylint: disable=g-import-not-at-top
   pipeline = importlib.import_module(f'fl_privacy.pipelines.{module}')
   config = digits.get_config('smoke')
-  pipeline.validate_static(config)  # the defaults pass
+  pipeline.validate_config(config)  # the defaults pass
   section, name = field.split('.')
   config[section][name] = value
   with pytest.raises(validate.ConfigError, match='must be a finite number >= 0') as info:
-    pipeline.validate_static(config)
+    pipeline.validate_config(config)
   assert info.value.field == field
 
 
@@ -90,3 +90,20 @@ def test_checked_reads_the_field_and_applies_the_rule():
     validate.checked(config, 's.m', rule)
   with pytest.raises(validate.ConfigError, match=r'^config\.s\.k: must be present in the config'):
     validate.checked(config, 's.k', rule)
+
+
+def test_type_and_range_checks_are_declared_rules_everywhere():
+  # One vocabulary (the house issue, item 3): a check of a field's type or range is a
+  # `validate.Rule` (its text is the message), never a `require(isinstance(...) and ...)`
+  # written by hand beside it. `require` stays for conditions across fields or data.
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  pattern = re.compile(r'require\(\s*(all\()?\s*(not\s+)?(isinstance|_is_)')
+  files = [p for d in ('fl_privacy', 'configs', 'experiments') for p in (repo / d).rglob('*.py')]
+  assert len(files) > 50
+  found = [f'{p.relative_to(repo)}:{i}' for p in files
+           for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+  assert not found, f'hand-written type/range checks (declare a validate.Rule): {found}'
+  # The detector itself: it must see the form it forbids.
+  assert pattern.search("validate.require(isinstance(v, bool), 'x', 'True or False', v)")

@@ -28,14 +28,35 @@ def _get(cfg, field: str):
   return value
 
 
+def _is_path(v) -> bool:
+  return isinstance(v, (str, os.PathLike))
+
+
 def _is_int(v) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _optional_positive_int(cfg, field: str) -> None:
-  v = _get(cfg, field)
-  validate.require(v is None or (_is_int(v) and v > 0), f'data.{field}',
-                   'None or a positive integer', v)
+V = validate
+_OPTIONAL_POSITIVE = V.Rule('None or a positive integer',
+                            lambda v: v is None or (_is_int(v) and v > 0))
+# The data section's fields and their rules (`validate_data_config` reads them with
+# defaults for a plain mapping).
+RULES = {
+    'name': V.choice(DATASETS),
+    'data_dir': V.Rule('None or a directory path', lambda v: v is None or _is_path(v)),
+    'image_size': _OPTIONAL_POSITIVE, 'max_examples': _OPTIONAL_POSITIVE,
+}
+NPZ_RULES = {'path': V.Rule('an existing .npz file', lambda v: _is_path(v) and os.path.isfile(v))}
+CELEBA_RULES = {'attribute': V.Rule(f'a CelebA attribute, one of {tfds_source.CELEBA_ATTRIBUTES}',
+                                    lambda v: v in tfds_source.CELEBA_ATTRIBUTES)}
+SYNTHETIC_RULES = {
+    'num_examples': V.number(1, integer=True),
+    'num_classes': V.number(2, integer=True),
+    'shape': V.Rule('(H, W, C) or (d,) of positive integers',
+                    lambda v: isinstance(v, (tuple, list)) and len(v) in (1, 3) and
+                    all(_is_int(x) and x > 0 for x in v)),
+    'seed': V.number(integer=True),
+}
 
 
 def validate_data_config(data_config) -> None:
@@ -48,35 +69,14 @@ def validate_data_config(data_config) -> None:
   Raises:
     ConfigError: naming `data.<field>`.
   """
-  name = _get(data_config, 'name')
-  validate.require(name in DATASETS, 'data.name', f'one of {DATASETS}', name)
-  data_dir = _get(data_config, 'data_dir')
-  validate.require(data_dir is None or isinstance(data_dir, (str, os.PathLike)),
-                   'data.data_dir', 'None or a directory path', data_dir)
-  _optional_positive_int(data_config, 'image_size')
-  _optional_positive_int(data_config, 'max_examples')
-  if name == 'npz':
-    path = _get(data_config, 'path')
-    validate.require(isinstance(path, (str, os.PathLike)) and os.path.isfile(path),
-                     'data.path', 'an existing .npz file', path)
-  if name == 'celeb_a':
-    attribute = _get(data_config, 'attribute')
-    validate.require(attribute in tfds_source.CELEBA_ATTRIBUTES, 'data.attribute',
-                     f'a CelebA attribute, one of {tfds_source.CELEBA_ATTRIBUTES}',
-                     attribute)
+  name = RULES['name'].check('data.name', _get(data_config, 'name'))
+  rules = dict(RULES, **{'npz': NPZ_RULES, 'celeb_a': CELEBA_RULES,
+                         'synthetic': SYNTHETIC_RULES}.get(name, {}))
+  for field, rule in rules.items():
+    rule.check(f'data.{field}', _get(data_config, field))
   if name == 'synthetic':
-    for field in ('num_examples', 'num_classes'):
-      v = _get(data_config, field)
-      validate.require(_is_int(v) and v >= (2 if field == 'num_classes' else 1),
-                       f'data.{field}', 'an integer >= '
-                       f'{2 if field == "num_classes" else 1}', v)
-    shape = _get(data_config, 'shape')
-    ok = isinstance(shape, (tuple, list)) and len(shape) in (1, 3)
-    ok = ok and all(_is_int(s) and s > 0 for s in shape)
-    validate.require(ok, 'data.shape', '(H, W, C) or (d,) of positive integers', shape)
-    validate.require(_is_int(_get(data_config, 'seed')), 'data.seed', 'an integer',
-                     _get(data_config, 'seed'))
-    validate.require(_get(data_config, 'image_size') is None or len(shape) == 3,
+    validate.require(_get(data_config, 'image_size') is None or
+                     len(_get(data_config, 'shape')) == 3,
                      'data.image_size', 'None for feature vectors',
                      _get(data_config, 'image_size'))
 

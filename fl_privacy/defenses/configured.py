@@ -44,8 +44,7 @@ def section_fields() -> dict[str, registry.Field]:
 def validate_section(section, prefix: str = 'defense') -> str:
   """Checks every field of the section (whatever the name); returns the defense's name."""
   name = section.name
-  validate.require(isinstance(name, str) and name in registry.NAMES, f'{prefix}.name',
-                   f'one of {registry.NAMES}', name)
+  validate.choice(registry.NAMES).check(f'{prefix}.name', name)
   for field, f in section_fields().items():
     if field in section:
       f.rule.check(f'{prefix}.{field}', section[field])

@@ -14,7 +14,7 @@ Each defense is declared once, here, as a `Defense`:
   empirical defenses (noise without clipping, sparsification, mixup, ...), which claim nothing.
 - `strength`: the parameter a defense sweep varies (FedMIA's `fedmia.defenses.<name>`).
 
-Experiments state their adversary in `ADVERSARY`; `check_fits(name, experiment)` refuses
+Experiments state their adversary in `fl_privacy.catalog` (`ADVERSARY` here); `check_fits(name, experiment)` refuses
 (ConfigError, exit 2) a defense whose guarantee is only against readers of the aggregate in an
 experiment whose adversary is the server that reads the uploads.
 
@@ -33,6 +33,7 @@ from jax import flatten_util
 import jax.numpy as jnp
 
 from fl_privacy import accounting
+from fl_privacy import catalog
 from fl_privacy import validate
 from fl_privacy.defenses import data
 from fl_privacy.defenses import dp
@@ -380,17 +381,14 @@ NAMES = tuple(DEFENSES)
 DP_DEFENSES = tuple(n for n, d in DEFENSES.items() if d.family == 'dp')
 assert set(mechanism_registry.NAMES) <= set(NAMES)
 
-# Each experiment's adversary: whom a defense must protect against there.
-# PASTEL attacks both the uploads (the server) and the global model (readers of the aggregate):
-# it runs the aggregate-only baselines and labels each row (`dp_adversary`; no epsilon on the
-# rows that attack uploads).
-ADVERSARY = {'ami': 'server', 'dishonest_mia': 'server', 'fedmia': 'server',
-             'pastel': None, 'flower_audit': 'server'}
+# Each experiment's adversary: whom a defense must protect against there (declared with the
+# experiment in `fl_privacy.catalog`; PASTEL's is None: it labels each row itself).
+ADVERSARY = {name: e.adversary for name, e in catalog.EXPERIMENTS.items()}
 
 
 def spec(name: str, field: str = 'defense.name') -> Defense:
   """The declaration of `name`; ConfigError naming `field` for an unknown one."""
-  validate.require(isinstance(name, str) and name in DEFENSES, field, f'one of {NAMES}', name)
+  validate.choice(NAMES).check(field, name)
   return DEFENSES[name]
 
 

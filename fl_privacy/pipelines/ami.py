@@ -2,9 +2,10 @@
 
 What `python -m experiments.ami` runs (command, outputs, config fields: experiments/ami.py,
 configs/_ami.py). `prepare(config)` validates the config, loads the data and computes the
-features of every role; `sweep(config, state, store, key)` runs one point per (mechanism,
+features of every role; `plan(config, state, store, key)` lists one point per (mechanism,
 epsilon) (`run_game_point`: `attacks.ami.point.run`) and per DP-SGD averaging setting
-(`run_dp_point`), then writes the figures (`fl_privacy.pipelines.ami_figures`)."""
+(`run_dp_point`); `figures` draws them (`fl_privacy.pipelines.ami_figures`). The interface:
+`pipelines.base`."""
 
 from __future__ import annotations
 
@@ -29,12 +30,12 @@ from fl_privacy.eval import compile_cache
 from fl_privacy.eval import runner
 from fl_privacy.mechanisms import fixed_point
 from fl_privacy.pipelines import ami_figures
-from fl_privacy.report import progress
+from fl_privacy.pipelines import base
 from fl_privacy.report import summary
 from fl_privacy.report import ResultsStore
-from fl_privacy.report import run_point
 
 
+NAME = 'ami'
 DECISION_PATHS = ('fast', 'gradient')
 # Defenses the AMI client can run: those acting on the batch it trains on (`data`, `batch`
 # hooks). The input mechanisms stay in `ami.mechanisms`; update and DP defenses act on what
@@ -61,8 +62,22 @@ SUMMARY = (
 )
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
+# Declared rules of the fields the helpers above do not cover (checked by `validate_config`).
+_NATURAL = validate.number(0, integer=True)
+RULES = {
+    'ami.num_trials': validate.number(2, integer=True),
+    'ami.certified_samples': validate.number(0, integer=True,
+                                             words='0 = the whole game pool'),
+    'ami.max_negatives': validate.number(0, integer=True, words='0 = all'),
+    'ami.class_weights': validate.Rule('(negative, positive)', lambda w: len(tuple(w)) == 2),
+    'ami.int_bits': _NATURAL, 'ami.frac_bits': _NATURAL,
+    'ami.utility_hidden': validate.items(validate.number(0, low_open=True, integer=True),
+                                         'a tuple of positive integers', scalar=False,
+                                         nonempty=False),
+    **{f'ami.{f}': validate.BOOLEAN for f in ('ldp_sign_bit', 'randomize_negatives',
+                                             'stop_when_separated', 'balanced_class_weights',
+                                             'calibrated_variant')},
+}
 
 
 def validate_config(config) -> None:
@@ -75,19 +90,10 @@ def validate_config(config) -> None:
   for field in ('batch_size', 'num_trials', 'num_targets', 'num_neurons', 'hidden2', 'copies',
                 'max_steps', 'certified_draws', 'dp_trials', 'utility_steps'):
     validate.positive(config, f'ami.{field}', integer=True)
-  validate.require(config.ami.num_trials >= 2, 'ami.num_trials', 'an integer >= 2',
-                   config.ami.num_trials)
-  q = config.ami.certified_samples
-  validate.require(_is_int(q) and q >= 0, 'ami.certified_samples',
-                   'an integer >= 0 (0 = the whole game pool)', q)
-  mn = config.ami.max_negatives
-  validate.require(_is_int(mn) and mn >= 0, 'ami.max_negatives', 'an integer >= 0 (0 = all)',
-                   mn)
+  validate.check_all(config, RULES)
   for field in ('learning_rate', 'utility_learning_rate', 'class_weights', 'dp_epsilons',
                 'dp_signal', 'feature_scale'):
     validate.positive(config, f'ami.{field}')
-  validate.require(len(tuple(config.ami.class_weights)) == 2, 'ami.class_weights',
-                   '(negative, positive)', config.ami.class_weights)
   validate.positive(config, 'ami.dp_neurons', integer=True)
   validate.in_range(config, 'ami.dp_deltas', 0.0, 1.0, low_inclusive=False,
                     high_inclusive=False)
@@ -100,22 +106,11 @@ def validate_config(config) -> None:
   validate.one_of(config, 'ami.decision_path', DECISION_PATHS)
   validate.one_of(config, 'ami.extractor', data_lib.features.EXTRACTORS)
   validate.one_of(config, 'ami.dp_rule', DP_RULES)
-  for field in ('ldp_sign_bit', 'randomize_negatives', 'stop_when_separated',
-                'balanced_class_weights', 'calibrated_variant'):
-    v = config.ami[field]
-    validate.require(isinstance(v, bool), f'ami.{field}', 'True or False', v)
-  for field in ('int_bits', 'frac_bits'):
-    v = config.ami[field]
-    validate.require(_is_int(v) and v >= 0, f'ami.{field}', 'an integer >= 0', v)
   total = config.ami.int_bits + config.ami.frac_bits
   validate.require(1 <= total <= 30, 'ami.int_bits', 'such that 1 <= int_bits + frac_bits <= 30',
                    (config.ami.int_bits, config.ami.frac_bits))
-  hidden = tuple(config.ami.utility_hidden)
-  validate.require(all(_is_int(h) and h > 0 for h in hidden), 'ami.utility_hidden',
-                   'a tuple of positive integers', config.ami.utility_hidden)
-  weights = config.ami.extractor_weights
-  validate.require(not weights or os.path.isfile(weights), 'ami.extractor_weights',
-                   "'' or an existing .npz file", weights)
+  validate.checked(config, 'ami.extractor_weights', validate.Rule(
+      "'' or an existing .npz file", lambda w: not w or os.path.isfile(w)))
   defenses.configured.check_honoured(
       config.defense, 'ami', AMI_DEFENSES,
       'the game decides from the chosen neuron on the batch the client trains on, not from '
@@ -313,36 +308,39 @@ def run_dp_point(key, config, epsilon, delta, num_neurons):
       rule=a.dp_rule, num_trials=int(a.dp_trials)))
 
 
-def sweep(config, state, store: ResultsStore, key: jax.Array) -> None:
-  """Runs every game and DP-averaging point not yet in `store`, then writes the figures.
+def plan(config, state, store: ResultsStore, key: jax.Array) -> list[base.Point]:
+  """One game point per (mechanism, epsilon), then the DP-SGD averaging points.
 
-  Args:
-    config: the experiment's config (its `ami` section: configs/_ami.py).
-    state: what `prepare(config)` returned.
-    store: the run's results store; points it already holds are skipped.
-    key: the run key; each point's key depends only on its parameters (`point_key`).
+  Each point's key depends only on its parameters (`point_key`); a game point's `after`
+  makes sure its figure data (the draws) exist, resumed or not.
   """
   a = config.ami
   mechanisms = validate.subset_of(config, 'ami.mechanisms', ami.MECHANISMS)
   epsilons = tuple(float(e) for e in a.epsilons)
-  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
-  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
-  progress.plan(sum(1 if m == 'none' else len(epsilons) for m in mechanisms) + len(dp_points))
+  points = []
   for mechanism in mechanisms:
     for epsilon in ((None,) if mechanism == 'none' else epsilons):
       params = {'part': 'game', 'mechanism': mechanism, 'epsilon': epsilon,
                 **state['defense_params']}
       # Keyed by (mechanism, epsilon) only: defenses are compared on the same trials.
       k = point_key(key, mechanism, epsilon)
-      run_point(store, params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
-          k, config, state, m, e, store.workdir))
-      if mechanism != 'none':  # a resumed point's figure data must be its own
-        ensure_draws(k, config, state, mechanism, epsilon, store.workdir)
+      after = None if mechanism == 'none' else (
+          lambda _, k=k, m=mechanism, e=epsilon: ensure_draws(k, config, state, m, e,
+                                                              store.workdir))
+      points.append(base.Point(params, lambda k=k, m=mechanism, e=epsilon: run_game_point(
+          k, config, state, m, e, store.workdir), after=after))
+  dp_points = [(e, dl, 1) for e in a.dp_epsilons for dl in a.dp_deltas]
+  dp_points += [(e, a.dp_deltas[0], k) for e in a.dp_epsilons for k in a.dp_neurons if k != 1]
   for epsilon, delta, k_neurons in dp_points:
     params = {'part': 'dp_averaging', 'epsilon': float(epsilon), 'dp_delta': float(delta),
               'num_chosen': int(k_neurons)}
     k = report.point_key(key, params)
-    run_point(store, params, lambda k=k, e=epsilon, dl=delta, kn=k_neurons: run_dp_point(
-        k, config, float(e), float(dl), int(kn)))
-  ami_figures.make_figures(store.points, store.workdir, config)
+    points.append(base.Point(params, lambda k=k, e=epsilon, dl=delta, kn=k_neurons:
+                             run_dp_point(k, config, float(e), float(dl), int(kn))))
+  return points
 
+
+def figures(config, state, store: ResultsStore, key: jax.Array) -> None:
+  """The figures of `ami_figures` from the stored points and the saved draws."""
+  del state, key
+  ami_figures.make_figures(store.points, store.workdir, config)

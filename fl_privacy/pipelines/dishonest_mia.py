@@ -1,6 +1,7 @@
 """The dishonest-server membership inference pipeline (Pichler et al.), as library code.
 
-`python -m experiments.dishonest_mia` hands `prepare` and `sweep` to `experiments.common.main`;
+`python -m experiments.dishonest_mia` runs this pipeline (`pipelines.base`: validate_config,
+prepare, plan, figures);
 the script's docstring says how to run it and what it writes. The attack itself (the 2M+1-ReLU
 detector, the client's FedAvg round, the Delta decision of Eq. (9)) is `fl_privacy.attacks.
 dishonest`; this module validates the config, runs every grid point through
@@ -35,14 +36,13 @@ from fl_privacy.eval import runner
 from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy import report
+from fl_privacy.pipelines import base
 from fl_privacy.pipelines import dishonest_mia_figures
 from fl_privacy.pipelines import dishonest_mia_tables
 from fl_privacy.report import atomic
-from fl_privacy.report import progress
-from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
-EXPERIMENT = 'dishonest_mia'
+NAME = EXPERIMENT = 'dishonest_mia'
 GRIDS = ('one_at_a_time', 'product')
 SPLITS = ('train', 'test', 'validation')
 TABLE = dishonest_mia_tables.TABLE
@@ -65,13 +65,14 @@ _CHUNK_BUDGET_BYTES = 256 << 20
 # which moves a Delta by ~1e-6 relative; Adam's Deltas tie by construction (e.g. many runs at
 # 185.0), and unrounded, that noise broke the ties differently (AUC 0.5075 vs 0.5087 at M = 1).
 DELTA_DIGITS = 4
+EVEN = validate.Rule('an even number (half inside)', lambda v: v % 2 == 0)
 
 
-def validate_static(config) -> None:
+def validate_config(config) -> None:
   """Checks every field that does not need the data (before anything is loaded)."""
   data_lib.validate_data_config(config.data)
   runs = validate.positive(config, 'dishonest.runs', integer=True)
-  validate.require(runs % 2 == 0, 'dishonest.runs', 'an even number (half inside)', runs)
+  validate.checked(config, 'dishonest.runs', EVEN)
   validate.positive(config, 'dishonest.M', integer=True)
   validate.subset_of(config, 'dishonest.optimizers', optimizers_lib.OPTIMIZERS)
   validate.positive(config, 'dishonest.num_batches', integer=True)
@@ -130,7 +131,7 @@ def feature_shape(model, image_shape) -> tuple[int, int]:
 
 def prepare(config) -> dict:
   """Validates the config, loads the pool split, and checks what depends on the data."""
-  validate_static(config)
+  validate_config(config)
   splits = data_lib.load(config.data)
   s = config.dishonest
   validate.require(s.split in splits, 'dishonest.split', f'one of {tuple(splits)}', s.split)
@@ -293,8 +294,8 @@ def _load_json(path: str, default):
     return default
 
 
-def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dict) -> None:
-  """Computes one point unless stored (`report.run_point`); records its false decisions and Deltas."""
+def point(config, state, store, key, p: dict, decisions: dict, deltas: dict) -> base.Point:
+  """Grid point `p`; computing it also records its false decisions and Deltas."""
   def compute():
     out = simulate(config, state, p, key)
     m = point_metrics(out)
@@ -324,24 +325,22 @@ def sweep_point(config, state, store, key, p: dict, decisions: dict, deltas: dic
                  m['fpr'], m['fnr'], m['auc'], m['out_delta_nonzero'])
     return m, int(config.dishonest.runs)
 
-  run_point(store, point_params(config, state, p), compute, unit='runs')
+  return base.Point(point_params(config, state, p), compute, 'runs')
 
 
-def sweep(config, state, store, key) -> None:
-  """Runs every grid point (resuming from `store`), then writes table2.md and delta.png.
-
-  Args:
-    config: the validated config.
-    state: what `prepare` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: the run's PRNG key.
-  """
+def plan(config, state, store, key) -> list[base.Point]:
+  """Every grid point; each computed one adds its false decisions and Deltas to the files."""
   decisions = _load_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
   deltas = _load_json(os.path.join(store.workdir, 'deltas.json'), {})
-  progress.plan(len(state['points']))
-  for p in state['points']:
-    sweep_point(config, state, store, key, p, decisions, deltas)
+  return [point(config, state, store, key, p, decisions, deltas) for p in state['points']]
+
+
+def figures(config, state, store, key) -> None:
+  """table2.md and delta.png (when any point was computed with its Deltas)."""
+  del state, key
+  decisions = _load_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),
                            dishonest_mia_tables.table_markdown(config, store.points, decisions))
+  deltas = _load_json(os.path.join(store.workdir, 'deltas.json'), {})
   if deltas:
     dishonest_mia_figures.save_delta_figure(config, deltas, store.workdir)

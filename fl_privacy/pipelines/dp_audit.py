@@ -51,8 +51,8 @@ from fl_privacy import validate
 from fl_privacy.attacks.audit import dp_canary
 from fl_privacy.eval import auditing
 from fl_privacy.eval import runner
+from fl_privacy.pipelines import base
 from fl_privacy.pipelines import dp_audit_figures
-from fl_privacy.report import progress
 from fl_privacy.report import summary
 
 
@@ -98,19 +98,16 @@ def validate_config(config) -> tuple[str, ...]:
   validate.checked(config, 'dp_audit.dimension', validate.number(2, integer=True))
   validate.positive(config, 'dp_audit.clip_norm')
   s = config.dp_audit
-  validate.require(isinstance(s.canary_norm, (int, float)) and not isinstance(
-      s.canary_norm, bool) and math.isfinite(s.canary_norm) and s.canary_norm >= 1.0,
-                   'dp_audit.canary_norm', 'a finite number >= 1 (in units of the clip norm)',
-                   s.canary_norm)
+  validate.checked(config, 'dp_audit.canary_norm',
+                   validate.number(1, words='in units of the clip norm'))
   for field in ('num_examples', 'batch_size', 'epochs', 'rounds', 'num_clients',
                 'ldp_reports'):
     validate.checked(config, f'dp_audit.{field}', validate.number(1, integer=True))
-  validate.require(s.batch_size < s.num_examples, 'dp_audit.batch_size',
-                   f'below num_examples ({s.num_examples}): Poisson sampling needs q < 1',
-                   s.batch_size)
+  validate.checked(config, 'dp_audit.batch_size', validate.Rule(
+      f'below num_examples ({s.num_examples}): Poisson sampling needs q < 1',
+      lambda b: b < s.num_examples))
   validate.positive(config, 'dp_audit.noise_scale_factor')
-  validate.require(isinstance(s.profile_mechanism, str) and s.profile_mechanism in MECHANISMS,
-                   'dp_audit.profile_mechanism', f'one of {MECHANISMS}', s.profile_mechanism)
+  validate.checked(config, 'dp_audit.profile_mechanism', validate.choice(MECHANISMS))
   validate.positive(config, 'dp_audit.profile_epsilon')
   runner.validate_options(config)
   return mechanisms
@@ -259,28 +256,26 @@ def audit_point(config, params: dict, key: jax.Array, fns: dict
 # ------------------------------------------------------------------------------ sweep ---
 
 
-def sweep(config, state, store, key) -> None:
-  """Runs every point the store lacks, then draws the figures.
+def _report_violation(config, params: dict, metrics) -> None:
+  if float(metrics.get('privacy_violation', 0.0)) > 0:
+    logging.error(
+        'PRIVACY VIOLATION: %s claims epsilon %.3g (delta %.3g) but the audit certifies '
+        'more: best %.0f%% lower bound %.3f (%s)', params['mechanism'],
+        params['claimed_epsilon'], config.dp_audit.delta, 100 * config.dp_audit.confidence,
+        float(metrics['best_bound']),
+        ', '.join(f'{k} {float(metrics[k]):.3f}' for k in BOUNDS if k in metrics))
 
-  Args:
-    config: the validated config (see `prepare`).
-    state: what `prepare(config)` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: the run's PRNG key; every point draws from its own stream (`report.point_key`).
-  """
-  del state
-  todo = points(config)
-  progress.plan(len(todo))
+
+def plan(config, state, store, key) -> list[base.Point]:
+  """One point per (mechanism, claimed epsilon), each drawing from its own stream
+  (`report.point_key`); a violation is logged whether the point is new or read back."""
+  del state, store
   fns: dict = {}
-  for params in todo:
-    point_key = report.point_key(key, params)
-    metrics = report.run_point(
-        store, params, lambda p=params, k=point_key: audit_point(config, p, k, fns))
-    if float(metrics.get('privacy_violation', 0.0)) > 0:
-      logging.error(
-          'PRIVACY VIOLATION: %s claims epsilon %.3g (delta %.3g) but the audit certifies '
-          'more: best %.0f%% lower bound %.3f (%s)', params['mechanism'],
-          params['claimed_epsilon'], config.dp_audit.delta, 100 * config.dp_audit.confidence,
-          float(metrics['best_bound']),
-          ', '.join(f'{k} {float(metrics[k]):.3f}' for k in BOUNDS if k in metrics))
+  return [base.Point(p, lambda p=p, k=report.point_key(key, p): audit_point(config, p, k, fns),
+                     after=lambda m, p=p: _report_violation(config, p, m))
+          for p in points(config)]
+
+
+def figures(config, state, store, key) -> None:
+  del state, key
   dp_audit_figures.draw_figures(store.points, store.workdir, config)

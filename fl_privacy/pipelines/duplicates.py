@@ -1,6 +1,6 @@
 """The duplicate-image listing pipeline, as library code.
 
-`python -m experiments.duplicates` hands `prepare` and `sweep` to `experiments.common.main`;
+`python -m experiments.duplicates` runs this pipeline (`pipelines.base`);
 the script's docstring says how to run it and what it writes. The search itself is
 `fl_privacy.data.duplicates`; this module picks the scopes (within each split, then each split
 in the first), counts the groups of each scope and writes `duplicates.json` and
@@ -17,11 +17,11 @@ from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import validate
 from fl_privacy.data import duplicates
+from fl_privacy.pipelines import base
 from fl_privacy.report import atomic
-from fl_privacy.report import progress
-from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
+NAME = 'duplicates'
 SPLITS = ('train', 'test', 'validation')
 LISTING = 'duplicates.json'
 TEXT = 'duplicates.txt'
@@ -32,14 +32,20 @@ SUMMARY = summary.Table('Duplicate groups', (
     summary.metric('examples', 'examples'), summary.metric('label_mismatch', 'labels differ')))
 
 
-def prepare(config) -> dict:
-  """Validates the fields this pipeline reads, then loads the splits to search."""
+def validate_config(config) -> tuple[str, ...]:
+  """Checks the fields this pipeline reads; returns the splits to search."""
   data_lib.validate_data_config(config.data)
   if 'defense' in config:
     defenses.check_honoured(config.defense, 'duplicates', ('none',), 'it searches the data '
                             'for duplicates; nothing trains under a defense')
   names = validate.subset_of(config, 'dishonest.duplicate_splits', SPLITS)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
+  return names
+
+
+def prepare(config) -> dict:
+  """Validates the fields this pipeline reads, then loads the splits to search."""
+  names = validate_config(config)
   splits = data_lib.load(config.data)
   for name in names:
     validate.require(name in splits, 'dishonest.duplicate_splits',
@@ -102,42 +108,42 @@ def text_listing(config, listing: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def sweep(config, state, store, key) -> None:
-  """Lists every (scope, kind) not yet stored, then writes duplicates.txt.
-
-  Args:
-    config: the validated config.
-    state: what `prepare` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: unused.
-  """
-  del key  # deterministic
-  path = os.path.join(store.workdir, LISTING)
+def _listing(workdir: str) -> dict:
   try:
-    with open(path, encoding='utf-8') as f:
-      listing = json.load(f)
+    with open(os.path.join(workdir, LISTING), encoding='utf-8') as f:
+      return json.load(f)
   except FileNotFoundError:
-    listing = {}
+    return {}
+
+
+def plan(config, state, store, key) -> list[base.Point]:
+  """Every (scope, kind); computing one adds its groups to duplicates.json, and a point that
+  is stored but whose listing was lost gets its listing rebuilt (its `after`)."""
+  del key  # deterministic
+  listing = _listing(store.workdir)
   threshold = float(config.dishonest.near_threshold)
   kinds = ('exact', 'near') if threshold > 0 else ('exact',)
-  # Every (scope, kind) is a point, so the progress line shows "point k/N" and an ETA.
-  progress.plan(len(scopes(state['names'])) * len(kinds))
+  points = []
   for split, ref in scopes(state['names']):
     name = scope_name(split, ref)
     for kind in kinds:
-      params = dict(scope=name, kind=kind)
-      saved = store.get(params) is not None
-      if saved and kind in listing.get(name, {}):
-        continue
-
       def compute(split=split, ref=ref, kind=kind, name=name):
         groups = find(state['splits'], split, ref, kind, threshold)
         listing.setdefault(name, {})[kind] = groups
-        atomic.atomic_write_text(path, json.dumps(listing, indent=1))
+        atomic.atomic_write_text(os.path.join(store.workdir, LISTING),
+                                 json.dumps(listing, indent=1))
         return summarize(groups), len(state['splits'][split])
 
-      if saved:  # the point is stored but its listing was lost: rebuild the listing only
-        compute()
-      else:
-        run_point(store, params, compute, unit='examples')
-  atomic.atomic_write_text(os.path.join(store.workdir, TEXT), text_listing(config, listing))
+      def after(_, kind=kind, name=name, compute=compute):
+        if kind not in listing.get(name, {}):
+          compute()
+
+      points.append(base.Point(dict(scope=name, kind=kind), compute, 'examples', after))
+  return points
+
+
+def figures(config, state, store, key) -> None:
+  """duplicates.txt, from duplicates.json."""
+  del state, key
+  atomic.atomic_write_text(os.path.join(store.workdir, TEXT),
+                           text_listing(config, _listing(store.workdir)))

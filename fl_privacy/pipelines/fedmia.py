@@ -23,6 +23,7 @@ by the point's params.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -41,14 +42,13 @@ from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
+from fl_privacy.pipelines import base
 from fl_privacy.pipelines import fedmia_figures
 from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
-from fl_privacy.report import progress
 from fl_privacy.report import summary
-from fl_privacy.report import run_point
 
 NAME = 'fedmia'
 # The defenses FedMIA's Sect. 4.4 / Appendix A.2 sweeps (and quantisation, which its code has).
@@ -65,6 +65,11 @@ SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
     summary.metric('auc', 'AUC'), summary.metric('test_accuracy', 'test acc.'),
     summary.seconds()))
 RECORDED = 'recorded'
+CLIENT_COUNT = validate.items(validate.number(3, integer=True),
+                              'integers >= 3 (FedMIA needs two non-target clients)',
+                              nonempty=False)
+BETAS = validate.items(validate.Rule('', lambda b: not isinstance(b, bool) and b > 0),
+                       'non-empty, numbers > 0 (inf = IID)', scalar=False)
 ROUNDS_JSON = 'rounds.json'
 
 
@@ -82,28 +87,24 @@ def _attack_names(config, field: str) -> tuple[str, ...]:
   return names
 
 
-def validate_static(config) -> None:
+def validate_config(config) -> None:
   """Checks every field that does not need the data (before anything is loaded or written)."""
   data_lib.validate_data_config(config.data)
   s = config.fedmia
   validate.subset_of(config, 'fedmia.models', models_lib.MODELS)
   if len(s.hidden):
     validate.positive(config, 'fedmia.hidden', integer=True)
-  for field in ('fedmia.num_clients', 'fedmia.client_counts'):
-    value = s[field.split('.')[-1]]
-    for k in ((value,) if isinstance(value, int) else tuple(value)):
-      validate.require(isinstance(k, int) and not isinstance(k, bool) and k >= 3, field,
-                       'integers >= 3 (FedMIA needs two non-target clients)', value)
+  validate.check_all(config, {'fedmia.num_clients': CLIENT_COUNT,
+                              'fedmia.client_counts': CLIENT_COUNT, 'fedmia.betas': BETAS})
   if s.per_client is not None:
     validate.positive(config, 'fedmia.per_client', integer=True)
   t = validate.positive(config, 'fedmia.num_rounds', integer=True)
   every = validate.positive(config, 'fedmia.record_every', integer=True)
   validate.require(t % every == 0, 'fedmia.record_every',
                    f'a divisor of num_rounds = {t}', every)
-  single = s.single_round
-  validate.require(isinstance(single, int) and 1 <= single <= t and single % every == 0,
-                   'fedmia.single_round', f'a recorded round (a multiple of {every} in '
-                   f'[{every}, {t}])', single)
+  validate.checked(config, 'fedmia.single_round', validate.where(
+      validate.number(every, t, integer=True), lambda v: v % every == 0,
+      f'a recorded round (a multiple of {every} in [{every}, {t}])'))
   validate.positive(config, 'fedmia.local_epochs', integer=True)
   if len(s.epoch_counts):
     validate.positive(config, 'fedmia.epoch_counts', integer=True)
@@ -119,11 +120,6 @@ def validate_static(config) -> None:
   validate.one_of(config, 'fedmia.outlier_filter', passive.FILTERS)
   validate.subset_of(config, 'fedmia.nonmember_scoring', passive.SCORINGS)
   validate.subset_of(config, 'fedmia.sweep_scoring', passive.SCORINGS)
-  betas = tuple(s.betas)
-  validate.require(len(betas) > 0, 'fedmia.betas', 'non-empty, each > 0 (inf = IID)', betas)
-  for b in betas:
-    validate.require(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0,
-                     'fedmia.betas', 'numbers > 0 (inf = IID)', betas)
   _validate_defenses(config)
   validate.positive(config, 'fedmia.chunk_size', integer=True)
 
@@ -179,7 +175,7 @@ def make_optimizer(config):
 
 def prepare(config) -> dict:
   """Validates the config and loads the data; writes nothing."""
-  validate_static(config)
+  validate_config(config)
   splits = data_lib.load(config.data)
   validate.require('train' in splits and 'test' in splits, 'data.name',
                    'a dataset with train and test splits', config.data.name)
@@ -303,48 +299,50 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
       rng=data_lib.rng_from_key(point_key(key, point_params(tr, attack, scoring))))
 
 
-def sweep(config, state, store, key) -> None:
-  """Runs every training (resuming from the artifacts) and scores it, then writes the tables,
-  `rounds.json` and the figures.
+def recorded(config, state, key, artifacts: ArtifactStore, tr: dict) -> dict[str, np.ndarray]:
+  """Training `tr`'s recording: read from the artifacts, else trained and saved."""
+  rec = artifacts.load(training_params(tr))
+  if rec is None:
+    logging.info('training %s', describe(tr))
+    rec = record(config, state, key, tr)
+    artifacts.save(training_params(tr), rec)
+  return rec
 
-  Args:
-    config: the validated config.
-    state: what `prepare` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: the run's PRNG key.
-  """
+
+def plan(config, state, store, key) -> list[base.Point]:
+  """Every (training, attack, scoring) point. A training's recording is read or trained only
+  when one of its points is not stored yet, and dropped after its last point."""
   artifacts = ArtifactStore(store.workdir, RECORDED)
-  plans = [(tr, attack_plan(config, tr)) for tr in state['trainings']]
-  progress.plan(sum(len(plan) for _, plan in plans))
-  main_records = {}
-  for tr, plan in plans:
+  points = []
+  for tr in state['trainings']:
     cache = {}
 
-    def recording(tr=tr, cache=cache):
-      # Loaded (or trained and saved) only when a point needs it: a resumed sweep whose points
-      # are all stored neither trains nor reads the artifact.
+    def compute(tr=tr, a='', sc='', cache=cache):
       if 'rec' not in cache:
-        tp = training_params(tr)
-        rec = artifacts.load(tp)
-        if rec is None:
-          logging.info('training %s', describe(tr))
-          rec = record(config, state, key, tr)
-          artifacts.save(tp, rec)
-        cache['rec'] = rec
-      return cache['rec']
-
-    if tr['sweep'] == 'main':
-      main_records[tr['model']] = recording()
-    for attack, scoring in plan:
-      def compute(tr=tr, a=attack, sc=scoring, recording=recording):
-        rec = recording()
-        return (point_metrics(config, key, rec, tr, a, sc,
-                              defense_for(config, state, tr).metrics),
-                int(len(rec['owner']) * rec['loss'].shape[1]))
+        cache['rec'] = recorded(config, state, key, artifacts, tr)
+      rec = cache['rec']
       # n counts the loss scores the attack ranked (examples x recorded rounds).
-      run_point(store, point_params(tr, attack, scoring), compute, unit='scores')
+      return (point_metrics(config, key, rec, tr, a, sc, defense_for(config, state, tr).metrics),
+              int(len(rec['owner']) * rec['loss'].shape[1]))
+
+    plan_tr = attack_plan(config, tr)
+    for i, (attack, scoring) in enumerate(plan_tr):
+      last = i == len(plan_tr) - 1
+      points.append(base.Point(point_params(tr, attack, scoring),
+                               functools.partial(compute, tr, attack, scoring), 'scores',
+                               after=(lambda _, c=cache: c.clear()) if last else None))
+  return points
+
+
+def figures(config, state, store, key) -> None:
+  """`rounds.json`, table1.md, table2.md and the figures, from the stored points and the main
+  trainings' recordings."""
+  artifacts = ArtifactStore(store.workdir, RECORDED)
+  main_records = {tr['model']: recorded(config, state, key, artifacts, tr)
+                  for tr in state['trainings'] if tr['sweep'] == 'main'}
   curves = fedmia_figures.round_curves(config, key, main_records)
   atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
                            fedmia_tables.dumps(curves))
   fedmia_tables.write(config, store.points, store.workdir)
   fedmia_figures.save_all(config, key, store.points, main_records, curves, store.workdir)
+

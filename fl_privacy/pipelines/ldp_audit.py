@@ -17,6 +17,7 @@ Fields: configs/_ldp_audit.py. Results: docs/experiments/ldp_audit.md.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from absl import logging
@@ -39,8 +40,8 @@ from fl_privacy.mechanisms import gaussian
 from fl_privacy.mechanisms import ldp_sgd
 from fl_privacy.mechanisms import ome
 from fl_privacy.mechanisms import registry
+from fl_privacy.pipelines import base
 from fl_privacy.pipelines import ldp_audit_figures
-from fl_privacy.report import progress
 from fl_privacy.report import summary
 
 NAME = 'ldp_audit'
@@ -99,17 +100,15 @@ def validate_config(config) -> str:
     validate.one_of(config, 'ldp_audit.target_selection',
                     ('max_grad_norm', 'random'))
     validate.one_of(config, 'ldp_audit.white_box_path', ('literal', 'projected'))
-    for field in ('fgsm_alpha', 'retrogression_alpha'):
-      value = config.ldp_audit[field]
-      validate.require(isinstance(value, (int, float)) and math.isfinite(value),
-                       f'ldp_audit.{field}', 'a finite number', value)
+    validate.check_all(config, {'ldp_audit.fgsm_alpha': validate.number(),
+                                'ldp_audit.retrogression_alpha': validate.number()})
     _optional_positive(config, 'ldp_audit.server_lr')
     validate.one_of(config, 'ldp_audit.server_lr_rule', SERVER_LR_RULES)
     validate.in_range(config, 'ldp_audit.server_step_fraction', 0.0, 1.0,
                       low_inclusive=False)
     _optional_positive(config, 'ldp_audit.radius')
-    validate.require(isinstance(config.ldp_audit.split, str), 'ldp_audit.split',
-                     'a split name', config.ldp_audit.split)
+    validate.checked(config, 'ldp_audit.split', validate.Rule('a split name',
+                                                              lambda v: isinstance(v, str)))
     data_lib.validate_data_config(config.data)
     return mechanism
   validate.positive(config, 'ldp_audit.num_features', integer=True)
@@ -119,8 +118,7 @@ def validate_config(config) -> str:
     validate.positive(config, 'ldp_audit.sensitivity')
     return mechanism
   s = config.ldp_audit
-  validate.require(isinstance(s.sign_bit, bool), 'ldp_audit.sign_bit',
-                   'True or False', s.sign_bit)
+  validate.checked(config, 'ldp_audit.sign_bit', validate.BOOLEAN)
   validate.checked(config, 'ldp_audit.int_bits', validate.number(0, integer=True))
   validate.checked(config, 'ldp_audit.frac_bits', validate.number(0, integer=True))
   fixed_point.check_format(s.int_bits, s.frac_bits)
@@ -279,37 +277,36 @@ def input_point(config, mechanism: str, params: dict, key,
 # ------------------------------------------------------------------ sweep ---
 
 
-def sweep(config, state, store, key) -> None:
-  """Runs every point the store lacks, then draws the figures.
-
-  Args:
-    config: the validated config (see `prepare`).
-    state: what `prepare(config)` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: the run's PRNG key; every point draws from its own stream of it.
-  """
+def plan(config, state, store, key) -> list[base.Point]:
+  """One point per (crafter, distinguisher, epsilon), each drawing from its own stream of
+  `key`; LDP-SGD's shared setup (pretraining, target) is built by the first point computed."""
+  del store
   mechanism = state['mechanism']
   todo = points(config, mechanism)
   vc = config.ldp_audit.violation_confidence
   vc = float(vc) if vc is not None else 1.0 - 0.05 / len(todo)
-  progress.plan(len(todo))
   setup = {}
-  for params in todo:
-    point_key = report.point_key(key, params)
 
-    def compute(params=params, point_key=point_key):
-      if mechanism != 'ldp_sgd':
-        return input_point(config, mechanism, params, point_key, vc)
-      if not setup:
-        setup.update(build_ldp_sgd_setup(config, state['dataset'],
-                                         ldp_sgd_setup.stream(key, 'setup')))
-      return ldp_sgd_point(config, setup, params, point_key, vc)
+  def compute(params, point_key):
+    if mechanism != 'ldp_sgd':
+      return input_point(config, mechanism, params, point_key, vc)
+    if not setup:
+      setup.update(build_ldp_sgd_setup(config, state['dataset'],
+                                       ldp_sgd_setup.stream(key, 'setup')))
+    return ldp_sgd_point(config, setup, params, point_key, vc)
 
-    metrics = report.run_point(store, params, compute)
+  def report_violation(metrics, params):
     if float(metrics.get('privacy_violation', 0.0)) > 0:
       logging.error(
           'PRIVACY VIOLATION: %s claims epsilon %.3g but the audit certifies '
           'more (95%% lower bound %s; flagged at one-sided level %.4g, '
           'family-wise over the sweep) at %s', mechanism, params['epsilon'],
           metrics['eps_emp_lower'], vc, params)
+
+  return [base.Point(p, functools.partial(compute, p, report.point_key(key, p)),
+                     after=functools.partial(report_violation, params=p)) for p in todo]
+
+
+def figures(config, state, store, key) -> None:
+  del config, state, key
   ldp_audit_figures.draw_figures(store.points, store.workdir)

@@ -24,6 +24,8 @@ other half is scored by every attack. Each (training, attack, target) is one res
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 
@@ -42,12 +44,11 @@ from fl_privacy.defenses import pastel_training
 from fl_privacy.eval import auditing
 from fl_privacy.eval import utility
 from fl_privacy.fl import optimizers as optimizers_lib
+from fl_privacy.pipelines import base
 from fl_privacy.pipelines import pastel_figures
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
-from fl_privacy.report import progress
-from fl_privacy.report import run_point
 from fl_privacy.report import summary
 
 NAME = 'pastel'
@@ -60,6 +61,15 @@ TARGETS = ('local', 'global')
 TRAINED = 'trained'
 TABLE = 'table.md'
 _NO_ABLATION = (None, '', 'none', 'None')
+# Declared rules of the fields the helpers in `validate_config` do not cover.
+RULES = {
+    'pastel.pastel_weights': validate.Rule('a non-empty list of lambdas >= 0',
+                                           lambda w: len(tuple(w)) > 0),
+    'pastel.pastel_layers': validate.items(
+        validate.Rule('', lambda n: isinstance(n, str)),
+        'a list of layer names (() = every Dense layer)', scalar=False, nonempty=False),
+    'pastel.attack_last_layer_grad': validate.BOOLEAN,
+}
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('PASTEL (attack AUC and accuracy: 95% intervals)', (
     summary.param('defense'), summary.param('strength'), summary.param('optimizer'),
@@ -77,15 +87,14 @@ def _ablation(config) -> str | None:
   return None if a in _NO_ABLATION else a
 
 
-def validate_static(config) -> None:
+def validate_config(config) -> None:
   """Checks every field that does not need the data or the model (before anything loads)."""
   data_lib.validate_data_config(config.data)
   s = _s(config)
   validate.one_of(config, 'pastel.model', models_lib.MODELS)
   if s.model == 'mlp':
     validate.positive(config, 'pastel.mlp_hidden', integer=True)
-  k = validate.positive(config, 'pastel.num_clients', integer=True)
-  validate.require(k >= 2, 'pastel.num_clients', 'an integer >= 2', k)
+  k = validate.checked(config, 'pastel.num_clients', validate.number(2, integer=True))
   t = validate.positive(config, 'pastel.num_rounds', integer=True)
   r = validate.positive(config, 'pastel.record_every', integer=True)
   validate.require(t % r == 0, 'pastel.record_every', f'a divisor of num_rounds ({t})', r)
@@ -93,19 +102,14 @@ def validate_static(config) -> None:
   validate.positive(config, 'pastel.batch_size', integer=True)
   validate.one_of(config, 'pastel.optimizer', optimizers_lib.OPTIMIZERS)
   validate.positive(config, 'pastel.learning_rate')
-  a = s.ablation_optimizer
-  validate.require(a in _NO_ABLATION or a in optimizers_lib.OPTIMIZERS,
-                   'pastel.ablation_optimizer',
-                   f'None or one of {optimizers_lib.OPTIMIZERS}', a)
+  validate.checked(config, 'pastel.ablation_optimizer', validate.Rule(
+      f'None or one of {optimizers_lib.OPTIMIZERS}',
+      lambda a: a in _NO_ABLATION or a in optimizers_lib.OPTIMIZERS))
   validate.positive(config, 'pastel.ablation_learning_rate')
   validate.in_range(config, 'pastel.ablation_pastel_weight', 0.0, math.inf)
   defenses = validate.subset_of(config, 'pastel.defenses', DEFENSES)
-  validate.require(len(tuple(s.pastel_weights)) > 0, 'pastel.pastel_weights',
-                   'a non-empty list of lambdas >= 0', s.pastel_weights)
+  validate.check_all(config, RULES)
   validate.in_range(config, 'pastel.pastel_weights', 0.0, math.inf)
-  validate.require(all(isinstance(n, str) for n in tuple(s.pastel_layers)),
-                   'pastel.pastel_layers', 'a list of layer names (() = every Dense layer)',
-                   s.pastel_layers)
   validate.one_of(config, 'pastel.pastel_representation', pastel_lib.REPRESENTATIONS)
   validate.positive(config, 'pastel.pastel_temperature')
   validate.in_range(config, 'pastel.validation_fraction', 0.0, 0.5, low_inclusive=False)
@@ -132,8 +136,6 @@ def validate_static(config) -> None:
   validate.positive(config, 'pastel.attack_learning_rate')
   validate.positive(config, 'pastel.attack_hidden', integer=True)
   validate.positive(config, 'pastel.feature_chunk_size', integer=True)
-  validate.require(isinstance(s.attack_last_layer_grad, bool), 'pastel.attack_last_layer_grad',
-                   'True or False', s.attack_last_layer_grad)
   del defenses
 
 
@@ -143,18 +145,9 @@ def make_model(config, num_classes: int):
   return models_lib.make(s.model, num_classes, field='pastel.model', **kw)
 
 
-def _least_per_client(validation_fraction: float) -> int:
-  """The fewest train rows per client that keep >= 2 members and >= 1 held-out row."""
-  # Below 0.5 / fraction no row is held out; from there (fraction <= 0.5) a few steps suffice.
-  n = max(3, int(0.5 / validation_fraction))
-  while not (round(validation_fraction * n) >= 1 and n - round(validation_fraction * n) >= 2):
-    n += 1
-  return n
-
-
 def prepare(config) -> dict:
   """Validates the config, loads the data, and checks what depends on the data or the model."""
-  validate_static(config)
+  validate_config(config)
   s = _s(config)
   splits = data_lib.load(config.data)
   validate.require('train' in splits and 'test' in splits, 'data.name',
@@ -162,7 +155,7 @@ def prepare(config) -> dict:
   train, test = splits['train'], splits['test']
   k = int(s.num_clients)
   data_lib.require_examples(config.data, "its 'train' split", len(train),
-                            k * _least_per_client(float(s.validation_fraction)),
+                            k * passive_pastel.least_per_client(float(s.validation_fraction)),
                             f'pastel.num_clients = {k} clients, each >= 2 members and >= 1 '
                             'held-out row')
   data_lib.require_examples(config.data, "its 'test' split", len(test), 4 * k,
@@ -180,27 +173,6 @@ def prepare(config) -> dict:
                                               s.pastel_representation, s.model)
   return dict(train=train, test=test, model=model, layers=layers,
               x_train=data_lib.to_float(train.x), x_test=data_lib.to_float(test.x))
-
-
-def split_data(config, state, key) -> dict:
-  """Client shards, members / held-out per client, and the test split shared out to clients.
-
-  Depends only on the run key (never on the defense): every training sees the same members.
-  """
-  s = _s(config)
-  k = int(s.num_clients)
-  n_train, n_test = len(state['train']), len(state['test'])
-  shards = data_lib.iid_partition(point_key(key, {'role': 'partition'}), n_train, k)
-  members, heldout = [], []
-  for i, shard in enumerate(shards):
-    rng = data_lib.rng_from_key(point_key(key, {'role': 'heldout', 'client': i}))
-    perm = rng.permutation(np.asarray(shard))
-    h = max(1, int(round(s.validation_fraction * len(shard))))
-    heldout.append(np.sort(perm[:h]))
-    members.append(np.sort(perm[h:]))
-  rng = data_lib.rng_from_key(point_key(key, {'role': 'test_parts'}))
-  test_parts = [np.sort(p) for p in np.array_split(rng.permutation(n_test), k)]
-  return dict(members=members, heldout=heldout, test_parts=test_parts)
 
 
 def trainings(config) -> list[dict]:
@@ -303,47 +275,68 @@ def point_params(tr: dict, attack: str, target: str) -> dict:
               optimizer=tr['optimizer'], attack=attack, target=target)
 
 
-def sweep(config, state, store, key) -> None:
-  """Trains (or loads) every training, scores every (attack, target), writes table and figures.
+def _shared(config, state, key) -> tuple[dict, dict]:
+  """(split, rows) of the run: the same members and attack rows for every training."""
+  if 'split' not in state:
+    state['split'] = passive_pastel.client_split(
+        key, len(state['train']), len(state['test']), int(_s(config).num_clients),
+        float(_s(config).validation_fraction))
+    state['rows'] = passive_pastel.attack_rows(state['split']['members'],
+                                               state['split']['test_parts'],
+                                               len(state['test']), key)
+  return state['split'], state['rows']
 
-  Args:
-    config: the validated config.
-    state: what `prepare` returned.
-    store: the run's `fl_privacy.report.ResultsStore`.
-    key: the run's PRNG key.
-  """
-  split = split_data(config, state, key)
-  rows = passive_pastel.attack_rows(split['members'], split['test_parts'], len(state['test']),
-                                    key)
+
+def trained(config, state, store, key, tr: dict) -> dict[str, np.ndarray]:
+  """Training `tr`'s arrays: read from the artifacts, else trained and saved."""
+  split, rows = _shared(config, state, key)
   artifacts = ArtifactStore(store.workdir, TRAINED)
-  plan = attack_plan(config)
-  losses_for_figure = {}
-  todo_trainings = trainings(config)
-  progress.plan(len(todo_trainings) * len(plan))
-  for tr in todo_trainings:
-    arrays = None
-    todo = [p for p in (point_params(tr, a, t) for a, t in plan) if store.get(p) is None]
-    if todo or tr['defense'] in ('none', 'pastel'):
-      arrays = artifacts.load(tr)
-      if arrays is None:
-        logging.info('pastel: training %s', describe(tr))
-        arrays = train(config, state, split, rows, tr, key)
-        arrays['num_test'] = len(state['test'])
-        artifacts.save(tr, arrays)
-      m = utility.training_metrics(arrays)
-      logging.info('pastel: %s test accuracy %.4f, JSD %.4f', describe(tr), m['accuracy'],
-                   m['jsd_last_round'])
+  arrays = artifacts.load(tr)
+  if arrays is None:
+    logging.info('pastel: training %s', describe(tr))
+    arrays = train(config, state, split, rows, tr, key)
+    arrays['num_test'] = len(state['test'])
+    artifacts.save(tr, arrays)
+  m = utility.training_metrics(arrays)
+  logging.info('pastel: %s test accuracy %.4f, JSD %.4f', describe(tr), m['accuracy'],
+               m['jsd_last_round'])
+  return arrays
+
+
+def plan(config, state, store, key) -> list[base.Point]:
+  """Every (training, attack, target); a training is trained (or read) by the first of its
+  points the store lacks and dropped after its last."""
+  split, rows = _shared(config, state, key)
+  points = []
+  for tr in trainings(config):
+    cache = {}
+
+    def compute(tr, attack, target, cache=cache):
+      if 'arrays' not in cache:
+        cache['arrays'] = trained(config, state, store, key, tr)
+      return (point_metrics(config, cache['arrays'], rows, split, attack, target, key,
+                            tr['defense'], tr['strength']), len(rows[target]['eval']))
+
+    for attack, target in attack_plan(config):
+      points.append(base.Point(point_params(tr, attack, target),
+                               functools.partial(compute, tr, attack, target), 'examples'))
+    points[-1] = dataclasses.replace(points[-1], after=lambda _, c=cache: c.clear())
+  return points
+
+
+def figures(config, state, store, key) -> None:
+  """table.md and the figures; the loss histograms read the undefended and PASTEL
+  trainings' global-model losses."""
+  _, rows = _shared(config, state, key)
+  losses = {}
+  for tr in trainings(config):
+    if tr['defense'] in ('none', 'pastel'):
+      arrays = trained(config, state, store, key, tr)
       if 'global/loss' in arrays:
         g = rows['global']
-        losses_for_figure[describe(tr)] = dict(
+        losses[describe(tr)] = dict(
             params=tr, member=arrays['global/loss'][g['labels'] == 1, -1, 0],
             nonmember=arrays['global/loss'][g['labels'] == 0, -1, 0])
-    for attack, target in plan:
-      p = point_params(tr, attack, target)
-      n_eval = len(rows[target]['eval'])
-      run_point(store, p, lambda a=attack, t=target, arr=arrays: (
-          point_metrics(config, arr, rows, split, a, t, key, tr['defense'], tr['strength']),
-          n_eval), unit='examples')
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),
                            pastel_figures.table_markdown(config, store.points))
-  pastel_figures.save_figures(config, store.points, losses_for_figure, store.workdir)
+  pastel_figures.save_figures(config, store.points, losses, store.workdir)

@@ -7,7 +7,7 @@ import pathlib
 
 import fl_privacy.defenses
 
-ALLOWED = ('fl_privacy.validate', 'fl_privacy.accounting', 'fl_privacy.mechanisms', 'fl_privacy.fl',
+ALLOWED = ('fl_privacy.validate', 'fl_privacy.catalog', 'fl_privacy.accounting', 'fl_privacy.mechanisms', 'fl_privacy.fl',
            'fl_privacy.defenses')
 
 

@@ -182,7 +182,8 @@ def test_the_specification_table():
                                                   'num_examples': None, 'max_batch_size': None}
   assert registry.DEFENSES['gaussian'].defaults == {'sigma': None}
   assert registry.ADVERSARY == {'ami': 'server', 'dishonest_mia': 'server', 'fedmia': 'server',
-                                'pastel': None, 'flower_audit': 'server'}
+                                'pastel': None, 'duplicates': None, 'ldp_audit': None,
+                                'dp_audit': None, 'toy_game': None}
 
 
 # Minimal params for make(name, ...).
@@ -420,7 +421,7 @@ def test_spec():
 AGGREGATE_ONLY = ('central_dp', 'weak_dp')
 
 
-@pytest.mark.parametrize('experiment', ['ami', 'dishonest_mia', 'fedmia', 'flower_audit'])
+@pytest.mark.parametrize('experiment', ['ami', 'dishonest_mia', 'fedmia'])
 def test_aggregate_only_refused_where_the_server_reads_uploads(experiment):
   for name in registry.NAMES:
     if name in AGGREGATE_ONLY:

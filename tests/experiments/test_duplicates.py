@@ -77,6 +77,7 @@ def test_the_progress_line_knows_every_point_and_counts_examples(tmp_path):
   import logging  # pylint: disable=g-import-not-at-top
   from configs import digits  # pylint: disable=g-import-not-at-top
   from fl_privacy import report  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import base  # pylint: disable=g-import-not-at-top
   from fl_privacy.pipelines import duplicates as pipeline  # pylint: disable=g-import-not-at-top
   from fl_privacy.report import progress  # pylint: disable=g-import-not-at-top
   config = digits.get_config('smoke')
@@ -96,7 +97,7 @@ def test_the_progress_line_knows_every_point_and_counts_examples(tmp_path):
   absl_logger.setLevel(logging.INFO)
   try:
     with progress.activate(tracker):
-      pipeline.sweep(config, state, store, None)
+      base.sweep(pipeline, config, state, store, None)
   finally:
     absl_logger.removeHandler(handler)
     absl_logger.setLevel(level)

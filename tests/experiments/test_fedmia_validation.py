@@ -45,7 +45,7 @@ def _config(**fields):
 def test_bad_field_raises_config_error(fields, field):
   config = _config(**fields)
   with pytest.raises(validate.ConfigError) as e:
-    fedmia.validate_static(config)
+    fedmia.validate_config(config)
   assert e.value.field == field
   assert str(e.value).startswith(f'config.{field}:')
 
@@ -54,10 +54,10 @@ def test_unknown_defense_name():
   config = digits.get_config('smoke')
   config.fedmia.defenses['tempering'] = (0.5,)
   with pytest.raises(validate.ConfigError) as e:
-    fedmia.validate_static(config)
+    fedmia.validate_config(config)
   assert e.value.field == 'fedmia.defenses.tempering'
 
 
 def test_default_configs_are_valid():
   for arg in (None, 'smoke'):
-    fedmia.validate_static(digits.get_config(arg))
+    fedmia.validate_config(digits.get_config(arg))

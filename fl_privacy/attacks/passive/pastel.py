@@ -38,6 +38,38 @@ _MEASUREMENTS = ('loss', 'cos', 'diff', 'grad_sq')
 _JSD_ROWS = 512
 
 
+def least_per_client(validation_fraction: float) -> int:
+  """The fewest train rows per client that keep >= 2 members and >= 1 held-out row."""
+  # Below 0.5 / fraction no row is held out; from there (fraction <= 0.5) a few steps suffice.
+  n = max(3, int(0.5 / validation_fraction))
+  while not (round(validation_fraction * n) >= 1 and n - round(validation_fraction * n) >= 2):
+    n += 1
+  return n
+
+
+def client_split(key, num_train: int, num_test: int, num_clients: int,
+                 validation_fraction: float) -> dict[str, list[np.ndarray]]:
+  """Client shards, members / held-out per client, and the test split shared out to clients.
+
+  Depends only on the run key (never on the defense): every training sees the same members.
+
+  Returns:
+    dict of `members`, `heldout` (train indices per client) and `test_parts` (test indices per
+    client), each a list of sorted index arrays.
+  """
+  shards = data_lib.iid_partition(point_key(key, {'role': 'partition'}), num_train, num_clients)
+  members, heldout = [], []
+  for i, shard in enumerate(shards):
+    rng = data_lib.rng_from_key(point_key(key, {'role': 'heldout', 'client': i}))
+    perm = rng.permutation(np.asarray(shard))
+    h = max(1, int(round(validation_fraction * len(shard))))
+    heldout.append(np.sort(perm[:h]))
+    members.append(np.sort(perm[h:]))
+  rng = data_lib.rng_from_key(point_key(key, {'role': 'test_parts'}))
+  test_parts = [np.sort(p) for p in np.array_split(rng.permutation(num_test), num_clients)]
+  return dict(members=members, heldout=heldout, test_parts=test_parts)
+
+
 def attack_rows(members: Sequence[np.ndarray], test_parts: Sequence[np.ndarray], num_test: int,
                 key) -> dict:
   """Rows of each target and their seeded balanced halves (the same for every training).

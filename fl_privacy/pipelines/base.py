@@ -1,0 +1,97 @@
+"""The interface every experiment pipeline satisfies, and the one sweep that drives them.
+
+A pipeline is a module (registered in `fl_privacy.catalog`) with:
+
+- `NAME`: the experiment's name; `SUMMARY`: its headline columns
+  (`fl_privacy.report.summary.Table`s), logged per saved point and printed at the end.
+- `validate_config(config) -> None`: every check that needs no data (ConfigError naming the field);
+  loads nothing and writes nothing.
+- `prepare(config) -> state`: `validate_config`, then the checks that need the data, then the data
+  (and anything else every point shares). Writes nothing.
+- `plan(config, state, store, key) -> list[Point]`: the sweep's points in order, each its
+  params and how to compute it. Work the points share (a training several attacks score) is
+  done lazily by the first point that needs it, so a resumed sweep whose points are all saved
+  does none of it.
+- `figures(config, state, store, key) -> None`: tables and figures from the stored points
+  (and the run's artifacts), written atomically into `store.workdir`.
+
+`sweep(pipeline, config, state, store, key)` runs the plan through `report.run_point`
+(a saved point is read back, not recomputed), then `figures`. The scaffolding of
+`experiments/common.py` does the rest (flags, exit statuses, the store, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+from fl_privacy import catalog
+from fl_privacy.report import progress
+from fl_privacy.report import run_point
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One point of a sweep.
+
+  Attributes:
+    params: the point's flat params (its identity in the results store).
+    compute: `() -> (metrics, n)`, called only when the store lacks the point.
+    unit: what `n` counts ('trials', 'runs', 'examples', 'scores', ...).
+    after: `(metrics) -> None`, called with the point's metrics whether computed now or read
+      back (e.g. a figure's data a resumed point must still have, a violation to log).
+  """
+  params: Mapping[str, Any]
+  compute: Callable[[], tuple[Mapping[str, Any], int]]
+  unit: str = 'trials'
+  after: Callable[[Mapping[str, Any]], None] | None = None
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+  """What `experiments.common.run` needs of an experiment's pipeline (module docstring)."""
+
+  NAME: str
+  SUMMARY: Any
+
+  def validate_config(self, config) -> None:
+    ...
+
+  def prepare(self, config) -> Any:
+    ...
+
+  def plan(self, config, state, store, key) -> list[Point]:
+    ...
+
+  def figures(self, config, state, store, key) -> None:
+    ...
+
+
+def load(name: str) -> ModuleType:
+  """The pipeline module of experiment `name` (`catalog.get(name).pipeline`), checked.
+
+  Raises:
+    KeyError: an unknown experiment.
+    TypeError: a module that lacks part of `Pipeline` or whose NAME is not `name`.
+  """
+  module = importlib.import_module(catalog.get(name).pipeline)
+  if not isinstance(module, Pipeline):
+    missing = [a for a in ('NAME', 'SUMMARY', 'validate_config', 'prepare', 'plan', 'figures')
+               if not hasattr(module, a)]
+    raise TypeError(f'{module.__name__} is not a pipeline: it lacks {missing}')
+  if module.NAME != name:
+    raise TypeError(f'{module.__name__}.NAME is {module.NAME!r}, registered as {name!r}')
+  return module
+
+
+def sweep(pipeline, config, state, store, key) -> None:
+  """Runs every point of `pipeline.plan` the store lacks, then `pipeline.figures`."""
+  points = list(pipeline.plan(config, state, store, key))
+  progress.plan(len(points))
+  for p in points:
+    metrics = run_point(store, p.params, p.compute, unit=p.unit)
+    if p.after is not None:
+      p.after(metrics)
+  pipeline.figures(config, state, store, key)
