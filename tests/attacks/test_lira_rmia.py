@@ -51,6 +51,9 @@ def test_logit_confidence_is_decreasing_finite_and_clipped_symmetrically():
   top = -math.log(lira.LOSS_FLOOR)  # phi(LOSS_FLOOR) = -log(LOSS_FLOOR) to double precision
   np.testing.assert_allclose(edges, [top, top, top, -top, -top, -top], rtol=1e-12)
   assert np.isnan(lira.logit_confidence(np.nan))
+  # The documented clip: float32's smallest normal number, 2^-126, so |phi| <= 126 ln 2.
+  assert lira.logit_confidence(0.0) == pytest.approx(126 * math.log(2.0), rel=1e-15)
+  assert lira.logit_confidence(126 * math.log(2.0)) == pytest.approx(-126 * math.log(2.0))
   # The inverse used by the synthetic recordings below.
   phi = np.linspace(-30, 30, 101)
   np.testing.assert_allclose(lira.logit_confidence(_loss_of(phi)), phi, atol=1e-9)
@@ -144,6 +147,19 @@ def test_offline_lira_round_scores_are_the_per_round_test_of_the_other_clients()
   shadows = phi[0, [1, 3], 0]
   z = (phi[0, 2, 0] - shadows.mean()) / math.sqrt(shadows.var(ddof=1) + 1e-8)
   assert got['scores'][0, list(order).index(0)] == pytest.approx(special.ndtr(z), rel=1e-12)
+
+
+@pytest.mark.parametrize('module', [lira, rmia])
+def test_rounds_are_averaged(module):
+  rng = np.random.default_rng(9)
+  rec, owner = _recording(rng, 3, 4, 6, delta=1.0, s=1.0, num_rounds=3)
+  per_round = module.pooled_round_scores(rec, owner)['scores']
+  assert per_round.shape == (3, 3 * 18)
+  np.testing.assert_allclose(module.combine_rounds(per_round),
+                             (per_round[0] + per_round[1] + per_round[2]) / 3, rtol=1e-15)
+  np.testing.assert_allclose(module.combine_rounds(per_round, upto=2),
+                             (per_round[0] + per_round[1]) / 2, rtol=1e-15)
+  assert not np.allclose(per_round.max(axis=0), per_round.mean(axis=0))
 
 
 # --- fixed variance ---------------------------------------------------------------------------
