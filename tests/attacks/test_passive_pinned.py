@@ -133,6 +133,11 @@ def test_the_list_covers_every_attack():
   assert set(scores.ATTACKS) <= {a.partition('@')[0] for a in ALL}
 
 
+def test_pooled_queries_name_the_query_of_every_entry():
+  np.testing.assert_array_equal(scores.pooled_queries(OWNER, 3),
+                                ORDER[0] + ORDER[1] + ORDER[2])
+
+
 def test_some_literal_values():
   # FedMIA-I, target 0, query 0, round 0: v = -0.20, shadows -0.35 and -0.50: mu = -0.425,
   # sigma^2 = 0.075^2 + 1e-8, z = 0.225 / 0.075 = 3 (times 1 - 9e-7 from the floor).
