@@ -2,11 +2,11 @@
 arXiv:2112.03570) adapted to FedAvg recordings, server-side.
 
 The statistic of a (round, client, query) is the logit-scaled confidence of the true label,
-phi = log(p / (1 - p)) with p = exp(-loss) (Sect. IV-B of the LiRA paper; `logit_confidence`).
+phi = log(p / (1 - p)) with p = exp(-loss) (Sect. IV of the LiRA paper; `logit_confidence`).
 The models are the clients' uploads of a round; for a target client the "OUT" (shadow) models
 of a query are the other clients' uploads of the same round.
 
-- Offline (`offline_scores`, Algorithm 1 with the offline lines, Sect. IV-C): per query and
+- Offline (`offline_scores`, Algorithm 1 with the offline lines, Sect. IV): per query and
   round fit N(mu_out, sigma_out^2) to the shadows' phi and score the target's phi by the
   one-sided test Lambda = 1 - Pr[Z > phi_target] = Phi((phi_target - mu_out) / sigma_out),
   Z ~ N(mu_out, sigma_out^2): the complement of the p-value under "OUT", so that higher =
@@ -16,7 +16,11 @@ of a query are the other clients' uploads of the same round.
   N(phi; mu_out, sigma_out^2), given IN measurements (e.g. the server re-runs the target's
   local steps from the global model with the query added).
 - `fixed_variance=True`: one sigma for all queries (pooled within-query variance), the variant
-  the LiRA paper recommends with few shadow models (Sect. VI-A, "fixed variance").
+  the LiRA paper recommends with few shadow models (its "fixed variance", Sect. VI).
+
+Section numbers are those of the arXiv version as we recall them (not checked against the
+text); Eq. (4) is the Gaussian likelihood ratio and Algorithm 1 the attack with its offline
+lines.
 
 Rounds are combined by averaging the per-round scores (`combine_rounds`), as FedMIA's Eq. (12)
 (Zhu et al., CVPR 2025) combines its per-round Phi; for the online log likelihood ratio the
@@ -48,7 +52,7 @@ VARIANCE_FLOOR = 1e-8
 
 
 def logit_confidence(loss) -> np.ndarray:
-  """phi = log(p / (1 - p)) with p = exp(-loss), the LiRA paper's logit scaling (Sect. IV-B).
+  """phi = log(p / (1 - p)) with p = exp(-loss), the LiRA paper's logit scaling (Sect. IV).
 
   Computed as phi = -loss - log(-expm1(-loss)) in float64, exact to rounding for every loss in
   the clip range. Clipping: loss is clipped to [LOSS_FLOOR, LOSS_CEILING] = [1.18e-38, 87.34]
@@ -97,7 +101,7 @@ def offline_scores(values, target: int, shadow_mask=None,
                    fixed_variance: bool = False) -> np.ndarray:
   """Per-round offline LiRA scores Phi((phi_target - mu_out) / sigma_out) of every query.
 
-  Algorithm 1 of the LiRA paper, offline variant (Sect. IV-C): the one-sided test Lambda =
+  Algorithm 1 of the LiRA paper, offline variant (Sect. IV): the one-sided test Lambda =
   1 - Pr[Z > phi_target], Z ~ N(mu_out, sigma_out^2) fitted to the OUT models (here the
   non-target clients), per query and round. Higher = member; average rounds with
   `combine_rounds`.
@@ -108,7 +112,7 @@ def offline_scores(values, target: int, shadow_mask=None,
     target: the row of the target client.
     shadow_mask: optional bool [K, Q] (or [R, K, Q]): which rows are shadows of each query (the
       target's row is never one). Default: every non-target row.
-    fixed_variance: one sigma per round pooled over all queries (Sect. VI-A) instead of one
+    fixed_variance: one sigma per round pooled over all queries (Sect. VI) instead of one
       per query.
 
   Returns:
@@ -134,7 +138,7 @@ def online_scores(phi_target, phi_in, phi_out, fixed_variance: bool = False) -> 
 
   Eq. (4) / Algorithm 1 of the LiRA paper, in log space (the log likelihood ratio; higher =
   member). With `fixed_variance` a single sigma pooled over the IN and OUT measurements of
-  every query (Sect. VI-A), so the ratio is linear in phi.
+  every query (Sect. VI), so the ratio is linear in phi.
 
   Args:
     phi_target: [Q] the target model's statistic.
