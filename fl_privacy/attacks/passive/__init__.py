@@ -10,6 +10,10 @@
 - `pastel`: the PASTEL experiment's attacks on its recorded trainings (targets, balanced
   halves, `record`, FedMIA re-scoring of its rows).
 - `evaluate`: pooled metrics with intervals (AUC by DeLong, TPR at low FPR by Clopper-Pearson).
+- `lira`: LiRA (Carlini et al., S&P 2022) on the logit-scaled confidence, offline against the
+  other clients (per-query or fixed variance) and online given IN measurements.
+- `rmia`: RMIA (Zarifzadeh et al., ICML 2024) with the other clients as reference models and
+  the server's test rows as the population (offline approximation with parameter `a`).
 
 The measurements come from `fl.queries.measure` / `fl.recording.train_recorded`.
 """
@@ -18,11 +22,14 @@ from __future__ import annotations
 
 from fl_privacy.attacks.passive import evaluate
 from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import lira
 from fl_privacy.attacks.passive import pastel
+from fl_privacy.attacks.passive import rmia
 from fl_privacy.attacks.passive import scores
 from fl_privacy.attacks.passive import whitebox
 from fl_privacy.attacks.passive.fedmia import FILTERS
 from fl_privacy.attacks.passive.scores import ATTACKS
 from fl_privacy.attacks.passive.scores import SCORINGS
 
-__all__ = ['ATTACKS', 'FILTERS', 'SCORINGS', 'evaluate', 'fedmia', 'scores', 'whitebox']
+__all__ = ['ATTACKS', 'FILTERS', 'SCORINGS', 'evaluate', 'fedmia', 'lira', 'rmia', 'scores',
+           'whitebox']

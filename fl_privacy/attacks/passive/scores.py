@@ -209,3 +209,12 @@ def combine_rounds(round_scores_: np.ndarray, attack: str, *, upto: int | None =
   if single_index is None:
     raise ValueError(f'{attack} needs single_index')
   return round_scores_[single_index]
+
+
+def pooled_queries(owner: np.ndarray, num_clients: int) -> np.ndarray:
+  """The query index of every entry of `pooled_round_scores` (aligned scoring), [N].
+
+  Targets in client order, each its members then its non-members (`target_views`); e.g. the
+  groups of a query-cluster bootstrap (`eval.bootstrap`).
+  """
+  return np.concatenate([np.concatenate(target_views(owner, k)) for k in range(num_clients)])

@@ -1,0 +1,234 @@
+"""LiRA (Carlini et al., "Membership Inference Attacks From First Principles", IEEE S&P 2022,
+arXiv:2112.03570) adapted to FedAvg recordings, server-side.
+
+The statistic of a (round, client, query) is the logit-scaled confidence of the true label,
+phi = log(p / (1 - p)) with p = exp(-loss) (Sect. IV of the LiRA paper; `logit_confidence`).
+The models are the clients' uploads of a round; for a target client the "OUT" (shadow) models
+of a query are the other clients' uploads of the same round.
+
+- Offline (`offline_scores`, Algorithm 1 with the offline lines, Sect. IV): per query and
+  round fit N(mu_out, sigma_out^2) to the shadows' phi and score the target's phi by the
+  one-sided test Lambda = 1 - Pr[Z > phi_target] = Phi((phi_target - mu_out) / sigma_out),
+  Z ~ N(mu_out, sigma_out^2): the complement of the p-value under "OUT", so that higher =
+  member, in [0, 1]. This is the per-round term FedMIA (`fedmia`) uses with other
+  measurements.
+- Online (`online_scores`, Eq. (4) / Algorithm 1): log N(phi; mu_in, sigma_in^2) - log
+  N(phi; mu_out, sigma_out^2), given IN measurements (e.g. the server re-runs the target's
+  local steps from the global model with the query added).
+- `fixed_variance=True`: one sigma for all queries (pooled within-query variance), the variant
+  the LiRA paper recommends with few shadow models (its "fixed variance", Sect. VI).
+
+Section numbers are those of the arXiv version as we recall them (not checked against the
+text); Eq. (4) is the Gaussian likelihood ratio and Algorithm 1 the attack with its offline
+lines.
+
+Rounds are combined by averaging the per-round scores (`combine_rounds`), as FedMIA's Eq. (12)
+(Zhu et al., CVPR 2025) combines its per-round Phi; for the online log likelihood ratio the
+average is the log likelihood ratio of independent rounds divided by R.
+
+Variance estimator: the unbiased sample variance (ddof 1) of the shadows of a query, or with
+`fixed_variance` the pooled sum of squared deviations from each query's own mean divided by
+sum_q (m_q - 1); both plus `VARIANCE_FLOOR` so that equal shadows do not divide by zero. (The
+authors' code uses np.std, ddof 0, and for the fixed variance the spread of all shadow values
+around their global mean, which also counts the spread between queries; we do not.) Means are
+sample means (the authors' offline code uses medians).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from fl_privacy.attacks.passive import scores as scores_lib
+
+# float32's smallest normal number: recorded losses come from float32 models, whose
+# cross-entropy rounds to 0 below about this.
+LOSS_FLOOR = float(np.finfo(np.float32).tiny)
+# The symmetric clip: p = exp(-loss) not below LOSS_FLOOR either.
+LOSS_CEILING = -float(np.log(LOSS_FLOOR))
+VARIANCE_FLOOR = 1e-8
+
+
+def logit_confidence(loss) -> np.ndarray:
+  """phi = log(p / (1 - p)) with p = exp(-loss), the LiRA paper's logit scaling (Sect. IV).
+
+  Computed as phi = -loss - log(-expm1(-loss)) in float64, exact to rounding for every loss in
+  the clip range. Clipping: loss is clipped to [LOSS_FLOOR, LOSS_CEILING] = [1.18e-38, 87.34]
+  (float32's smallest normal number and -log of it), so a loss of 0 (p rounded to 1) gives
+  the finite phi(LOSS_FLOOR) = 87.34 and p rounded to 0 (infinite loss) gives phi = -87.34;
+  negative losses (rounding) count as 0. Strictly decreasing inside the range (d phi / d loss =
+  -1 / (1 - p)), constant outside. NaN stays NaN.
+
+  Args:
+    loss: array of cross-entropy losses of the true label.
+
+  Returns:
+    float64 array of phi, same shape.
+  """
+  loss = np.clip(np.asarray(loss, np.float64), LOSS_FLOOR, LOSS_CEILING)
+  return -loss - np.log(-np.expm1(-loss))
+
+
+def _fit(values: np.ndarray, mask: np.ndarray, fixed_variance: bool
+         ) -> tuple[np.ndarray, np.ndarray]:
+  """Per-column mean and variance of the masked rows of `values` [..., m, n].
+
+  Returns (mean [..., n], variance [..., n] or [..., 1] with `fixed_variance`), the variance
+  unbiased (ddof 1) per column or pooled over the columns (module docstring), plus
+  VARIANCE_FLOOR.
+  """
+  count = mask.sum(axis=-2)
+  if (count < 1).any():
+    raise ValueError('every query needs at least one shadow')
+  mu = np.where(mask, values, 0.0).sum(axis=-2) / count
+  sq = np.where(mask, (values - mu[..., None, :]) ** 2, 0.0).sum(axis=-2)
+  if fixed_variance:
+    dof = (count - 1).sum(axis=-1, keepdims=True)
+    if (dof < 1).any():
+      raise ValueError('the fixed variance needs a query with at least two shadows')
+    var = sq.sum(axis=-1, keepdims=True) / dof
+  else:
+    if (count < 2).any():
+      raise ValueError('a per-query variance needs at least two shadows per query; '
+                       'use fixed_variance=True')
+    var = sq / (count - 1)
+  return mu, var + VARIANCE_FLOOR
+
+
+def offline_scores(values, target: int, shadow_mask=None,
+                   fixed_variance: bool = False) -> np.ndarray:
+  """Per-round offline LiRA scores Phi((phi_target - mu_out) / sigma_out) of every query.
+
+  Algorithm 1 of the LiRA paper, offline variant (Sect. IV): the one-sided test Lambda =
+  1 - Pr[Z > phi_target], Z ~ N(mu_out, sigma_out^2) fitted to the OUT models (here the
+  non-target clients), per query and round. Higher = member; average rounds with
+  `combine_rounds`.
+
+  Args:
+    values: [R, K, Q] statistic (phi, `logit_confidence`) of K clients' uploads on Q queries
+      at R rounds; higher = member. A [K, Q] array is one round.
+    target: the row of the target client.
+    shadow_mask: optional bool [K, Q] (or [R, K, Q]): which rows are shadows of each query (the
+      target's row is never one). Default: every non-target row.
+    fixed_variance: one sigma per round pooled over all queries (Sect. VI) instead of one
+      per query.
+
+  Returns:
+    [R, Q] scores in [0, 1] ([Q] for a [K, Q] input).
+  """
+  v = np.asarray(values, np.float64)
+  single = v.ndim == 2
+  if single:
+    v = v[None]
+  _, k, _ = v.shape
+  if not 0 <= target < k:
+    raise ValueError(f'target {target} is not a row of {k} clients')
+  mask = np.ones(v.shape[1:], bool) if shadow_mask is None else np.asarray(shadow_mask, bool)
+  mask = np.broadcast_to(mask, v.shape).copy()
+  mask[:, target] = False
+  mu, var = _fit(v, mask, fixed_variance)
+  out = special.ndtr((v[:, target] - mu) / np.sqrt(var))
+  return out[0] if single else out
+
+
+def online_scores(phi_target, phi_in, phi_out, fixed_variance: bool = False) -> np.ndarray:
+  """Online LiRA: log N(phi; mu_in, s_in^2) - log N(phi; mu_out, s_out^2), one round.
+
+  Eq. (4) / Algorithm 1 of the LiRA paper, in log space (the log likelihood ratio; higher =
+  member). With `fixed_variance` a single sigma pooled over the IN and OUT measurements of
+  every query (Sect. VI), so the ratio is linear in phi.
+
+  Args:
+    phi_target: [Q] the target model's statistic.
+    phi_in: [n_in, Q] statistic of IN models (trained with the query).
+    phi_out: [n_out, Q] statistic of OUT models.
+    fixed_variance: pooled sigma.
+
+  Returns:
+    [Q] log likelihood ratios.
+  """
+  x = np.asarray(phi_target, np.float64)
+  phi_in = np.asarray(phi_in, np.float64)
+  phi_out = np.asarray(phi_out, np.float64)
+  if phi_in.ndim != 2 or phi_out.ndim != 2 or x.ndim != 1:
+    raise ValueError('online_scores takes phi_target [Q], phi_in [n_in, Q], phi_out [n_out, Q]')
+  if fixed_variance:
+    mu_in, mu_out = phi_in.mean(axis=0), phi_out.mean(axis=0)
+    dof = (phi_in.shape[0] - 1 + phi_out.shape[0] - 1) * x.size
+    if dof < 1:
+      raise ValueError('the fixed variance needs two IN or two OUT measurements')
+    sq = ((phi_in - mu_in) ** 2).sum() + ((phi_out - mu_out) ** 2).sum()
+    var_in = var_out = sq / dof + VARIANCE_FLOOR
+  else:
+    mu_in, var_in = _fit(phi_in, np.ones(phi_in.shape, bool), False)
+    mu_out, var_out = _fit(phi_out, np.ones(phi_out.shape, bool), False)
+  return _log_normal(x, mu_in, var_in) - _log_normal(x, mu_out, var_out)
+
+
+def _log_normal(x, mu, var):
+  """log N(x; mu, var)."""
+  return -0.5 * (np.log(2 * np.pi * var) + (x - mu) ** 2 / var)
+
+
+def combine_rounds(round_scores: np.ndarray, upto: int | None = None) -> np.ndarray:
+  """Final scores: the mean of the per-round scores [R, N] over rounds 0 .. upto - 1.
+
+  As FedMIA's Eq. (12) (Zhu et al., CVPR 2025) averages its per-round scores.
+  """
+  round_scores = np.asarray(round_scores, np.float64)
+  upto = round_scores.shape[0] if upto is None else upto
+  return round_scores[:upto].mean(axis=0)
+
+
+def round_scores(recording: dict[str, np.ndarray], owner, target: int, *,
+                 fixed_variance: bool = False, exclude_owner: bool = False) -> dict[str, Any]:
+  """Per-round offline LiRA scores of one target's members and non-members.
+
+  phi = `logit_confidence(recording['loss'])`; the shadows of a query are the other clients'
+  uploads (`offline_scores`). A non-member query owned by another client j has j's upload as
+  an IN measurement among its shadows, which the server cannot tell apart;
+  `exclude_owner=True` removes it (an oracle: it uses `owner`).
+
+  Args:
+    recording: arrays with `loss` [R, K, Q].
+    owner: [Q] owning client of each query, -1 for test queries.
+    target: the target client k.
+    fixed_variance: `offline_scores`'s pooled sigma.
+    exclude_owner: drop the owner's row from the shadows of its query.
+
+  Returns:
+    dict with `scores` [R, n] (members first, then non-members, as `scores.round_scores`) and
+    `labels` [n] (1 member).
+  """
+  phi = logit_confidence(recording['loss'])
+  owner = np.asarray(owner)
+  num_clients = phi.shape[1]
+  mask = None
+  if exclude_owner:
+    mask = owner[None, :] != np.arange(num_clients)[:, None]
+  per_query = offline_scores(phi, target, mask, fixed_variance)
+  members, nonmembers = scores_lib.target_views(owner, target)
+  labels = np.r_[np.ones(members.size, np.int8), np.zeros(nonmembers.size, np.int8)]
+  return dict(scores=per_query[:, np.concatenate([members, nonmembers])], labels=labels)
+
+
+def pooled_round_scores(recording: dict[str, np.ndarray], owner, *,
+                        fixed_variance: bool = False,
+                        exclude_owner: bool = False) -> dict[str, np.ndarray]:
+  """`round_scores` of every client as target, concatenated in client order.
+
+  The shape of `scores.pooled_round_scores`: `evaluate.score_metrics(combine_rounds(
+  out['scores']), out['labels'], out['target'])` gives the pooled metrics.
+
+  Returns:
+    dict: `scores` [R, N], `labels` [N], `target` [N].
+  """
+  num_clients = np.asarray(recording['loss']).shape[1]
+  parts = [round_scores(recording, owner, k, fixed_variance=fixed_variance,
+                        exclude_owner=exclude_owner) for k in range(num_clients)]
+  return dict(scores=np.concatenate([p['scores'] for p in parts], axis=1),
+              labels=np.concatenate([p['labels'] for p in parts]),
+              target=np.concatenate([np.full(p['labels'].size, k, np.int32)
+                                     for k, p in enumerate(parts)]))

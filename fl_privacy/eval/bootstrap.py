@@ -1,0 +1,148 @@
+"""Cluster bootstrap of TPR at low FPR, threshold selection included; distinct negatives.
+
+Pooled membership evaluations (`attacks.passive.scores.pooled_round_scores`) score the same
+query once per target client: a query's entries share its difficulty, so they are not
+independent, and the N_neg non-member entries behind an FPR of 1e-3 may come from far fewer
+distinct queries. The percentile bootstrap here resamples distinct queries ("groups") with
+replacement, each with all of its entries (Davison and Hinkley, 1997, Sect. 3.8, the cluster
+bootstrap), and recomputes on every resample the threshold at the target FPR and the TPR it
+achieves (`eval.metrics.tpr_at_fpr`'s rule: the largest TPR over ROC points with FPR <=
+target), so the interval includes the uncertainty of choosing the threshold on the same data.
+
+A resample is represented by integer multiplicities of the groups; resampling a group k times
+is scoring each of its entries with weight k, which is what `resampled_tpr_at_fpr` computes
+(after one sort of the scores) instead of copying entries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_privacy.eval import metrics
+
+# Largest resamples x entries handled at once (float64 working arrays of this many elements).
+CHUNK_ELEMENTS = 1 << 22
+
+
+def _group_index(groups) -> tuple[np.ndarray, int]:
+  """Group ids -> (index 0 .. G - 1 of each entry, G)."""
+  _, index = np.unique(np.asarray(groups).reshape(-1), return_inverse=True)
+  return index.reshape(-1), int(index.max()) + 1 if index.size else 0
+
+
+def resampled_tpr_at_fpr(scores, labels, groups, fpr: float, counts) -> np.ndarray:
+  """TPR at `fpr` of resamples given by group multiplicities.
+
+  Resample b holds counts[b, g] copies of every entry of group g (groups indexed in sorted
+  order of their ids). Its TPR is `metrics.tpr_at_fpr` of those copies: ROC points at every
+  distinct score, FPR = weighted false positives / weighted negatives, the largest TPR with
+  FPR <= fpr (0 when only the (0, 0) point is admissible). NaN where a resample has no
+  member or no non-member.
+
+  Args:
+    scores: [N] scores, higher = member.
+    labels: [N] 1 member, 0 non-member.
+    groups: [N] group (query) id of each entry.
+    fpr: target FPR in [0, 1].
+    counts: [B, G] non-negative integer multiplicities.
+
+  Returns:
+    [B] TPRs.
+  """
+  s = np.asarray(scores, np.float64).reshape(-1)
+  y = np.asarray(labels).reshape(-1).astype(bool)
+  index, num_groups = _group_index(groups)
+  counts = np.asarray(counts)
+  if s.shape != y.shape or s.shape != index.shape:
+    raise ValueError(f'scores {s.shape}, labels {y.shape} and groups {index.shape} differ')
+  if counts.ndim != 2 or counts.shape[1] != num_groups:
+    raise ValueError(f'counts must be [B, {num_groups}] (got {counts.shape})')
+  if not 0.0 <= fpr <= 1.0:
+    raise ValueError(f'fpr must be in [0, 1] (got {fpr})')
+  if np.isnan(s).any():
+    raise ValueError('scores contain NaN')
+  order = np.argsort(-s, kind='mergesort')
+  s, y, index = s[order], y[order], index[order]
+  last_of_run = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
+  out = np.empty(counts.shape[0])
+  step = max(1, CHUNK_ELEMENTS // max(s.size, 1))
+  for start in range(0, counts.shape[0], step):
+    w = counts[start:start + step][:, index].astype(np.float64)  # [b, N] sorted order
+    tps = np.cumsum(np.where(y, w, 0.0), axis=1)[:, last_of_run]
+    fps = np.cumsum(np.where(y, 0.0, w), axis=1)[:, last_of_run]
+    n_pos, n_neg = tps[:, -1:], fps[:, -1:]
+    with np.errstate(invalid='ignore', divide='ignore'):
+      admissible = fps / n_neg <= fpr * (1 + 1e-12)
+      # FPR is non-decreasing along the runs, so the admissible points are a prefix.
+      last = admissible.sum(axis=1) - 1
+      tpr = np.where(last >= 0, np.take_along_axis(tps, np.maximum(last, 0)[:, None], 1)[:, 0]
+                     / n_pos[:, 0], 0.0)
+    tpr[(n_pos[:, 0] == 0) | (n_neg[:, 0] == 0)] = np.nan
+    out[start:start + step] = tpr
+  return out
+
+
+def tpr_at_fpr_interval(scores, labels, groups, fpr: float, *, rng: np.random.Generator,
+                        num_resamples: int = 1000,
+                        confidence: float = 0.95) -> tuple[float, float, float]:
+  """TPR at `fpr` with a query-cluster percentile bootstrap interval (module docstring).
+
+  Each resample draws G groups with replacement out of the G distinct groups (multinomial
+  multiplicities), keeps all entries of each drawn group, chooses the threshold at `fpr` on the
+  resample and takes its TPR; the interval is the (1 -+ confidence) / 2 percentiles of those
+  TPRs. Resamples without a member or without a non-member are left out.
+
+  Args:
+    scores: [N] scores, higher = member.
+    labels: [N] 1 member, 0 non-member.
+    groups: [N] group (query) id of each entry; `np.arange(N)` is the ordinary bootstrap.
+    fpr: target FPR.
+    rng: numpy Generator for the resamples.
+    num_resamples: B.
+    confidence: two-sided level.
+
+  Returns:
+    (tpr of the data, low, high).
+  """
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
+  if num_resamples < 1:
+    raise ValueError(f'num_resamples must be positive (got {num_resamples})')
+  _, num_groups = _group_index(groups)
+  point = float(metrics.tpr_at_fpr(scores, labels, fpr))
+  counts = rng.multinomial(num_groups, np.full(num_groups, 1.0 / num_groups), size=num_resamples)
+  tprs = resampled_tpr_at_fpr(scores, labels, groups, fpr, counts)
+  tprs = tprs[~np.isnan(tprs)]
+  if tprs.size == 0:
+    raise ValueError('no resample holds both members and non-members')
+  tail = (1.0 - confidence) / 2.0
+  low, high = np.quantile(tprs, [tail, 1.0 - tail])
+  return point, float(low), float(high)
+
+
+def distinct_negatives(scores, labels, groups, fpr: float) -> int:
+  """Distinct groups (queries) among the non-member entries at or above the threshold at `fpr`.
+
+  The threshold is the one `metrics.tpr_at_fpr` uses: the ROC point with the largest TPR
+  among those with FPR <= fpr (the largest FPR of them when several share that TPR). Its false
+  positives are entries; when a query contributes several (one per target), the FPR counts
+  fewer independent events than it seems, and this count says how many.
+
+  Args:
+    scores: [N] scores, higher = member.
+    labels: [N] 1 member, 0 non-member.
+    groups: [N] group (query) id of each entry.
+    fpr: target FPR.
+
+  Returns:
+    The number of distinct groups of the false positives (0 at the (0, 0) point).
+  """
+  s = np.asarray(scores, np.float64).reshape(-1)
+  y = np.asarray(labels).reshape(-1).astype(bool)
+  g = np.asarray(groups).reshape(-1)
+  if s.shape != g.shape:
+    raise ValueError(f'scores {s.shape} and groups {g.shape} differ')
+  roc_fpr, _, thresholds = metrics.roc_curve(s, y)
+  last = int(np.searchsorted(roc_fpr, fpr * (1 + 1e-12), side='right')) - 1
+  false_positive = ~y & (s >= thresholds[last])
+  return int(np.unique(g[false_positive]).size)

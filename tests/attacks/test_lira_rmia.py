@@ -1,0 +1,300 @@
+"""LiRA (offline, online, fixed variance) and RMIA on recordings: analytic optima, limits, and
+re-derivations by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special
+
+from fl_privacy.attacks.passive import evaluate
+from fl_privacy.attacks.passive import lira
+from fl_privacy.attacks.passive import rmia
+from fl_privacy.attacks.passive import scores
+from fl_privacy.eval import metrics
+
+
+def _loss_of(phi):
+  """The cross-entropy loss whose logit confidence is phi: -log(sigmoid(phi))."""
+  return np.logaddexp(0.0, -np.asarray(phi, np.float64))
+
+
+def _optimum(delta, s):
+  """AUC of the likelihood ratio test between N(mu, s^2) and N(mu + delta, s^2)."""
+  return float(special.ndtr(abs(delta) / (s * math.sqrt(2.0))))
+
+
+# --- logit confidence -------------------------------------------------------------------------
+
+
+def test_logit_confidence_is_the_logit_of_exp_minus_loss():
+  loss = np.geomspace(1e-6, 30.0, 500)
+  p = np.exp(-loss)
+  np.testing.assert_allclose(lira.logit_confidence(loss), np.log(p / (1.0 - p)), rtol=1e-8)
+  # Below 1e-6, 1 - p loses digits; the series -log(loss) - loss / 2 + O(loss^2) does not.
+  tiny = np.array([1e-12, 1e-20, 1e-30])
+  np.testing.assert_allclose(lira.logit_confidence(tiny), -np.log(tiny) - tiny / 2, rtol=1e-14)
+  # Large losses: phi = -loss - log(1 - e^-loss) = -loss to double precision.
+  np.testing.assert_allclose(lira.logit_confidence([40.0, 60.0, 80.0]), [-40.0, -60.0, -80.0],
+                             rtol=1e-15)
+  assert lira.logit_confidence(math.log(2.0)) == pytest.approx(0.0, abs=1e-15)  # p = 1/2
+
+
+def test_logit_confidence_is_decreasing_finite_and_clipped_symmetrically():
+  loss = np.r_[0.0, np.geomspace(lira.LOSS_FLOOR, lira.LOSS_CEILING, 4000)]
+  phi = lira.logit_confidence(loss)
+  assert np.isfinite(phi).all()
+  assert (np.diff(phi[1:]) < 0).all()  # strictly decreasing inside the clip range
+  edges = lira.logit_confidence([-1.0, 0.0, lira.LOSS_FLOOR, lira.LOSS_CEILING, 1e3, np.inf])
+  top = -math.log(lira.LOSS_FLOOR)  # phi(LOSS_FLOOR) = -log(LOSS_FLOOR) to double precision
+  np.testing.assert_allclose(edges, [top, top, top, -top, -top, -top], rtol=1e-12)
+  assert np.isnan(lira.logit_confidence(np.nan))
+  # The documented clip: float32's smallest normal number, 2^-126, so |phi| <= 126 ln 2.
+  assert lira.logit_confidence(0.0) == pytest.approx(126 * math.log(2.0), rel=1e-15)
+  assert lira.logit_confidence(126 * math.log(2.0)) == pytest.approx(-126 * math.log(2.0))
+  # The inverse used by the synthetic recordings below.
+  phi = np.linspace(-30, 30, 101)
+  np.testing.assert_allclose(lira.logit_confidence(_loss_of(phi)), phi, atol=1e-9)
+
+
+# --- LiRA reaches the optimum on Gaussian statistics --------------------------------------------
+
+
+def _gaussian_queries(rng, num_queries, delta, s):
+  """Query means (difficulty), membership of the target, and the target's phi."""
+  mu = 2.0 * rng.normal(size=num_queries)
+  member = np.arange(num_queries) % 2 == 0
+  x = mu + delta * member + s * rng.normal(size=num_queries)
+  return mu, member, x
+
+
+@pytest.mark.parametrize('fixed_variance', [False, True])
+def test_offline_lira_reaches_the_optimal_auc(fixed_variance):
+  rng = np.random.default_rng(0)
+  delta, s, num_queries, num_shadows = 1.0, 1.0, 4000, 200
+  mu, member, x = _gaussian_queries(rng, num_queries, delta, s)
+  shadows = mu + s * rng.normal(size=(num_shadows, num_queries))
+  values = np.concatenate([x[None], shadows])[None]  # [1 round, 1 + m rows, Q]
+  got = lira.offline_scores(values, target=0, fixed_variance=fixed_variance)
+  assert got.shape == (1, num_queries)
+  auc, low, high = metrics.auc_interval(got[0], member)
+  # DeLong's 95% interval of 2000 + 2000 entries: half-width ~ 1.96 sqrt(2 * 0.045 / 2000).
+  assert high - low < 0.03
+  # The estimated mean adds s^2 / m of variance: optimum lowered by < 0.001, inside the interval.
+  assert low <= _optimum(delta, s) <= high
+
+
+@pytest.mark.parametrize('fixed_variance', [False, True])
+def test_online_lira_reaches_the_optimal_auc(fixed_variance):
+  rng = np.random.default_rng(1)
+  delta, s, num_queries, n = -0.8, 0.5, 4000, 64  # members have the lower mean here
+  mu, member, x = _gaussian_queries(rng, num_queries, delta, s)
+  phi_in = mu + delta + s * rng.normal(size=(n, num_queries))
+  phi_out = mu + s * rng.normal(size=(n, num_queries))
+  got = lira.online_scores(x, phi_in, phi_out, fixed_variance=fixed_variance)
+  auc, low, high = metrics.auc_interval(got, member)
+  assert high - low < 0.03
+  assert low <= _optimum(delta, s) <= high
+
+
+def _recording(rng, num_clients, per_client, num_test, delta, s, num_rounds=1):
+  """phi of client j on query q: mu_q + delta [owner_q == j] + s N(0, 1), stored as a loss."""
+  q = num_clients * per_client + num_test
+  owner = np.r_[np.repeat(np.arange(num_clients), per_client), np.full(num_test, -1)]
+  mu = 2.0 * rng.normal(size=q)
+  own = owner[None, :] == np.arange(num_clients)[:, None]
+  phi = mu + delta * own + s * rng.normal(size=(num_rounds, num_clients, q))
+  return dict(loss=_loss_of(phi), rounds=np.arange(num_rounds)), owner
+
+
+def test_offline_lira_on_a_recording_reaches_the_optimum_and_pools_like_scores():
+  rng = np.random.default_rng(2)
+  delta, s = 1.0, 1.0
+  rec, owner = _recording(rng, num_clients=50, per_client=20, num_test=1000, delta=delta, s=s)
+  pooled = lira.pooled_round_scores(rec, owner, exclude_owner=True)
+  # The layout of scores.pooled_round_scores: same labels and targets, entry by entry.
+  ref = scores.pooled_round_scores(dict(rec, cos=rec['loss'], diff=rec['loss'],
+                                        grad_sq=rec['loss'][:, 0]), owner, 'loss_series')
+  np.testing.assert_array_equal(pooled['labels'], ref['labels'])
+  np.testing.assert_array_equal(pooled['target'], ref['target'])
+  assert pooled['scores'].shape == ref['scores'].shape
+  m = evaluate.score_metrics(lira.combine_rounds(pooled['scores']), pooled['labels'],
+                             pooled['target'])
+  assert m['n_pos'] == 1000 and m['n_neg'] == 50 * 2000 - 1000
+  # 48 shadows per query: the estimated mean lowers the optimum by ~0.002; the interval of 1000
+  # members is ~ +-0.017.
+  assert m['auc_ci_high'] - m['auc_ci_low'] < 0.04
+  assert m['auc_ci_low'] <= _optimum(delta, s) <= m['auc_ci_high']
+
+
+def test_offline_lira_round_scores_are_the_per_round_test_of_the_other_clients():
+  rng = np.random.default_rng(3)
+  rec, owner = _recording(rng, 4, 3, 5, delta=1.0, s=1.0, num_rounds=3)
+  got = lira.round_scores(rec, owner, target=2)
+  phi = lira.logit_confidence(rec['loss'])
+  members, nonmembers = np.flatnonzero(owner == 2), np.flatnonzero(owner != 2)
+  order = np.r_[members, nonmembers]
+  for t in range(3):
+    for i, q in enumerate(order):
+      shadows = phi[t, [0, 1, 3], q]
+      z = (phi[t, 2, q] - shadows.mean()) / math.sqrt(shadows.var(ddof=1) + 1e-8)
+      assert got['scores'][t, i] == pytest.approx(special.ndtr(z), rel=1e-12)
+  np.testing.assert_array_equal(got['labels'], np.r_[np.ones(3), np.zeros(14)])
+  # exclude_owner drops the owner's row: query 0 (client 0) keeps rows 1 and 3 only.
+  got = lira.round_scores(rec, owner, target=2, exclude_owner=True)
+  shadows = phi[0, [1, 3], 0]
+  z = (phi[0, 2, 0] - shadows.mean()) / math.sqrt(shadows.var(ddof=1) + 1e-8)
+  assert got['scores'][0, list(order).index(0)] == pytest.approx(special.ndtr(z), rel=1e-12)
+
+
+@pytest.mark.parametrize('module', [lira, rmia])
+def test_rounds_are_averaged(module):
+  rng = np.random.default_rng(9)
+  rec, owner = _recording(rng, 3, 4, 6, delta=1.0, s=1.0, num_rounds=3)
+  per_round = module.pooled_round_scores(rec, owner)['scores']
+  assert per_round.shape == (3, 3 * 18)
+  np.testing.assert_allclose(module.combine_rounds(per_round),
+                             (per_round[0] + per_round[1] + per_round[2]) / 3, rtol=1e-15)
+  np.testing.assert_allclose(module.combine_rounds(per_round, upto=2),
+                             (per_round[0] + per_round[1]) / 2, rtol=1e-15)
+  assert not np.allclose(per_round.max(axis=0), per_round.mean(axis=0))
+
+
+# --- fixed variance ---------------------------------------------------------------------------
+
+
+def test_fixed_and_per_query_variance_agree_when_the_true_variances_are_equal():
+  rng = np.random.default_rng(4)
+  m, num_queries = 2000, 20
+  mu = rng.normal(size=num_queries)
+  for s_q, equal in ((np.full(num_queries, 1.5), True), (np.r_[[1.0] * 10, [2.0] * 10], False)):
+    shadows = mu + s_q * rng.normal(size=(m, num_queries))
+    x = mu + 1.5 * s_q  # z = 1.5 under the query's own sigma
+    values = np.concatenate([x[None], shadows])
+    z_q = special.ndtri(lira.offline_scores(values, 0))
+    z_f = special.ndtri(lira.offline_scores(values, 0, fixed_variance=True))
+    ratio = z_q / z_f  # = sigma_fixed / sigma_q up to the shared mean
+    if equal:
+      # sd of sigma_hat / sigma is 1 / sqrt(2 (m - 1)); 5 of them cover 20 queries.
+      assert np.abs(ratio - 1).max() < 5 / math.sqrt(2 * (m - 1))
+    else:
+      # sigma_fixed = sqrt((1 + 4) / 2): the per-query and fixed scores differ, both ways.
+      np.testing.assert_allclose(ratio, np.r_[[math.sqrt(2.5)] * 10, [math.sqrt(2.5) / 2] * 10],
+                                 rtol=5 / math.sqrt(2 * (m - 1)))
+
+
+def test_fixed_variance_by_hand_with_a_single_shadow_for_one_query():
+  sd = math.sqrt(10 / 3)  # pooled: (SS 2 + SS 8 + SS 0) / (dof 2 + 1 + 0)
+  garbage = 1e3
+  values = np.array([
+      [2 + sd, 2.0, 5 - sd],        # target row
+      [1.0, 0.0, 5.0],
+      [2.0, 4.0, garbage],
+      [3.0, garbage, garbage],
+  ])
+  mask = np.array([[True] * 3, [True] * 3, [True, True, False], [True, False, False]])
+  got = lira.offline_scores(values, 0, shadow_mask=mask, fixed_variance=True)
+  z = np.array([sd, 0.0, -sd]) / math.sqrt(10 / 3 + 1e-8)
+  np.testing.assert_allclose(got, special.ndtr(z), rtol=1e-12)
+  with pytest.raises(ValueError, match='two shadows per query'):
+    lira.offline_scores(values, 0, shadow_mask=mask)
+
+
+def test_online_fixed_variance_by_hand_with_one_in_model():
+  phi_in = np.array([[3.0, 1.0]])
+  phi_out = np.array([[0.0, 2.0], [1.0, 2.0], [2.0, 5.0]])  # means 1, 3; SS 2, 6
+  x = np.array([2.5, 0.0])
+  var = 8 / 4 + 1e-8  # dof (1 - 1) * 2 + (3 - 1) * 2
+  want = ((x - [1.0, 3.0]) ** 2 - (x - [3.0, 1.0]) ** 2) / (2 * var)
+  np.testing.assert_allclose(lira.online_scores(x, phi_in, phi_out, fixed_variance=True), want,
+                             rtol=1e-12)
+  with pytest.raises(ValueError, match='two shadows'):
+    lira.online_scores(x, phi_in, phi_out)
+  # Per-query variances by hand (ddof 1): in from two models, out from the three.
+  phi_in2 = np.array([[3.0, 1.0], [5.0, 1.0]])  # means 4, 1; var 2, 0
+  v_in, v_out = np.array([2.0, 0.0]) + 1e-8, np.array([1.0, 3.0]) + 1e-8
+  want = (-0.5 * np.log(v_in) - (x - [4.0, 1.0]) ** 2 / (2 * v_in)
+          + 0.5 * np.log(v_out) + (x - [1.0, 3.0]) ** 2 / (2 * v_out))
+  np.testing.assert_allclose(lira.online_scores(x, phi_in2, phi_out), want, rtol=1e-10)
+
+
+# --- RMIA -------------------------------------------------------------------------------------
+
+
+def _naive_rmia(loss, owner, target, gamma, a):
+  """The RMIA score by its definition: double loop over candidates and population."""
+  num_rounds, num_clients, num_queries = loss.shape
+  population = [q for q in range(num_queries) if owner[q] == -1]
+  refs = [j for j in range(num_clients) if j != target]
+  order = ([q for q in range(num_queries) if owner[q] == target]
+           + [q for q in range(num_queries) if owner[q] != target])
+  out = np.zeros((num_rounds, num_queries))
+  for t in range(num_rounds):
+    def marginal(q):
+      pr_out = sum(math.exp(-loss[t, j, q]) for j in refs) / len(refs)
+      return ((1 + a) * pr_out + (1 - a)) / 2
+    for i, x in enumerate(order):
+      px = math.exp(-loss[t, target, x]) / marginal(x)
+      hits = total = 0
+      for z in population:
+        if z == x:
+          continue
+        pz = math.exp(-loss[t, target, z]) / marginal(z)
+        total += 1
+        hits += (px / pz) >= gamma
+      out[t, i] = hits / total
+  return out
+
+
+@pytest.mark.parametrize('gamma,a', [(1.0, 1.0), (2.0, 1.0), (1.0, 0.3), (1.5, 0.0)])
+def test_rmia_equals_the_naive_double_loop(gamma, a):
+  rng = np.random.default_rng(5)
+  loss = rng.uniform(0.05, 3.0, size=(2, 4, 11))
+  owner = np.array([0, 0, 1, 1, 2, 3, 3, -1, -1, -1, -1])
+  pooled = rmia.pooled_round_scores(dict(loss=loss), owner, gamma=gamma, a=a)
+  want = np.concatenate([_naive_rmia(loss, owner, k, gamma, a) for k in range(4)], axis=1)
+  np.testing.assert_array_equal(pooled['scores'], want)
+  ref = scores.pooled_round_scores(dict(loss=loss, cos=loss, diff=loss, grad_sq=loss[:, 0]),
+                                   owner, 'loss_series')
+  np.testing.assert_array_equal(pooled['labels'], ref['labels'])
+  np.testing.assert_array_equal(pooled['target'], ref['target'])
+
+
+def test_rmia_scores_decrease_with_gamma_and_rank_the_population():
+  rng = np.random.default_rng(6)
+  loss = rng.uniform(0.05, 3.0, size=(1, 5, 60))
+  owner = np.r_[np.repeat(np.arange(5), 4), np.full(40, -1)]
+  population = np.flatnonzero(owner == -1)
+  by_gamma = [rmia.query_scores(loss, 1, population, gamma=g)[0] for g in (1.0, 1.5, 3.0)]
+  assert (by_gamma[0] >= by_gamma[1]).all() and (by_gamma[1] >= by_gamma[2]).all()
+  assert (by_gamma[0] > by_gamma[2]).any()
+  # gamma = 1, z == x left out: a population sample's score is its rank among the other 39,
+  # so the population's scores are 0, 1/39, ..., 1 (distinct ratios).
+  np.testing.assert_allclose(np.sort(by_gamma[0][population]), np.arange(40) / 39, atol=1e-15)
+
+
+def test_rmia_marginal_limits():
+  rng = np.random.default_rng(7)
+  ref_loss = rng.uniform(0.0, 4.0, size=(6, 30))
+  pr_out = np.exp(-ref_loss).mean(axis=0)
+  np.testing.assert_allclose(rmia.log_marginal(ref_loss, 1.0), np.log(pr_out), rtol=1e-13)
+  np.testing.assert_allclose(np.exp(rmia.log_marginal(ref_loss, 0.3)),
+                             (1.3 * pr_out + 0.7) / 2, rtol=1e-13)
+  np.testing.assert_allclose(np.exp(rmia.log_marginal(ref_loss, 0.0)), (pr_out + 1) / 2,
+                             rtol=1e-13)
+  # Losses whose exp underflows: the log stays exact.
+  assert rmia.log_marginal(np.array([[1000.0], [1000.0]]), 1.0)[0] == pytest.approx(-1000.0)
+  with pytest.raises(ValueError):
+    rmia.log_marginal(ref_loss, 1.5)
+
+
+def test_rmia_separates_members_on_a_recording():
+  rng = np.random.default_rng(8)
+  rec, owner = _recording(rng, num_clients=10, per_client=30, num_test=300, delta=1.5, s=1.0,
+                          num_rounds=2)
+  pooled = rmia.pooled_round_scores(rec, owner, gamma=1.0, a=1.0)
+  m = evaluate.score_metrics(rmia.combine_rounds(pooled['scores']), pooled['labels'],
+                             pooled['target'])
+  assert m['auc_ci_low'] > 0.6

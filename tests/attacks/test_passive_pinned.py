@@ -1,0 +1,274 @@
+"""Pinned scores of every passive attack of `scores.ATTACKS` on tiny hand-made recordings.
+
+Each expected value is computed here from its definition with scalar arithmetic (FedMIA with two
+shadows in closed form: mu = (a + b) / 2, sigma^2 = ((a - b) / 2)^2 + 1e-8), independently of
+the vectorised library code, and compared with `scores.pooled_round_scores` +
+`scores.combine_rounds` and with the final scores `evaluate.evaluate` hands to
+`score_metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special
+
+from fl_privacy.attacks.passive import evaluate
+from fl_privacy.attacks.passive import scores
+
+# R = 2 recorded rounds (training rounds 1 and 5), K = 3 clients, Q = 4 queries; query q is
+# held by client q, query 3 is a test example.
+OWNER = np.array([0, 1, 2, -1])
+ROUNDS = np.array([0, 4])
+# Pooled order of `scores.pooled_round_scores`: per target, its member, then the others.
+ORDER = {0: [0, 1, 2, 3], 1: [1, 0, 2, 3], 2: [2, 0, 1, 3]}
+LABELS = [1, 0, 0, 0] * 3
+LOSS = np.array([
+    [[0.20, 0.90, 0.70, 1.10],   # round 0, client 0
+     [0.35, 0.30, 0.80, 1.00],   # client 1
+     [0.50, 0.85, 0.40, 1.30]],  # client 2
+    [[0.10, 0.95, 0.75, 1.20],   # round 1
+     [0.70, 0.20, 0.90, 0.90],
+     [0.55, 1.00, 0.25, 1.10]],
+])
+COS = np.array([
+    [[0.30, 0.05, -0.02, 0.01],
+     [0.02, 0.25, 0.04, -0.03],
+     [-0.01, 0.06, 0.20, 0.00]],
+    [[0.40, 0.03, 0.01, -0.02],
+     [0.00, 0.35, 0.02, 0.03],
+     [0.05, -0.04, 0.10, 0.02]],
+])
+DIFF = np.array([
+    [[1.0, 0.2, 0.4, 0.1],
+     [0.3, 0.9, 0.5, 0.2],
+     [0.6, 0.1, 0.8, 0.3]],
+    [[1.2, 0.5, 0.2, 0.4],
+     [0.1, 0.7, 0.6, 0.3],
+     [0.4, 0.3, 0.5, 0.2]],
+])
+GRAD_SQ = np.array([[1.0, 2.0, 0.5, 3.0],
+                    [0.8, 1.5, 0.4, 2.5]])
+
+
+def _recording():
+  return dict(loss=LOSS.copy(), cos=COS.copy(), diff=DIFF.copy(), grad_sq=GRAD_SQ.copy(),
+              rounds=ROUNDS.copy())
+
+
+def _plain(measurement, t):
+  """Round t's pooled scores of a single-round attack: the target's own value (higher =
+  member), in the pooled order."""
+  out = []
+  for k in range(3):
+    for q in ORDER[k]:
+      if measurement == 'loss':
+        out.append(-LOSS[t, k, q])
+      elif measurement == 'grad_sq':
+        out.append(-GRAD_SQ[t, q])  # not target-specific
+      else:
+        out.append({'cos': COS, 'diff': DIFF}[measurement][t, k, q])
+  return out
+
+
+def _two_shadow_phi(v, a, b):
+  """FedMIA's Phi((v - mu) / sigma) with the two shadows a and b (population variance)."""
+  return float(special.ndtr((v - (a + b) / 2) / math.sqrt(((a - b) / 2) ** 2 + 1e-8)))
+
+
+def _fedmia(values, t):
+  """Round t's pooled FedMIA scores: each target against the other two clients."""
+  out = []
+  for k in range(3):
+    i, j = [c for c in range(3) if c != k]
+    for q in ORDER[k]:
+      out.append(_two_shadow_phi(values[t, k, q], values[t, i, q], values[t, j, q]))
+  return out
+
+
+def _tpr_at_zero_fpr(s):
+  """Members strictly above every non-member (the TPR@0.1% FPR of 9 non-members)."""
+  s = np.asarray(s)
+  lab = np.asarray(LABELS, bool)
+  return float(np.mean(s[lab] > s[~lab].max()))
+
+
+def _auc(s):
+  """Mann-Whitney: P[member > non-member] + P[tie] / 2 over the 3 x 9 pairs."""
+  pos = [v for v, y in zip(s, LABELS) if y]
+  neg = [v for v, y in zip(s, LABELS) if not y]
+  return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+
+
+def _per_round(attack):
+  """Expected pooled per-round scores [2, 12] of `attack` (without the filter suffix)."""
+  base = attack.partition('@')[0]
+  if base in ('fedmia_i', 'fedmia_ii'):
+    values = -LOSS if base == 'fedmia_i' else COS
+    return np.array([_fedmia(values, t) for t in range(2)])
+  return np.array([_plain(scores.MEASUREMENT[base], t) for t in range(2)])
+
+
+def _expected_final(attack):
+  """(final scores [12], 1-based round) as `evaluate.evaluate` defines them, by hand."""
+  base = attack.partition('@')[0].removesuffix('_best_round')
+  per_round = _per_round(attack)
+  if attack.endswith('_best_round'):
+    tprs = [_tpr_at_zero_fpr(per_round[t]) for t in range(2)]
+    t = 0 if tprs[0] >= tprs[1] else 1  # first round on ties
+    return per_round[t], int(ROUNDS[t]) + 1
+  if base in scores.SINGLE:
+    return per_round[1], int(ROUNDS[1]) + 1  # the last recorded round
+  # Series and FedMIA: the mean of the two rounds (Eqs. 5 and 12).
+  return (per_round[0] + per_round[1]) / 2, int(ROUNDS[1]) + 1
+
+
+ALL = scores.ATTACKS + ('fedmia_i@paper', 'fedmia_i@none', 'fedmia_ii@paper', 'fedmia_ii@none',
+                        'fedmia_ii@leave_one_out')
+
+
+def test_the_list_covers_every_attack():
+  assert set(scores.ATTACKS) <= {a.partition('@')[0] for a in ALL}
+
+
+def test_pooled_queries_name_the_query_of_every_entry():
+  np.testing.assert_array_equal(scores.pooled_queries(OWNER, 3),
+                                ORDER[0] + ORDER[1] + ORDER[2])
+
+
+def test_some_literal_values():
+  # FedMIA-I, target 0, query 0, round 0: v = -0.20, shadows -0.35 and -0.50: mu = -0.425,
+  # sigma^2 = 0.075^2 + 1e-8, z = 0.225 / 0.075 = 3 (times 1 - 9e-7 from the floor).
+  got = scores.pooled_round_scores(_recording(), OWNER, 'fedmia_i')['scores']
+  assert got[0, 0] == pytest.approx(special.ndtr(0.225 / math.sqrt(0.075 ** 2 + 1e-8)),
+                                    rel=1e-12)
+  assert got[0, 0] == pytest.approx(special.ndtr(3.0), rel=1e-7)
+  # Target 1, query 1 (its member), round 1: v = -0.20, shadows -0.95, -1.00: z = 0.775 / 0.025.
+  assert got[1, 4] == pytest.approx(special.ndtr(31.0), abs=1e-12)
+  # Target 2, query 3 (test), round 0: v = -1.30, shadows -1.10, -1.00: z = -0.25 / 0.05 = -5.
+  assert got[0, 11] == pytest.approx(special.ndtr(-0.25 / math.sqrt(0.05 ** 2 + 1e-8)),
+                                     rel=1e-9)
+  # FedMIA-II, target 0, query 3, round 1: v = -0.02, shadows 0.03, 0.02: z = -0.045 / 0.005.
+  got = scores.pooled_round_scores(_recording(), OWNER, 'fedmia_ii')['scores']
+  assert got[1, 3] == pytest.approx(special.ndtr(-0.045 / math.sqrt(0.005 ** 2 + 1e-8)),
+                                    rel=1e-9)
+  # Loss-Series, target 0, query 1: -(0.90 + 0.95) / 2.
+  final = scores.combine_rounds(
+      scores.pooled_round_scores(_recording(), OWNER, 'loss_series')['scores'], 'loss_series')
+  assert final[1] == pytest.approx(-0.925, abs=1e-15)
+  # Avg-Cosine, target 2, query 2 (its member): (0.20 + 0.10) / 2.
+  final = scores.combine_rounds(
+      scores.pooled_round_scores(_recording(), OWNER, 'avg_cosine')['scores'], 'avg_cosine')
+  assert final[8] == pytest.approx(0.15, abs=1e-15)
+
+
+@pytest.mark.parametrize('attack', ALL)
+def test_pooled_round_scores_and_combine_rounds(attack):
+  pooled = scores.pooled_round_scores(_recording(), OWNER, attack)
+  np.testing.assert_array_equal(pooled['labels'], LABELS)
+  np.testing.assert_array_equal(pooled['target'], np.repeat([0, 1, 2], 4))
+  np.testing.assert_allclose(pooled['scores'], _per_round(attack), rtol=1e-9, atol=1e-15)
+  want, _ = _expected_final(attack)
+  base = attack.partition('@')[0]
+  if base in scores.SERIES or base in scores.FEDMIA:
+    final = scores.combine_rounds(pooled['scores'], attack)
+    np.testing.assert_allclose(final, want, rtol=1e-9, atol=1e-15)
+    # The first round alone (Fig. 5a's first point).
+    np.testing.assert_allclose(scores.combine_rounds(pooled['scores'], attack, upto=1),
+                               _per_round(attack)[0], rtol=1e-9, atol=1e-15)
+  elif base in scores.SINGLE:
+    np.testing.assert_allclose(scores.combine_rounds(pooled['scores'], attack, single_index=1),
+                               want, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize('attack', ALL)
+def test_evaluate_scores_what_the_definition_says(attack, monkeypatch):
+  seen = {}
+  score_metrics = evaluate.score_metrics
+
+  def spy(final, labels, target=None):
+    seen['final'], seen['labels'] = np.array(final), np.array(labels)
+    return score_metrics(final, labels, target)
+
+  monkeypatch.setattr(evaluate, 'score_metrics', spy)
+  m = evaluate.evaluate(_recording(), OWNER, attack)
+  want, round_ = _expected_final(attack)
+  np.testing.assert_allclose(seen['final'], want, rtol=1e-9, atol=1e-15)
+  np.testing.assert_array_equal(seen['labels'], LABELS)
+  assert m['round'] == round_
+  assert m['auc'] == pytest.approx(_auc(want), abs=1e-12)
+  assert m['n_pos'] == 3 and m['n_neg'] == 9
+  # Two shadows: no filter can remove one (leave-one-out needs three, 'paper' eleven).
+  if attack.startswith('fedmia'):
+    assert m['filter_removed_fraction'] == 0.0
+  else:
+    assert math.isnan(m['filter_removed_fraction'])
+
+
+def test_best_rounds_are_the_ones_chosen_by_hand():
+  # blackbox_loss: round 0's largest non-member is -0.35 (target 1, query 0), above the member
+  # -0.40 of target 2: TPR 2/3; round 1's is -0.55, below all members: TPR 1 -> round 5.
+  assert evaluate.evaluate(_recording(), OWNER, 'blackbox_loss_best_round')['round'] == 5
+  # grad_cosine: both rounds separate all three members (TPR 1): the first one, round 1.
+  assert evaluate.evaluate(_recording(), OWNER, 'grad_cosine_best_round')['round'] == 1
+  # grad_norm is not target-specific: every member's value is also a non-member's, TPR 0 in
+  # both rounds -> round 1.
+  assert evaluate.evaluate(_recording(), OWNER, 'grad_norm_best_round')['round'] == 1
+
+
+def test_rounds_curve_matches_the_running_mean():
+  for attack in ('loss_series', 'fedmia_ii', 'grad_diff'):
+    curve = evaluate.rounds_curve(_recording(), OWNER, attack)
+    per_round = _per_round(attack)
+    assert curve['round'] == [1, 5]
+    first = per_round[0]
+    last = (per_round[0] + per_round[1]) / 2 if attack != 'grad_diff' else per_round[1]
+    assert curve['auc'] == pytest.approx([_auc(first), _auc(last)], abs=1e-12)
+
+
+# A second recording with K = 5 clients (4 shadows), one round, where the leave-one-out
+# filter removes the owner of a non-member query: client q holds query q and measures cos 0.5
+# on it; the other four clients measure 0.0, 0.1, -0.1, 0.2 (in client order).
+FILTER_COS = np.empty((1, 5, 5))
+for _q in range(5):
+  FILTER_COS[0, :, _q] = np.insert([0.0, 0.1, -0.1, 0.2], _q, 0.5)
+FILTER_OWNER = np.arange(5)
+
+
+def _filter_recording():
+  return dict(loss=-FILTER_COS, cos=FILTER_COS.copy(), diff=FILTER_COS.copy(),
+              grad_sq=np.ones((1, 5)), rounds=np.array([9]))
+
+
+def _gauss_phi(v, kept):
+  mu = sum(kept) / len(kept)
+  var = sum((x - mu) ** 2 for x in kept) / len(kept) + 1e-8
+  return float(special.ndtr((v - mu) / math.sqrt(var)))
+
+
+@pytest.mark.parametrize('filt', ['leave_one_out', 'paper', 'none'])
+def test_fedmia_filters_pinned(filt):
+  # Target k, non-member query q != k: the shadows are the owner's 0.5 and three of the small
+  # values. Leave-one-out: the owner's others are {0.1, -0.1, 0.2} (mean 0.067, sd 0.125,
+  # z = 3.47), {0, -0.1, 0.2} (z = 3.74), {0, 0.1, 0.2} (z = 4.90) or {0, 0.1, -0.1}
+  # (z = 6.12): above 3, so the owner goes; a small value's others include 0.5 (mean >= 0.13,
+  # sd >= 0.2), so it stays. 'paper' cannot fire with four shadows (max z = sqrt(3)).
+  # Target k on its own query: four small values; none is 3 sd above the other three.
+  want = []
+  for k in range(5):
+    for q in [k] + [c for c in range(5) if c != k]:
+      col = list(FILTER_COS[0, :, q])
+      shadows = [col[j] for j in range(5) if j != k]
+      if filt == 'leave_one_out' and q != k:
+        shadows = [col[j] for j in range(5) if j not in (k, q)]
+      want.append(_gauss_phi(col[k], shadows))
+  for attack in (f'fedmia_ii@{filt}', f'fedmia_i@{filt}'):
+    pooled = scores.pooled_round_scores(_filter_recording(), FILTER_OWNER, attack)
+    np.testing.assert_allclose(pooled['scores'][0], want, rtol=1e-9, atol=1e-15)
+    m = evaluate.evaluate(_filter_recording(), FILTER_OWNER, attack)
+    # 5 targets x 5 columns x 4 shadows examined; leave-one-out removes the 4 owners of each
+    # target's non-member queries, every time.
+    assert m['filter_removed_fraction'] == (20 / 100 if filt == 'leave_one_out' else 0.0)
+    assert m['filter_owner_removed_fraction'] == (1.0 if filt == 'leave_one_out' else 0.0)
