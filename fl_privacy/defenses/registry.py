@@ -386,6 +386,18 @@ assert set(mechanism_registry.NAMES) <= set(NAMES)
 ADVERSARY = {name: e.adversary for name, e in catalog.EXPERIMENTS.items()}
 
 
+def rule(field: str) -> validate.Rule:
+  """The one rule of defense field `field`, for an experiment's own name of it (`fedmia.dp_clip`
+  is `clip_norm`, `pastel.dp_delta` is `delta`): `validate.checked(config, name, rule(field))`."""
+  return FIELDS[field].rule
+
+
+def each(field: str) -> validate.Rule:
+  """A non-empty sequence (or one value) whose every item passes `rule(field)` (a sweep)."""
+  r = FIELDS[field].rule
+  return validate.items(r, f'non-empty, every item {r.allowed}')
+
+
 def spec(name: str, field: str = 'defense.name') -> Defense:
   """The declaration of `name`; ConfigError naming `field` for an unknown one."""
   validate.choice(NAMES).check(field, name)

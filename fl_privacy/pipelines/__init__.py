@@ -1,7 +1,7 @@
 """Experiment pipelines: what `python -m experiments.<name>` runs, as library code.
 
-Each module holds one experiment's `prepare(config)` (validation, then data) and
-`sweep(config, state, store, key)` (the points, their metrics, its figures and tables),
-so that the scripts in `experiments/` stay thin hand-offs and a notebook can run a
-pipeline without absl flags.
+Each module is one experiment's `base.Pipeline` (`validate_config`, `prepare`, `plan`,
+`figures`, `SUMMARY`), registered in `fl_privacy.catalog` and driven by `base.sweep`, so that
+the scripts in `experiments/` stay one-line hand-offs and a notebook can run a pipeline
+without absl flags.
 """

@@ -87,16 +87,16 @@ def validate_config(config) -> tuple[str, ...]:
     defenses.check_honoured(config.defense, 'dp_audit', ('none',), 'it audits every DP '
                             'mechanism itself (dp_audit.mechanisms)')
   mechanisms = validate.subset_of(config, 'dp_audit.mechanisms', MECHANISMS)
-  validate.positive(config, 'dp_audit.epsilons')
+  # The claims are the defense registry's fields, each read through its one rule.
+  validate.check_all(config, {'dp_audit.epsilons': defenses.registry.each('epsilon'),
+                              'dp_audit.delta': defenses.registry.rule('delta'),
+                              'dp_audit.clip_norm': defenses.registry.rule('clip_norm')})
   validate.in_range(config, 'dp_audit.epsilons', 0.0, MAX_EPSILON, low_inclusive=False)
-  validate.in_range(config, 'dp_audit.delta', 0.0, 1.0, low_inclusive=False,
-                    high_inclusive=False)
   # audit_scores' Clopper-Pearson and GDP bounds need a significance below 1/2.
   validate.in_range(config, 'dp_audit.confidence', 0.5, 1.0, low_inclusive=False,
                     high_inclusive=False)
   validate.checked(config, 'dp_audit.num_trials', validate.number(1, integer=True))
   validate.checked(config, 'dp_audit.dimension', validate.number(2, integer=True))
-  validate.positive(config, 'dp_audit.clip_norm')
   s = config.dp_audit
   validate.checked(config, 'dp_audit.canary_norm',
                    validate.number(1, words='in units of the clip norm'))

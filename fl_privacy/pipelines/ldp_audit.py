@@ -81,9 +81,9 @@ def validate_config(config) -> str:
   mechanism = validate.one_of(config, 'ldp_audit.mechanism', audit.MECHANISMS)
   validate.subset_of(config, 'ldp_audit.crafters', audit.CRAFTERS)
   validate.subset_of(config, 'ldp_audit.distinguishers', audit.DISTINGUISHERS)
-  validate.positive(config, 'ldp_audit.epsilons')
+  validate.checked(config, 'ldp_audit.epsilons', defenses.registry.each('epsilon'))
   validate.positive(config, 'ldp_audit.num_trials', integer=True)
-  validate.positive(config, 'ldp_audit.clip_norm')
+  validate.checked(config, 'ldp_audit.clip_norm', defenses.registry.rule('clip_norm'))
   runner.validate_options(config)
   vc = config.ldp_audit.violation_confidence
   if vc is not None:
@@ -113,8 +113,7 @@ def validate_config(config) -> str:
     return mechanism
   validate.positive(config, 'ldp_audit.num_features', integer=True)
   if mechanism == 'gaussian':
-    validate.in_range(config, 'ldp_audit.delta', 0.0, 1.0, low_inclusive=False,
-                      high_inclusive=False)
+    validate.checked(config, 'ldp_audit.delta', defenses.registry.rule('delta'))
     validate.positive(config, 'ldp_audit.sensitivity')
     return mechanism
   s = config.ldp_audit

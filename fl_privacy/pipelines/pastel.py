@@ -40,6 +40,7 @@ from fl_privacy import memory
 from fl_privacy import validate
 from fl_privacy.attacks.passive import pastel as passive_pastel
 from fl_privacy.defenses import pastel as pastel_lib
+from fl_privacy.defenses import registry as dp_rules
 from fl_privacy.defenses import pastel_training
 from fl_privacy.eval import auditing
 from fl_privacy.eval import utility
@@ -113,16 +114,15 @@ def validate_config(config) -> None:
   validate.one_of(config, 'pastel.pastel_representation', pastel_lib.REPRESENTATIONS)
   validate.positive(config, 'pastel.pastel_temperature')
   validate.in_range(config, 'pastel.validation_fraction', 0.0, 0.5, low_inclusive=False)
-  validate.positive(config, 'pastel.epsilons')
-  validate.in_range(config, 'pastel.dp_delta', 0.0, 1.0, low_inclusive=False,
-                    high_inclusive=False)
-  validate.positive(config, 'pastel.clip_norm')
-  defenses_lib.registry.FIELDS['dp_sgd_sampling'].rule.check('pastel.ldp_sampling',
-                                                             s.ldp_sampling)
+  # PASTEL's DP baselines read the defense registry's one rule of each field.
+  validate.check_all(config, {'pastel.epsilons': dp_rules.each('epsilon'),
+                              'pastel.dp_delta': dp_rules.rule('delta'),
+                              'pastel.clip_norm': dp_rules.rule('clip_norm'),
+                              'pastel.update_clip_norm': dp_rules.rule('clip_norm'),
+                              'pastel.ldp_sampling': dp_rules.rule('dp_sgd_sampling')})
   if 'defense' in config:
     defenses_lib.check_honoured(config.defense, NAME, ('none',), 'PASTEL sweeps its own '
                                 'defenses in pastel.defenses')
-  validate.positive(config, 'pastel.update_clip_norm')
   attacks = validate.subset_of(config, 'pastel.attacks', ATTACKS)
   validate.subset_of(config, 'pastel.targets', TARGETS)
   snaps = validate.positive(config, 'pastel.attack_snapshots', integer=True)
