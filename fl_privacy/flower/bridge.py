@@ -74,9 +74,9 @@ def to_array_record(tree: Any) -> ArrayRecord:
   """
   record = ArrayRecord()
   for name, leaf in _named_leaves(tree)[0]:
-    array = np.asarray(leaf)
+    array = np.asarray(leaf, order='C')  # (np.ascontiguousarray would make a 0-d leaf 1-d)
     _check_dtype(name, array.dtype)
-    record[name] = Array(np.ascontiguousarray(array))
+    record[name] = Array(array)
   return record
 
 
