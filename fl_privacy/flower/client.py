@@ -21,6 +21,7 @@ evaluation shard (its training shard when no evaluation shards are given).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Sequence
 
@@ -89,7 +90,8 @@ def _evaluate(apply_fn, params, x, y):
 def make_client_app(model, shards: Sequence[tuple[Any, Any]], *, key: jax.Array, optimizer,
                     epochs: int, batch_size: int, template: Any = None,
                     eval_shards: Sequence[tuple[Any, Any]] | None = None,
-                    hooks: client_lib.ClientHooks | None = None) -> ClientApp:
+                    hooks: client_lib.ClientHooks | None = None,
+                    matmul_precision: str | None = None) -> ClientApp:
   """A Flower `ClientApp` training `model` with local FedAvg on `shards[partition-id]`.
 
   Args:
@@ -103,6 +105,9 @@ def make_client_app(model, shards: Sequence[tuple[Any, Any]], *, key: jax.Array,
       `model.init` on one example of shard 0.
     eval_shards: Per partition evaluation data; None evaluates on the training shard.
     hooks: The clients' `fl.client.ClientHooks` (a defense); None is plain FedAvg.
+    matmul_precision: `jax.default_matmul_precision` of training and evaluation (e.g.
+      'highest', what `attacks.dishonest.play` uses: on GPUs the default TF32 matmuls can
+      blur a detector with eps = 1e-3); None keeps JAX's default.
 
   Returns:
     The `ClientApp`.
@@ -122,6 +127,10 @@ def make_client_app(model, shards: Sequence[tuple[Any, Any]], *, key: jax.Array,
   eval_fn = jax.jit(functools.partial(_evaluate, model.apply))
   app = ClientApp()
 
+  def precision():
+    return (contextlib.nullcontext() if matmul_precision is None
+            else jax.default_matmul_precision(matmul_precision))
+
   @app.train()
   def train(msg: Message, context: Context) -> Message:
     k = partition_id(context, len(data))
@@ -129,7 +138,8 @@ def make_client_app(model, shards: Sequence[tuple[Any, Any]], *, key: jax.Array,
     params = bridge.from_array_record(record, template)
     t = server_round(msg.content) - 1
     x, y = data[k]
-    trained, loss = train_fn(params, x, y, rounds.client_key(key, t, k))
+    with precision():
+      trained, loss = train_fn(params, x, y, rounds.client_key(key, t, k))
     metrics = MetricRecord({WEIGHT_KEY: int(x.shape[0]), 'train_loss': float(loss)})
     return Message(RecordDict({name: bridge.to_array_record(trained), METRICS_KEY: metrics}),
                    reply_to=msg)
@@ -140,7 +150,8 @@ def make_client_app(model, shards: Sequence[tuple[Any, Any]], *, key: jax.Array,
     _, record = bridge.only_array_record(msg.content)
     params = bridge.from_array_record(record, template)
     x, y = evals[k]
-    loss, acc = eval_fn(params, x, y)
+    with precision():
+      loss, acc = eval_fn(params, x, y)
     metrics = MetricRecord({WEIGHT_KEY: int(x.shape[0]), 'eval_loss': float(loss),
                             'eval_acc': float(acc)})
     return Message(RecordDict({METRICS_KEY: metrics}), reply_to=msg)
