@@ -81,7 +81,7 @@ def test_mismatch_names_the_array(change, message):
   variables = common.init(common.mlp())
   record = bridge.to_array_record(variables)
   change(record)
-  with pytest.raises(bridge.RecordMismatchError, match=None) as e:
+  with pytest.raises(bridge.RecordMismatchError) as e:
     bridge.from_array_record(record, variables)
   assert message in str(e.value)
 
@@ -101,8 +101,7 @@ def test_metadata_that_lies_about_the_bytes_is_caught():
   real = record['params/fc1/bias']
   record['params/fc1/bias'] = Array(real.dtype, tuple(real.shape), real.stype,
                                     Array(np.zeros(5, np.float32)).data)
-  with pytest.raises(bridge.RecordMismatchError, match="decoded .*'params/fc1/bias'|"
-                     "'params/fc1/bias': decoded"):
+  with pytest.raises(bridge.RecordMismatchError, match="'params/fc1/bias': decoded"):
     bridge.from_array_record(record, variables)
 
 

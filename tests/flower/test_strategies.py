@@ -301,3 +301,21 @@ def test_dishonest_argument_checks():
     _dishonest((x[0], y[0]), num_components=0)
   with pytest.raises(ValueError, match='target label must be a scalar'):
     _dishonest((x[0], y[:1]))
+
+
+def test_recording_around_the_dishonest_server_keeps_what_each_node_received():
+  x, y = common.synthetic(1, 5)
+  model, dishonest_server = _dishonest((x[0], y[0]))
+  variables = common.init(model)
+  log = strategies.UploadLog()
+  strategy = strategies.RecordingStrategy(dishonest_server, variables, observer=log)
+  arrays = bridge.to_array_record(variables)
+  messages = strategy.configure_train(1, arrays, ConfigRecord(), NodeList())
+  strategy.aggregate_train(1, _replies(messages, variables)[0])
+  (r,) = log.rounds
+  assert sorted(r.sent) == [22]
+  target_msg = next(m for m in messages if m.metadata.dst_node_id == 22)
+  assert _tree_bits_equal(r.received(22), bridge.from_array_record(target_msg.content['arrays'],
+                                                                   variables))
+  assert _tree_bits_equal(r.received(11), variables)
+  assert len(dishonest_server.decisions) == 1
