@@ -466,10 +466,23 @@ class DishonestStrategy(_Wrapper):
     self.aggregate_targets = aggregate_targets
     self.template = (jax.eval_shape(model.init, jax.random.key(0), self.x_t[None])
                      if template is None else template)
+    self._check_detector_fits()
     self.observer = observer
     self.decisions: list[Decision] = []
     self._attacks: dict[int, _Attack] = {}
     self._loss_fn = losses.make_loss_fn(model.apply)
+
+  def _check_detector_fits(self) -> None:
+    """ValueError unless `layers` are dense layers of the template with room for 2M units."""
+    params = self.template.get('params', {}) if hasattr(self.template, 'get') else {}
+    missing = [n for n in self.layers if 'kernel' not in params.get(n, {})]
+    if missing:
+      raise ValueError(f'the model has no dense layer(s) {missing} under params (the detector '
+                       f'needs three: layers={self.layers})')
+    features, width = params[self.layers[0]]['kernel'].shape
+    if self.num_components > features or 2 * self.num_components > width:
+      raise ValueError(f'num_components M={self.num_components} needs M <= {features} '
+                       f'features and 2M <= {width} units of {self.layers[0]}')
 
   def attacks(self, server_round: int) -> bool:
     """Whether round `server_round` is attacked."""

@@ -301,6 +301,10 @@ def test_dishonest_argument_checks():
     _dishonest((x[0], y[0]), num_components=0)
   with pytest.raises(ValueError, match='target label must be a scalar'):
     _dishonest((x[0], y[:1]))
+  with pytest.raises(ValueError, match=r'M=3 needs M <= 8 features and 2M <= 4 units of fc1'):
+    _dishonest((x[0], y[0]), num_components=3)
+  with pytest.raises(ValueError, match=r"no dense layer\(s\) \['fc4'\]"):
+    _dishonest((x[0], y[0]), layers=('fc1', 'fc2', 'fc4'))
 
 
 def test_recording_around_the_dishonest_server_keeps_what_each_node_received():
