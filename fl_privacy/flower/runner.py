@@ -127,6 +127,9 @@ class InProcessGrid(Grid):
     """Sets the run (its `run_id` must be the one the nodes' contexts carry)."""
     if not isinstance(run, Run):
       raise TypeError(f'run must be a flwr.supercore.run.Run, got {type(run).__name__}')
+    if run.run_id != self._run.run_id:
+      raise ValueError(f'run {run.run_id}: the nodes\' contexts belong to run '
+                       f'{self._run.run_id} (build the grid with run_id={run.run_id})')
     self._run = run
 
   @property

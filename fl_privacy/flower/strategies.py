@@ -387,7 +387,8 @@ class Decision:
   Attributes:
     server_round: Flower's round number.
     node_id: The target node.
-    delta: Eq. (9)'s statistic (NaN when the node replied with an error).
+    delta: Eq. (9)'s statistic (NaN when the node replied with an error or an upload that
+      does not fit the model; then `member` is False).
     member: Delta >= threshold: the server believes the target example is in the node's data.
     eps_client: Detector bias in the node's upload.
     eps_server: Detector bias after the server's simulated step on the target alone.
@@ -548,12 +549,17 @@ class DishonestStrategy(_Wrapper):
 
   def _decide(self, server_round: int, node: int, msg: Message, attack: _Attack) -> None:
     nan = float('nan')
-    if msg.has_error():
+    upload = None
+    if not msg.has_error():
+      try:
+        _, record = bridge.only_array_record(msg.content)
+        upload = bridge.from_array_record(record, self.template)
+      except ValueError as e:  # RecordMismatchError too
+        logging.warning('round %d: no decision on node %d: %s', server_round, node, e)
+    if upload is None:
       decision = Decision(server_round, node, nan, False, nan, attack.eps_server,
                           attack.epsilon)
     else:
-      _, record = bridge.only_array_record(msg.content)
-      upload = bridge.from_array_record(record, self.template)
       eps_client = float(dishonest.detector_bias(upload, layers=self.layers))
       delta = dishonest.delta_statistic(jnp.float32(eps_client), jnp.float32(attack.eps_server),
                                         jnp.float32(attack.epsilon), self.batch_size)

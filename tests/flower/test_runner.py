@@ -154,6 +154,9 @@ def test_grid_refuses_unknown_nodes_and_bad_setups():
     runner.InProcessGrid([_echo_app()] * 2, node_ids=[1, 2])
   with pytest.raises(ValueError, match='2 node ids for 3'):
     runner.InProcessGrid([_echo_app()] * 3, node_ids=[4, 5])
+  from flwr.supercore.run import Run  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match='run 5: .*run_id=5'):
+    grid.set_run(Run.create_empty(5))
   with pytest.raises(TypeError, match='Message-API strategy'):
     runner.run(object(), grid, bridge.to_array_record({'w': np.zeros(2)}), num_rounds=1)
 

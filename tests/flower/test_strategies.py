@@ -323,3 +323,22 @@ def test_recording_around_the_dishonest_server_keeps_what_each_node_received():
                                                                    variables))
   assert _tree_bits_equal(r.received(11), variables)
   assert len(dishonest_server.decisions) == 1
+
+
+def test_unusable_target_replies_give_no_decision():
+  x, y = common.synthetic(1, 5)
+  model, strategy = _dishonest((x[0], y[0]))
+  variables = common.init(model)
+  messages = strategy.configure_train(1, bridge.to_array_record(variables), ConfigRecord(),
+                                      NodeList())
+  replies, _ = _replies(messages, variables, error_node=22)
+  strategy.aggregate_train(1, replies)
+  messages = strategy.configure_train(2, bridge.to_array_record(variables), ConfigRecord(),
+                                      NodeList())
+  replies, _ = _replies(messages, variables)
+  for r in replies:
+    if r.metadata.src_node_id == 22:
+      r.content['arrays'].pop('params/fc2/bias')
+  strategy.aggregate_train(2, replies)
+  assert [(d.server_round, d.member) for d in strategy.decisions] == [(1, False), (2, False)]
+  assert all(np.isnan(d.delta) for d in strategy.decisions)
