@@ -108,3 +108,22 @@ def test_distinct_negatives_by_hand():
   # FPR <= 4/8 adds query 8 and the member at 1.0: two distinct queries behind 4 entries.
   assert bootstrap.distinct_negatives(scores, labels, groups, 0.5) == 2
   assert bootstrap.distinct_negatives(scores, labels, groups, 1.0) == 6
+
+
+def test_several_fprs_share_the_resamples_and_equal_one_at_a_time():
+  rng = np.random.default_rng(7)
+  scores, labels, groups = _clustered(rng, num_pos=80, num_neg_queries=120, entries=4)
+  fprs = [0.01, 0.05, 0.2]
+  both = bootstrap.tpr_at_fpr_interval(scores, labels, groups, fprs,
+                                       rng=np.random.default_rng(8), num_resamples=150)
+  assert len(both) == 3
+  for f, got in zip(fprs, both):
+    one = bootstrap.tpr_at_fpr_interval(scores, labels, groups, f,
+                                        rng=np.random.default_rng(8), num_resamples=150)
+    assert got == one
+  counts = np.random.default_rng(9).multinomial(200, np.full(200, 1 / 200), size=30)
+  stacked = bootstrap.resampled_tpr_at_fpr(scores, labels, groups, fprs, counts)
+  assert stacked.shape == (3, 30)
+  for f, row in zip(fprs, stacked):
+    np.testing.assert_array_equal(row, bootstrap.resampled_tpr_at_fpr(scores, labels, groups,
+                                                                      f, counts))
