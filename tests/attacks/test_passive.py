@@ -193,6 +193,8 @@ def test_lira_and_rmia_through_evaluate_equal_the_library_and_beat_chance(attack
 @pytest.mark.parametrize('attack', ['fedmia_ii', 'lira_offline', 'rmia', 'avg_cosine'])
 @pytest.mark.parametrize('scoring', scores.SCORINGS)
 def test_distinct_negatives_and_bootstrap_fields(attack, scoring):
+  if not scores.supports(attack, scoring):
+    pytest.skip(f'{attack} is not scored under {scoring}')
   rng = np.random.default_rng(12)
   rec, owner = _loss_recording(rng, shift=0.7)
   m = evaluate.evaluate(rec, owner, attack, scoring=scoring, rng=np.random.default_rng(3))
@@ -247,10 +249,21 @@ def test_public_code_2024_nonmembers_are_the_other_clients_training_rows():
   assert m['n_pos'] == 40 and m['n_neg'] == 4 * 30
 
 
-def test_public_code_lira_and_rmia_keep_members_and_use_the_rng():
+def test_rmia_refuses_the_public_code_scoring():
+  rng = np.random.default_rng(15)
+  rec, owner = _loss_recording(rng, num_rounds=2)
+  assert not scores.supports('rmia', 'public_code')
+  assert all(scores.supports(a, sc) for a in scores.ATTACKS for sc in scores.SCORINGS
+             if a != 'rmia')
+  with pytest.raises(ValueError, match='RMIA is scored aligned only'):
+    evaluate.evaluate(rec, owner, 'rmia', scoring='public_code', rng=np.random.default_rng(0))
+  assert evaluate.evaluate(rec, owner, 'rmia', scoring='public_code_2024')['auc'] > 0.6
+
+
+def test_public_code_lira_keeps_members_and_uses_the_rng():
   rng = np.random.default_rng(14)
   rec, owner = _loss_recording(rng, num_rounds=4)
-  for attack in ('lira_offline', 'rmia'):
+  for attack in ('lira_offline', 'lira_offline_fixed'):
     aligned = scores.pooled_round_scores(rec, owner, attack)
     public = scores.pooled_round_scores(rec, owner, attack, scoring='public_code',
                                         rng=np.random.default_rng(0))
@@ -261,6 +274,8 @@ def test_public_code_lira_and_rmia_keep_members_and_use_the_rng():
     assert not np.array_equal(public['scores'][:, ~member], aligned['scores'][:, ~member])
     if attack == 'lira_offline':  # members aligned in every row: their test is unchanged
       np.testing.assert_array_equal(public['scores'][:, member], aligned['scores'][:, member])
+    else:  # the fixed variance pools the permuted non-member columns too
+      assert not np.array_equal(public['scores'][:, member], aligned['scores'][:, member])
     # evaluate's bootstrap Generator is spawned: the permutations are those of the rng given.
     m = evaluate.evaluate(rec, owner, attack, scoring='public_code',
                           rng=np.random.default_rng(0))

@@ -39,10 +39,11 @@ Non-member scoring (`SCORINGS`):
   round); members stay aligned (the code keeps the target's training indices fixed). Averaging
   scores of different examples narrows the non-member distribution, which inflates TPR at low
   FPR; the pair of scorings measures by how much. LiRA's per-position Gaussian test is
-  FedMIA's and takes the permutation the same way; RMIA's reference marginal is taken per
-  position likewise, while its population (the test rows) stays aligned: the server's own
-  data, compared with the target's value at each position (the candidate at a position is the
-  target row's query there, left out of the population when it is a test row).
+  FedMIA's and takes the permutation the same way. RMIA does not: its score compares the
+  target's ratio with a population (the test rows), not with the other clients' values at a
+  position, so there is no position to misalign cleanly; RMIA is scored aligned only and
+  refuses 'public_code' (`supports`). (Permuting only its reference marginal adds variance
+  that its thresholded score turns into higher non-member scores: an artefact, not the code.)
 - `public_code_2024`: the authors' Feb 2024 code: the non-members of target k are the other
   clients' training rows only (no test rows), aligned as in `aligned`.
 """
@@ -67,6 +68,8 @@ ATTACKS = SINGLE + BEST_ROUND + SERIES + FEDMIA + REFERENCE
 # Attacks that average their per-round scores over the recorded rounds.
 MULTI_ROUND = SERIES + FEDMIA + REFERENCE
 SCORINGS = ('aligned', 'public_code', 'public_code_2024')
+# (attack, scoring) pairs that are not scored (module docstring).
+UNSUPPORTED = frozenset({('rmia', 'public_code')})
 # RMIA's threshold gamma and offline parameter a when the caller gives none (the RMIA
 # authors' configs use gamma = 2; a = 1 is their "unknown" default, Pr(x) = Pr_OUT(x)).
 RMIA_GAMMA = 2.0
@@ -103,6 +106,11 @@ def parse(name: str, default_filter: str = 'leave_one_out') -> tuple[str, str | 
   if filt:
     raise ValueError(f'{base} takes no outlier filter (got {name!r})')
   return base, None
+
+
+def supports(name: str, scoring: str) -> bool:
+  """Whether attack `name` is scored under `scoring` (RMIA not under 'public_code')."""
+  return (parse(name)[0], scoring) not in UNSUPPORTED
 
 
 def label(name: str, default_filter: str = 'leave_one_out') -> str:
@@ -185,6 +193,9 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
   if kind != 'plain' and rows < 3:
     raise ValueError(f'{kind} needs at least 2 non-target clients')
   if kind == 'rmia':
+    if ('rmia', scoring) in UNSUPPORTED:
+      raise ValueError(f"RMIA is scored aligned only (no position to permute in its population "
+                       f"test); scoring={scoring!r} refused, use 'aligned' or 'public_code_2024'")
     population = np.flatnonzero(np.asarray(owner) == -1)
     position = np.full(values.shape[2], -1, np.int64)  # of each query in the population
     position[population] = np.arange(population.size)
@@ -213,7 +224,7 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
     elif kind in ('lira', 'lira_fixed'):
       out_scores[t] = lira.offline_scores(view, row, fixed_variance=kind == 'lira_fixed')
     elif kind == 'rmia':
-      # values = -loss; r = log Pr(x | theta_target) - log Pr(x), per position.
+      # values = -loss; r = log Pr(x | theta_target) - log Pr(x) of every column (aligned).
       ratio = view[row] - rmia.log_marginal(-np.delete(view, row, axis=0), rmia_a)
       pop_ratio = values[t, row, population] - rmia.log_marginal(
           -np.delete(values[t][:, population], row, axis=0), rmia_a)
