@@ -76,8 +76,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     rmia_a: RMIA's offline parameter a in [0, 1] (Pr(x) = ((1 + a) Pr_OUT(x) + 1 - a) / 2):
       0.33 on cifar10, 0.6 on cifar100 (the authors' configs), 1.0 elsewhere.
     bootstrap_resamples: resamples of the query-cluster bootstrap interval of every TPR at low
-      FPR (`_boot_low` / `_boot_high`). 200 keeps the default digits run within ~10% of its
-      time without it; raise it for smoother interval ends.
+      FPR (`_boot_low` / `_boot_high`). 1,000: about 0.05 s per point on digits (measured,
+      docs/experiments/fedmia.md), a few % of the default run.
     outlier_filter: FedMIA's filter when the name gives none: 'leave_one_out' (default, ours),
       'paper' (Eqs. 8-9, cannot fire with <= 10 shadows), 'none'.
     nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity),
@@ -120,7 +120,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.outlier_filter = 'leave_one_out'
   s.rmia_gamma = 2.0
   s.rmia_a = RMIA_A.get(dataset, 1.0)
-  s.bootstrap_resamples = 200
+  s.bootstrap_resamples = 1000
   s.nonmember_scoring = ('aligned', 'public_code')
   s.single_round = s.num_rounds
   s.sweep_attacks = SWEEP_ATTACKS

@@ -127,3 +127,22 @@ def test_several_fprs_share_the_resamples_and_equal_one_at_a_time():
   for f, row in zip(fprs, stacked):
     np.testing.assert_array_equal(row, bootstrap.resampled_tpr_at_fpr(scores, labels, groups,
                                                                       f, counts))
+
+
+def test_low_fpr_prefix_and_its_fallback_equal_copying_the_entries():
+  """At a low FPR only the top of the ranking is summed; a resample whose weighted false
+  positives stay below the FPR within that top (here: every non-member group near the top
+  dropped) is redone on all entries. Both equal resampling by copying."""
+  rng = np.random.default_rng(10)
+  scores, labels, groups = _clustered(rng, num_pos=400, num_neg_queries=600, entries=5)
+  ids = np.unique(groups)
+  counts = rng.multinomial(ids.size, np.full(ids.size, 1 / ids.size), size=12)
+  top_neg = np.unique(groups[(labels == 0) & (scores > np.quantile(scores[labels == 0], 0.9))])
+  counts[0, np.searchsorted(ids, top_neg)] = 0  # the fallback's case
+  for fpr in (0.001, 0.01, [0.001, 0.02]):
+    got = np.atleast_2d(bootstrap.resampled_tpr_at_fpr(scores, labels, groups, fpr, counts))
+    for row, f in zip(got, np.atleast_1d(fpr)):
+      for b in range(counts.shape[0]):
+        take = np.concatenate([np.repeat(np.flatnonzero(groups == g), c)
+                               for g, c in zip(ids, counts[b])])
+        assert row[b] == metrics.tpr_at_fpr(scores[take], labels[take], f), (f, b)

@@ -33,7 +33,7 @@ from fl_privacy.eval import stats
 
 FPRS = {'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3}
 # Resamples of the query-cluster bootstrap of TPR at low FPR (`score_metrics`).
-BOOT_RESAMPLES = 200
+BOOT_RESAMPLES = 1000
 
 
 def score_metrics(scores: np.ndarray, labels: np.ndarray,
