@@ -10,11 +10,17 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-# Every attack of Table 1, the optimistic best-round variants, and FedMIA with each filter.
+# Every attack of Table 1, the optimistic best-round variants, FedMIA with each filter, and
+# beside them the state of the art: offline LiRA (per-query and fixed variance) and RMIA.
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm',
            'blackbox_loss_best_round', 'grad_cosine_best_round', 'grad_diff_best_round',
            'grad_norm_best_round', 'loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii',
-           'fedmia_i@paper', 'fedmia_ii@paper', 'fedmia_i@none', 'fedmia_ii@none')
+           'fedmia_i@paper', 'fedmia_ii@paper', 'fedmia_i@none', 'fedmia_ii@none',
+           'lira_offline', 'lira_offline_fixed', 'rmia')
+# RMIA's offline parameter a per dataset: the RMIA authors' configs (ml_privacy_meter,
+# research/2023_rmia/attack_configs/<dataset>/rmia_offline_*_ref_models.yaml: offline_a 0.33
+# on CIFAR-10, 0.6 on CIFAR-100); elsewhere a = 1 (Pr(x) = Pr_OUT(x)), their "unknown" value.
+RMIA_A = {'cifar10': 0.33, 'cifar100': 0.6}
 # The six attacks of the paper's Figs. 4 and 6, scored in the sweeps.
 SWEEP_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
                  'fedmia_ii')
@@ -59,11 +65,25 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       lr_decay^t, the paper's Table 3), or 'constant'.
     lr_decay: the exponential schedule's factor (0.99).
     attacks: attacks scored on the main setting (`fl_privacy.attacks.passive.ATTACKS`, FedMIA
-      optionally `@leave_one_out|paper|none`).
+      optionally `@leave_one_out|paper|none`): the paper's, and beside them 'lira_offline',
+      'lira_offline_fixed' (offline LiRA, per-query / fixed variance, the other clients as OUT
+      models) and 'rmia' (offline RMIA, the other clients as reference models, the test rows as
+      population). Online LiRA (IN models from re-running the target's local steps with the
+      query added) is not implemented.
+    rmia_gamma: RMIA's threshold gamma > 0 on the pairwise likelihood ratio. Default 2.0, the
+      value of the RMIA authors' attack configs (ml_privacy_meter research/2023_rmia, CIFAR-10
+      and CIFAR-100); the paper's text not checked for it.
+    rmia_a: RMIA's offline parameter a in [0, 1] (Pr(x) = ((1 + a) Pr_OUT(x) + 1 - a) / 2):
+      0.33 on cifar10, 0.6 on cifar100 (the authors' configs), 1.0 elsewhere.
+    bootstrap_resamples: resamples of the query-cluster bootstrap interval of every TPR at low
+      FPR (`_boot_low` / `_boot_high`). 1,000: about 0.05 s per point on digits (measured,
+      docs/experiments/fedmia.md), a few % of the default run.
     outlier_filter: FedMIA's filter when the name gives none: 'leave_one_out' (default, ours),
       'paper' (Eqs. 8-9, cannot fire with <= 10 shadows), 'none'.
-    nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity)
-      and/or 'public_code' (non-members redrawn per client and round, as the authors' code).
+    nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity),
+      'public_code' (non-members redrawn per client and round, as the authors' code) and/or
+      'public_code_2024' (the authors' Feb 2024 code: the non-members of a target are only the
+      other clients' training rows, aligned; not in the default sweep).
     single_round: 1-based round of the single-round attacks; must be recorded.
     sweep_attacks, sweep_scoring: attacks and scorings of the sweeps (non-IID, K, E, defenses).
     betas: Dirichlet beta of the label skew; inf = IID (the main setting). Paper: inf, 10, 1,
@@ -98,6 +118,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.lr_decay = 0.99
   s.attacks = ATTACKS
   s.outlier_filter = 'leave_one_out'
+  s.rmia_gamma = 2.0
+  s.rmia_a = RMIA_A.get(dataset, 1.0)
+  s.bootstrap_resamples = 1000
   s.nonmember_scoring = ('aligned', 'public_code')
   s.single_round = s.num_rounds
   s.sweep_attacks = SWEEP_ATTACKS

@@ -30,7 +30,7 @@ def _group_index(groups) -> tuple[np.ndarray, int]:
   return index.reshape(-1), int(index.max()) + 1 if index.size else 0
 
 
-def resampled_tpr_at_fpr(scores, labels, groups, fpr: float, counts) -> np.ndarray:
+def resampled_tpr_at_fpr(scores, labels, groups, fpr, counts) -> np.ndarray:
   """TPR at `fpr` of resamples given by group multiplicities.
 
   Resample b holds counts[b, g] copies of every entry of group g (groups indexed in sorted
@@ -43,81 +43,119 @@ def resampled_tpr_at_fpr(scores, labels, groups, fpr: float, counts) -> np.ndarr
     scores: [N] scores, higher = member.
     labels: [N] 1 member, 0 non-member.
     groups: [N] group (query) id of each entry.
-    fpr: target FPR in [0, 1].
-    counts: [B, G] non-negative integer multiplicities.
+    fpr: target FPR in [0, 1], or a sequence of them (one pass over the resamples for all).
+    counts: [B, G] non-negative integer multiplicities (below 2^31 in total per resample).
 
   Returns:
-    [B] TPRs.
+    [B] TPRs ([F, B] for F target FPRs).
   """
   s = np.asarray(scores, np.float64).reshape(-1)
   y = np.asarray(labels).reshape(-1).astype(bool)
   index, num_groups = _group_index(groups)
   counts = np.asarray(counts)
+  fprs = np.atleast_1d(np.asarray(fpr, np.float64))
   if s.shape != y.shape or s.shape != index.shape:
     raise ValueError(f'scores {s.shape}, labels {y.shape} and groups {index.shape} differ')
   if counts.ndim != 2 or counts.shape[1] != num_groups:
     raise ValueError(f'counts must be [B, {num_groups}] (got {counts.shape})')
-  if not 0.0 <= fpr <= 1.0:
+  if fprs.ndim != 1 or not ((0.0 <= fprs) & (fprs <= 1.0)).all():
     raise ValueError(f'fpr must be in [0, 1] (got {fpr})')
   if np.isnan(s).any():
     raise ValueError('scores contain NaN')
   order = np.argsort(-s, kind='mergesort')
   s, y, index = s[order], y[order], index[order]
   last_of_run = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
-  out = np.empty(counts.shape[0])
-  step = max(1, CHUNK_ELEMENTS // max(s.size, 1))
+  # Class totals of every resample: counts times the members / non-members of each group.
+  n_pos = counts @ np.bincount(index[y], minlength=num_groups).astype(np.float64)
+  n_neg = counts @ np.bincount(index[~y], minlength=num_groups).astype(np.float64)
+  # Only the top of the ranking can hold a threshold at a low FPR: the cumulative sums run over
+  # a prefix of ROC points holding well over max(fpr) of the non-member entries; a resample
+  # whose weighted false positives do not exceed max(fpr) within it is redone on all entries.
+  f_max = float(fprs.max())
+  negatives = np.cumsum(~y)[last_of_run]
+  need = min(int(negatives[-1]), int(np.ceil(3 * f_max * negatives[-1])) + 100)
+  ends = last_of_run[:int(np.searchsorted(negatives, need)) + 1]
+  out = np.empty((fprs.size, counts.shape[0]))
+  step = max(1, CHUNK_ELEMENTS // max(ends[-1] + 1 if ends.size else 1, 1))
   for start in range(0, counts.shape[0], step):
-    w = counts[start:start + step][:, index].astype(np.float64)  # [b, N] sorted order
-    tps = np.cumsum(np.where(y, w, 0.0), axis=1)[:, last_of_run]
-    fps = np.cumsum(np.where(y, 0.0, w), axis=1)[:, last_of_run]
-    n_pos, n_neg = tps[:, -1:], fps[:, -1:]
+    rows = np.arange(start, min(start + step, counts.shape[0]))
+    tpr, fps_end = _prefix_tprs(counts[rows], index, y, ends, n_pos[rows], n_neg[rows], fprs)
     with np.errstate(invalid='ignore', divide='ignore'):
-      admissible = fps / n_neg <= fpr * (1 + 1e-12)
+      redo = ~(fps_end / n_neg[rows] > f_max * (1 + 1e-12))
+    if redo.any() and ends.size < last_of_run.size:
+      tpr[:, redo], _ = _prefix_tprs(counts[rows[redo]], index, y, last_of_run,
+                                     n_pos[rows[redo]], n_neg[rows[redo]], fprs)
+    out[:, rows] = tpr
+  return out if np.ndim(fpr) else out[0]
+
+
+def _prefix_tprs(counts, index, y, ends, n_pos, n_neg, fprs):
+  """TPRs [F, b] at `fprs` from the ROC points `ends` (run ends of the sorted entries, the
+  first len(ends) of them), and the weighted false positives at the last of them [b].
+
+  Exact when the admissible ROC points are among `ends`; integer weights, so the cumulative
+  sums are exact (int32 halves the memory traffic of int64).
+  """
+  length = int(ends[-1]) + 1
+  w = counts.astype(np.int32)[:, index[:length]]  # [b, length] sorted order
+  tps = np.cumsum(np.where(y[:length], w, 0), axis=1, dtype=np.int32)[:, ends]
+  fps = np.cumsum(np.where(y[:length], 0, w), axis=1, dtype=np.int32)[:, ends]
+  out = np.empty((fprs.size, counts.shape[0]))
+  for i, f in enumerate(fprs):
+    with np.errstate(invalid='ignore', divide='ignore'):
+      admissible = fps / n_neg[:, None] <= f * (1 + 1e-12)
       # FPR is non-decreasing along the runs, so the admissible points are a prefix.
       last = admissible.sum(axis=1) - 1
       tpr = np.where(last >= 0, np.take_along_axis(tps, np.maximum(last, 0)[:, None], 1)[:, 0]
-                     / n_pos[:, 0], 0.0)
-    tpr[(n_pos[:, 0] == 0) | (n_neg[:, 0] == 0)] = np.nan
-    out[start:start + step] = tpr
-  return out
+                     / n_pos, 0.0)
+    tpr[(n_pos == 0) | (n_neg == 0)] = np.nan
+    out[i] = tpr
+  return out, fps[:, -1].astype(np.float64)
 
 
-def tpr_at_fpr_interval(scores, labels, groups, fpr: float, *, rng: np.random.Generator,
-                        num_resamples: int = 1000,
-                        confidence: float = 0.95) -> tuple[float, float, float]:
+def tpr_at_fpr_interval(scores, labels, groups, fpr, *, rng: np.random.Generator,
+                        num_resamples: int = 1000, confidence: float = 0.95):
   """TPR at `fpr` with a query-cluster percentile bootstrap interval (module docstring).
 
-  Each resample draws G groups with replacement out of the G distinct groups (multinomial
-  multiplicities), keeps all entries of each drawn group, chooses the threshold at `fpr` on the
-  resample and takes its TPR; the interval is the (1 -+ confidence) / 2 percentiles of those
-  TPRs. Resamples without a member or without a non-member are left out.
+  Each resample draws G groups uniformly with replacement out of the G distinct groups
+  (multinomial multiplicities), keeps all entries of each drawn group, chooses the threshold at
+  `fpr` on the resample and takes its TPR; the interval is the (1 -+ confidence) / 2
+  percentiles of those TPRs. Resamples without a member or without a non-member are left out.
 
   Args:
     scores: [N] scores, higher = member.
     labels: [N] 1 member, 0 non-member.
     groups: [N] group (query) id of each entry; `np.arange(N)` is the ordinary bootstrap.
-    fpr: target FPR.
+    fpr: target FPR, or a sequence of them (the same resamples for all).
     rng: numpy Generator for the resamples.
     num_resamples: B.
     confidence: two-sided level.
 
   Returns:
-    (tpr of the data, low, high).
+    (tpr of the data, low, high); a list of them for a sequence of FPRs.
   """
   if not 0.0 < confidence < 1.0:
     raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
   if num_resamples < 1:
     raise ValueError(f'num_resamples must be positive (got {num_resamples})')
   _, num_groups = _group_index(groups)
-  point = float(metrics.tpr_at_fpr(scores, labels, fpr))
-  counts = rng.multinomial(num_groups, np.full(num_groups, 1.0 / num_groups), size=num_resamples)
-  tprs = resampled_tpr_at_fpr(scores, labels, groups, fpr, counts)
-  tprs = tprs[~np.isnan(tprs)]
-  if tprs.size == 0:
-    raise ValueError('no resample holds both members and non-members')
+  # G uniform draws per resample, counted per group: the multinomial multiplicities, drawn
+  # faster than `rng.multinomial` with G categories.
+  draws = rng.integers(0, num_groups, size=(num_resamples, num_groups))
+  draws += num_groups * np.arange(num_resamples)[:, None]
+  counts = np.bincount(draws.reshape(-1), minlength=num_resamples * num_groups).reshape(
+      num_resamples, num_groups)
+  all_tprs = np.atleast_2d(resampled_tpr_at_fpr(scores, labels, groups, fpr, counts))
+  out = []
   tail = (1.0 - confidence) / 2.0
-  low, high = np.quantile(tprs, [tail, 1.0 - tail])
-  return point, float(low), float(high)
+  for f, tprs in zip(np.atleast_1d(fpr), all_tprs):
+    point = float(metrics.tpr_at_fpr(scores, labels, float(f)))
+    tprs = tprs[~np.isnan(tprs)]
+    if tprs.size == 0:
+      raise ValueError('no resample holds both members and non-members')
+    low, high = np.quantile(tprs, [tail, 1.0 - tail])
+    out.append((point, float(low), float(high)))
+  return out if np.ndim(fpr) else out[0]
 
 
 def distinct_negatives(scores, labels, groups, fpr: float) -> int:

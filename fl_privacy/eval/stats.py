@@ -103,6 +103,41 @@ def rate(name: str, k: int, n: int,
   return {name: float(value), f'{name}_ci_low': low, f'{name}_ci_high': high}
 
 
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+  """Two-sided Wilson score interval for a rate k / n (Wilson, 1927); (0, 1) for n = 0."""
+  k, n = _check_counts(k, n)
+  z = float(special.ndtri(0.5 + _check_confidence(confidence) / 2))
+  if n == 0:
+    return 0.0, 1.0
+  p = k / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int,
+                        confidence: float = 0.95) -> tuple[float, float, float]:
+  """Difference p1 - p2 of two rates with Newcombe's hybrid score interval.
+
+  Method 10 of Newcombe (1998), "Interval estimation for the difference between independent
+  proportions: comparison of eleven methods", Stat. Med. 17:873-890: with Wilson intervals
+  (l_i, u_i) of each rate, low = d - sqrt((p1 - l1)^2 + (u2 - p2)^2) and high = d +
+  sqrt((u1 - p1)^2 + (p2 - l2)^2). It assumes independent samples; for rates on the same
+  trials that are positively correlated it is conservative (wider than needed).
+
+  Returns:
+    (p1 - p2, low, high); NaN difference with (-1, 1) when a count of trials is 0.
+  """
+  l1, u1 = wilson(k1, n1, confidence)
+  l2, u2 = wilson(k2, n2, confidence)
+  if n1 == 0 or n2 == 0:
+    return math.nan, -1.0, 1.0
+  p1, p2 = k1 / n1, k2 / n2
+  d = p1 - p2
+  return (d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2),
+          d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
+
+
 def _epsilon_term(numerator: float, denominator: float) -> float:
   # log(0 / x) is no evidence (-inf, also for 0 / 0); log(x / 0), x > 0, is a
   # perfect distinguisher (+inf).

@@ -8,17 +8,15 @@ every client's upload at the recorded rounds and the arrays go to the artifact s
 (`<workdir>/recorded/*.npz`, atomic), so re-scoring or resuming never retrains. The attacks
 (`fl_privacy.attacks.passive`) score the recording; each (attack, scoring) is one point, params
 `attack, defense, defense_param, beta, num_clients, local_epochs, model, nonmember_scoring`.
-
 Trainings: the main setting (IID, K = num_clients, E = local_epochs, no defense) scored with
-every attack and both scorings; the non-IID (betas), clients (client_counts), local-epochs
-(epoch_counts) and defense sweeps, each varying one thing from the main setting, scored with
-`sweep_attacks` and `sweep_scoring`.
+`attacks` and `nonmember_scoring`; the non-IID (betas), clients (client_counts), local-epochs
+(epoch_counts) and defense sweeps (one change each) with `sweep_attacks` and `sweep_scoring`.
 
 Keys: the partition depends on (beta, K) only and the clients' training keys on (beta, K, E)
 only (`report.point_key` of those params), and every model starts from the same w_0, so a
 defense is compared with the undefended run on the same data, shuffles and initialisation
-(common random numbers). The public-code scoring draws its permutations from a Generator keyed
-by the point's params.
+(common random numbers). The public-code permutations and the bootstrap resamples come from a
+Generator keyed by the point's params.
 """
 
 from __future__ import annotations
@@ -95,7 +93,10 @@ def validate_config(config) -> None:
   if len(s.hidden):
     validate.positive(config, 'fedmia.hidden', integer=True)
   validate.check_all(config, {'fedmia.num_clients': CLIENT_COUNT,
-                              'fedmia.client_counts': CLIENT_COUNT, 'fedmia.betas': BETAS})
+                              'fedmia.client_counts': CLIENT_COUNT, 'fedmia.betas': BETAS,
+                              'fedmia.rmia_gamma': validate.number(0.0, low_open=True),
+                              'fedmia.rmia_a': validate.number(0.0, 1.0),
+                              'fedmia.bootstrap_resamples': validate.number(1, integer=True)})
   if s.per_client is not None:
     validate.positive(config, 'fedmia.per_client', integer=True)
   t = validate.positive(config, 'fedmia.num_rounds', integer=True)
@@ -284,9 +285,9 @@ def point_params(tr: dict, attack: str, scoring: str) -> dict:
 
 def attack_plan(config, tr: dict) -> list[tuple[str, str]]:
   s = config.fedmia
-  if tr['sweep'] == 'main':
-    return [(a, sc) for sc in s.nonmember_scoring for a in s.attacks]
-  return [(a, sc) for sc in s.sweep_scoring for a in s.sweep_attacks]
+  attacks, scorings = ((s.attacks, s.nonmember_scoring) if tr['sweep'] == 'main' else
+                       (s.sweep_attacks, s.sweep_scoring))  # RMIA: not under public_code
+  return [(a, sc) for sc in scorings for a in attacks if scores_lib.supports(a, sc)]
 
 
 def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
@@ -296,7 +297,8 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
   return evaluate_lib.recording_metrics(
       rec, attack, scoring=scoring, single_round=int(s.single_round),
       default_filter=s.outlier_filter, dp_metrics=dp_metrics, dp_delta=float(s.dp_delta),
-      rng=data_lib.rng_from_key(point_key(key, point_params(tr, attack, scoring))))
+      rng=data_lib.rng_from_key(point_key(key, point_params(tr, attack, scoring))),
+      num_resamples=int(s.bootstrap_resamples), **fedmia_figures.attack_options(config))
 
 
 def recorded(config, state, key, artifacts: ArtifactStore, tr: dict) -> dict[str, np.ndarray]:

@@ -28,7 +28,13 @@ CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'f
 MULTI = ('loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii')
 _COLOURS = {'blackbox_loss': 'tab:gray', 'grad_cosine': 'tab:olive', 'grad_diff': 'tab:brown',
             'grad_norm': 'tab:pink', 'loss_series': 'tab:blue', 'avg_cosine': 'tab:green',
-            'fedmia_i': 'tab:purple', 'fedmia_ii': 'tab:red'}
+            'fedmia_i': 'tab:purple', 'fedmia_ii': 'tab:red', 'lira_offline': 'tab:orange',
+            'lira_offline_fixed': 'tab:cyan', 'rmia': 'darkgoldenrod'}
+
+
+def attack_options(config) -> dict:
+  """RMIA's threshold and offline parameter from the config (`scores.pooled_round_scores`)."""
+  return dict(rmia_gamma=float(config.fedmia.rmia_gamma), rmia_a=float(config.fedmia.rmia_a))
 
 
 def _colour(attack: str) -> str:
@@ -48,7 +54,8 @@ def round_curves(config, key, records: dict) -> dict:
         rng = data_lib.rng_from_key(point_key(key, {'curve': a, 'model': model,
                                                    'scoring': scoring}))
         out[model][scoring][a] = evaluate_lib.rounds_curve(
-            rec, rec['owner'], a, scoring=scoring, default_filter=s.outlier_filter, rng=rng)
+            rec, rec['owner'], a, scoring=scoring, default_filter=s.outlier_filter, rng=rng,
+            **attack_options(config))
   return out
 
 
@@ -79,12 +86,14 @@ def roc_figure(config, key, records: dict):
         if scoring not in s.nonmember_scoring:
           continue
         base, _ = scores_lib.parse(attack)
-        if scoring == 'public_code' and base not in MULTI:
-          continue  # one round: the public code's redraw only reorders non-members
+        if scoring == 'public_code' and (base not in scores_lib.MULTI_ROUND or
+                                         not scores_lib.supports(attack, scoring)):
+          continue  # one round: the public code's redraw only reorders non-members; RMIA
         rng = data_lib.rng_from_key(point_key(key, {'roc': attack, 'model': model,
                                                    'scoring': scoring}))
         pooled = scores_lib.pooled_round_scores(rec, rec['owner'], attack, scoring=scoring,
-                                                default_filter=s.outlier_filter, rng=rng)
+                                                default_filter=s.outlier_filter, rng=rng,
+                                                **attack_options(config))
         final = scores_lib.combine_rounds(pooled['scores'], attack, single_index=single)
         fpr, tpr, _ = metrics_lib.roc_curve(final, pooled['labels'])
         floor = 1.0 / max(1, int((pooled['labels'] == 0).sum()))

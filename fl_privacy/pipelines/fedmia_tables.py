@@ -9,6 +9,7 @@ from typing import Any
 
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import stats
 from fl_privacy.report import atomic
 from fl_privacy.report import json_safe
 
@@ -21,6 +22,7 @@ PAPER_ALEXNET_CIFAR100 = {
     'loss_series': (25.3, 0.82), 'avg_cosine': (54.66, 0.85), 'grad_diff': (20.52, 0.61),
     'fedmia_i': (53.78, 0.90), 'fedmia_ii': (66.98, 0.89),
 }
+_SCORING = {'public_code': 'public code', 'public_code_2024': 'public code 2024'}
 # The paper's ordering claims at low FPR: (winner, losers).
 ORDERING = (('fedmia_ii', ('grad_cosine', 'avg_cosine')),
             ('fedmia_i', ('blackbox_loss', 'loss_series')))
@@ -41,6 +43,29 @@ def _is_inf(v) -> bool:
 def _pct(m: dict, name: str) -> str:
   return (f'{100 * _f(m[name]):.2f} [{100 * _f(m[name + "_ci_low"]):.2f}, '
           f'{100 * _f(m[name + "_ci_high"]):.2f}]')
+
+
+def _boot(m: dict, name: str) -> str:
+  """The query-cluster bootstrap interval in %, '' for points stored without one."""
+  if m is None or f'{name}_boot_low' not in m:
+    return ''
+  return f'[{100 * _f(m[name + "_boot_low"]):.2f}, {100 * _f(m[name + "_boot_high"]):.2f}]'
+
+
+def _distinct(m: dict, name: str) -> str:
+  """Distinct non-member queries behind the threshold, of the distinct non-member queries."""
+  if m is None or f'{name}_distinct_negatives' not in m:
+    return ''
+  return f'{int(m[name + "_distinct_negatives"])} / {int(m["n_neg_distinct"])}'
+
+
+def _difference(p: dict, a: dict, name: str = 'tpr_at_fpr_1e-3') -> str:
+  """p - a of a TPR in percentage points with Newcombe's hybrid score 95% interval."""
+  if p is None or a is None:
+    return ''
+  counts = [(int(round(_f(m[name]) * int(m['n_pos']))), int(m['n_pos'])) for m in (p, a)]
+  d, low, high = stats.newcombe_difference(*counts[0], *counts[1])
+  return f'{100 * d:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]'
 
 
 def _auc(m: dict) -> str:
@@ -95,8 +120,16 @@ def table1(config, points: list[dict]) -> str:
            f'{s.record_every}, E = {s.local_epochs}, B = {s.batch_size}, {s.optimizer} lr '
            f'{s.learning_rate} ({s.lr_schedule}), weight decay {s.weight_decay}. Each client is '
            'the target in turn; members = its data, non-members = the test split and the other '
-           "clients' data, pooled. Rates in % with 95% Clopper-Pearson intervals; AUC with "
-           "DeLong's 95% interval. Single-round attacks at round "
+           "clients' data, pooled. Rates in % with 95% Clopper-Pearson intervals (entries "
+           'taken as independent); "query bootstrap": the 95% percentile interval of a '
+           f'bootstrap ({s.bootstrap_resamples} resamples) that resamples queries with all '
+           'their entries and re-selects the '
+           'threshold ("distinct negatives": distinct non-member queries among the false '
+           "positives at that threshold, of all distinct non-member queries); AUC with "
+           "DeLong's 95% interval; \"minus aligned\": the absolute difference of TPR@0.1% FPR "
+           "in percentage points with Newcombe's hybrid score 95% interval (independent "
+           'samples assumed; the members are the same and their outcomes positively '
+           'correlated, so conservative). Single-round attacks at round '
            f'{s.single_round}; "best round" picks the round on the evaluation data (optimistic). '
            f'FedMIA without a suffix uses the {s.outlier_filter.replace("_", "-")} filter.', '']
   for model in s.models:
@@ -105,34 +138,36 @@ def table1(config, points: list[dict]) -> str:
                   e == s.local_epochs), None)
     if first is None:
       continue
+    others = [sc for sc in ('public_code', 'public_code_2024') if sc in s.nonmember_scoring]
+    head = ''.join(f'TPR@0.1% FPR ({_SCORING[sc]}) | AUC ({_SCORING[sc]}) | {_SCORING[sc]} '
+                   'minus aligned, TPR@0.1% (points) | ' for sc in others)
     lines += [f'## Table 1: {model}, IID, no defense', '',
               f'{int(first["n_pos"])} members, {int(first["n_neg"])} non-members (pooled over '
-              f'targets); test accuracy {_pct(first, "test_accuracy")}.', '',
-              '| Attack | TPR@0.1% FPR (aligned) | TPR@1% FPR (aligned) | AUC (aligned) | '
-              'TPR@0.1% FPR (public code) | AUC (public code) | inflation of TPR@0.1% (x) | '
+              f'targets; {first.get("n_neg_distinct", "?")} distinct non-member queries); test '
+              f'accuracy {_pct(first, "test_accuracy")}.', '',
+              '| Attack | TPR@0.1% FPR (aligned) | query bootstrap 95% | distinct negatives at '
+              '0.1% FPR | TPR@1% FPR (aligned) | AUC (aligned) | ' + head +
               'per-target TPR@0.1% (aligned, min-max) | paper: AlexNet CIFAR-100 TPR@0.1% / '
               'AUC |',
-              '|---|---|---|---|---|---|---|---|---|']
+              '|' + '---|' * (8 + 3 * len(others))]
     for attack in s.attacks:
       a = _get(idx, config, model, attack)
-      p = _get(idx, config, model, attack, scoring='public_code')
-      if a is None and p is None:
+      ps = [_get(idx, config, model, attack, scoring=sc) for sc in others]
+      if a is None and all(p is None for p in ps):
         continue
       base, filt = scores_lib.parse(attack, s.outlier_filter)
       paper = PAPER_ALEXNET_CIFAR100.get(base) if filt in (None, 'paper') else None
       paper_cell = f'{paper[0]:.2f} / {paper[1]:.2f}' if paper else ''
-      infl = ''
-      if a is not None and p is not None:
-        ta, tp = _f(a['tpr_at_fpr_1e-3']), _f(p['tpr_at_fpr_1e-3'])
-        infl = f'{tp / ta:.1f}' if ta > 0 else ('inf' if tp > 0 else '1.0')
       rng = (f'{100 * _f(a["tpr_at_fpr_1e-3_target_min"]):.1f}-'
              f'{100 * _f(a["tpr_at_fpr_1e-3_target_max"]):.1f}'
              if a is not None and 'tpr_at_fpr_1e-3_target_min' in a else '')
+      cells = ''.join(f'{_pct(p, "tpr_at_fpr_1e-3") if p else ""} | {_auc(p) if p else ""} | '
+                      f'{_difference(p, a)} | ' for p in ps)
       lines.append(
           f'| {scores_lib.label(attack, s.outlier_filter)} | '
-          f'{_pct(a, "tpr_at_fpr_1e-3") if a else ""} | '
-          f'{_pct(a, "tpr_at_fpr_1e-2") if a else ""} | {_auc(a) if a else ""} | '
-          f'{_pct(p, "tpr_at_fpr_1e-3") if p else ""} | {_auc(p) if p else ""} | {infl} | '
+          f'{_pct(a, "tpr_at_fpr_1e-3") if a else ""} | {_boot(a, "tpr_at_fpr_1e-3")} | '
+          f'{_distinct(a, "tpr_at_fpr_1e-3")} | '
+          f'{_pct(a, "tpr_at_fpr_1e-2") if a else ""} | {_auc(a) if a else ""} | {cells}'
           f'{rng} | {paper_cell} |')
     fm = [_get(idx, config, model, f'fedmia_ii@{f}') or _get(idx, config, model, 'fedmia_ii')
           for f in ('paper', 'leave_one_out')]

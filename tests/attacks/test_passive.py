@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
@@ -145,6 +147,137 @@ def test_attack_names():
   assert scores.parse('fedmia_ii') == ('fedmia_ii', 'leave_one_out')
   assert scores.parse('fedmia_i@paper') == ('fedmia_i', 'paper')
   assert scores.parse('avg_cosine') == ('avg_cosine', None)
-  for bad in ('fedmia_iii', 'avg_cosine@paper', 'fedmia_ii@median'):
+  assert scores.parse('rmia') == ('rmia', None)
+  for bad in ('fedmia_iii', 'avg_cosine@paper', 'fedmia_ii@median', 'lira_offline@paper',
+              'lira_online'):
     with pytest.raises(ValueError):
       scores.parse(bad)
+
+
+def _loss_recording(rng, num_rounds=3, num_clients=5, per_client=60, num_test=150, shift=1.5):
+  """Losses whose logit confidence is a per-query difficulty + noise, + `shift` where a
+  client measures its own data (members)."""
+  q = num_clients * per_client + num_test
+  owner = np.r_[np.repeat(np.arange(num_clients), per_client), np.full(num_test, -1)]
+  phi = 2.0 * rng.normal(size=q) + rng.normal(size=(num_rounds, num_clients, q))
+  phi += shift * (owner[None, None, :] == np.arange(num_clients)[None, :, None])
+  loss = np.logaddexp(0.0, -phi)  # phi = logit(exp(-loss))
+  return dict(loss=loss, cos=phi, diff=phi, grad_sq=loss[:, 0],
+              rounds=np.arange(num_rounds)), owner
+
+
+@pytest.mark.parametrize('attack', scores.REFERENCE)
+def test_lira_and_rmia_through_evaluate_equal_the_library_and_beat_chance(attack):
+  from fl_privacy.attacks.passive import lira  # pylint: disable=g-import-not-at-top
+  from fl_privacy.attacks.passive import rmia  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(11)
+  rec, owner = _loss_recording(rng)
+  m = evaluate.evaluate(rec, owner, attack, rmia_gamma=1.5, rmia_a=0.4)
+  if attack == 'rmia':
+    direct = rmia.pooled_round_scores(rec, owner, gamma=1.5, a=0.4)
+    final = rmia.combine_rounds(direct['scores'])
+  else:
+    direct = lira.pooled_round_scores(rec, owner,
+                                      fixed_variance=attack == 'lira_offline_fixed')
+    final = lira.combine_rounds(direct['scores'])
+  want = evaluate.score_metrics(final, direct['labels'], direct['target'])
+  for name, value in want.items():
+    assert m[name] == pytest.approx(value, rel=1e-12, abs=1e-15), name
+  assert m['auc_ci_low'] > 0.6
+  assert m['round'] == 3 and np.isnan(m['filter_removed_fraction'])
+  # The options reach RMIA: another gamma gives other scores.
+  if attack == 'rmia':
+    assert evaluate.evaluate(rec, owner, attack, rmia_gamma=1.0, rmia_a=0.4)['auc'] != m['auc']
+
+
+@pytest.mark.parametrize('attack', ['fedmia_ii', 'lira_offline', 'rmia', 'avg_cosine'])
+@pytest.mark.parametrize('scoring', scores.SCORINGS)
+def test_distinct_negatives_and_bootstrap_fields(attack, scoring):
+  if not scores.supports(attack, scoring):
+    pytest.skip(f'{attack} is not scored under {scoring}')
+  rng = np.random.default_rng(12)
+  rec, owner = _loss_recording(rng, shift=0.7)
+  m = evaluate.evaluate(rec, owner, attack, scoring=scoring, rng=np.random.default_rng(3))
+  # Every query but the test rows (public_code_2024) is some target's non-member.
+  want_distinct = (owner >= 0).sum() if scoring == 'public_code_2024' else owner.size
+  assert m['n_neg_distinct'] == want_distinct < m['n_neg']
+  for name, fpr in evaluate.FPRS.items():
+    assert m[f'{name}_boot_low'] <= m[name] <= m[f'{name}_boot_high']
+    assert 0.0 <= m[f'{name}_boot_low'] and m[f'{name}_boot_high'] <= 1.0
+    # The false positives at the threshold are at most fpr * n_neg entries, from at most as
+    # many distinct queries.
+    assert 0 <= m[f'{name}_distinct_negatives'] <= min(m['n_neg_distinct'],
+                                                      math.floor(fpr * m['n_neg'] + 1e-9))
+  # More false positives at 1% than at 0.1% FPR: at least as many distinct queries.
+  assert m['tpr_at_fpr_1e-2_distinct_negatives'] >= m['tpr_at_fpr_1e-3_distinct_negatives']
+  # No Generator, no bootstrap; the rest equal.
+  plain = evaluate.evaluate(rec, owner, attack, scoring=scoring,
+                            rng=np.random.default_rng(3) if scoring == 'public_code' else None)
+  if scoring != 'public_code':
+    assert 'tpr_at_fpr_1e-3_boot_low' not in plain
+    assert plain['tpr_at_fpr_1e-3_distinct_negatives'] == m['tpr_at_fpr_1e-3_distinct_negatives']
+
+
+def test_distinct_negatives_count_queries_not_entries():
+  """A test query scored against every target: 5 entries, one query. With the queries as
+  groups the false positives of one query count once."""
+  labels = np.r_[np.ones(10), np.zeros(1000)]
+  s = np.r_[np.full(10, 5.0), np.full(5, 3.0), np.zeros(995)]  # 5 top non-member entries
+  groups = np.r_[np.arange(10), np.full(5, 10), 11 + np.arange(995)]
+  m = evaluate.score_metrics(s, labels, groups=groups)
+  assert m['tpr_at_fpr_1e-2'] == 1.0 and m['tpr_at_fpr_1e-2_distinct_negatives'] == 1
+  m = evaluate.score_metrics(s, labels, groups=np.arange(1010))
+  assert m['tpr_at_fpr_1e-2_distinct_negatives'] == 5
+
+
+def test_public_code_2024_nonmembers_are_the_other_clients_training_rows():
+  rng = np.random.default_rng(13)
+  rec, owner = _loss_recording(rng, num_clients=4, per_client=10, num_test=7)
+  for k in range(4):
+    members, nonmembers = scores.target_views(owner, k, 'public_code_2024')
+    np.testing.assert_array_equal(members, np.flatnonzero(owner == k))
+    np.testing.assert_array_equal(nonmembers, np.flatnonzero((owner != k) & (owner != -1)))
+  pooled = scores.pooled_round_scores(rec, owner, 'fedmia_i', scoring='public_code_2024')
+  queries = scores.pooled_queries(owner, 4, 'public_code_2024')
+  assert (owner[queries[pooled['labels'] == 0]] >= 0).all()
+  assert (owner[queries[pooled['labels'] == 0]] != pooled['target'][pooled['labels'] == 0]).all()
+  # Aligned: the scores of the entries it keeps are the aligned scoring's, entry by entry.
+  aligned = scores.pooled_round_scores(rec, owner, 'fedmia_i')
+  keep = owner[scores.pooled_queries(owner, 4)] != -1
+  np.testing.assert_array_equal(pooled['scores'], aligned['scores'][:, keep])
+  m = evaluate.evaluate(rec, owner, 'lira_offline', scoring='public_code_2024')
+  assert m['n_pos'] == 40 and m['n_neg'] == 4 * 30
+
+
+def test_rmia_refuses_the_public_code_scoring():
+  rng = np.random.default_rng(15)
+  rec, owner = _loss_recording(rng, num_rounds=2)
+  assert not scores.supports('rmia', 'public_code')
+  assert all(scores.supports(a, sc) for a in scores.ATTACKS for sc in scores.SCORINGS
+             if a != 'rmia')
+  with pytest.raises(ValueError, match='RMIA is scored aligned only'):
+    evaluate.evaluate(rec, owner, 'rmia', scoring='public_code', rng=np.random.default_rng(0))
+  assert evaluate.evaluate(rec, owner, 'rmia', scoring='public_code_2024')['auc'] > 0.6
+
+
+def test_public_code_lira_keeps_members_and_uses_the_rng():
+  rng = np.random.default_rng(14)
+  rec, owner = _loss_recording(rng, num_rounds=4)
+  for attack in ('lira_offline', 'lira_offline_fixed'):
+    aligned = scores.pooled_round_scores(rec, owner, attack)
+    public = scores.pooled_round_scores(rec, owner, attack, scoring='public_code',
+                                        rng=np.random.default_rng(0))
+    again = scores.pooled_round_scores(rec, owner, attack, scoring='public_code',
+                                       rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(public['scores'], again['scores'])
+    member = public['labels'] == 1
+    assert not np.array_equal(public['scores'][:, ~member], aligned['scores'][:, ~member])
+    if attack == 'lira_offline':  # members aligned in every row: their test is unchanged
+      np.testing.assert_array_equal(public['scores'][:, member], aligned['scores'][:, member])
+    else:  # the fixed variance pools the permuted non-member columns too
+      assert not np.array_equal(public['scores'][:, member], aligned['scores'][:, member])
+    # evaluate's bootstrap Generator is spawned: the permutations are those of the rng given.
+    m = evaluate.evaluate(rec, owner, attack, scoring='public_code',
+                          rng=np.random.default_rng(0))
+    want = evaluate.score_metrics(public['scores'].mean(axis=0), public['labels'])
+    assert m['auc'] == want['auc'] and m['tpr_at_fpr_1e-3'] == want['tpr_at_fpr_1e-3']

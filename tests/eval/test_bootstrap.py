@@ -108,3 +108,41 @@ def test_distinct_negatives_by_hand():
   # FPR <= 4/8 adds query 8 and the member at 1.0: two distinct queries behind 4 entries.
   assert bootstrap.distinct_negatives(scores, labels, groups, 0.5) == 2
   assert bootstrap.distinct_negatives(scores, labels, groups, 1.0) == 6
+
+
+def test_several_fprs_share_the_resamples_and_equal_one_at_a_time():
+  rng = np.random.default_rng(7)
+  scores, labels, groups = _clustered(rng, num_pos=80, num_neg_queries=120, entries=4)
+  fprs = [0.01, 0.05, 0.2]
+  both = bootstrap.tpr_at_fpr_interval(scores, labels, groups, fprs,
+                                       rng=np.random.default_rng(8), num_resamples=150)
+  assert len(both) == 3
+  for f, got in zip(fprs, both):
+    one = bootstrap.tpr_at_fpr_interval(scores, labels, groups, f,
+                                        rng=np.random.default_rng(8), num_resamples=150)
+    assert got == one
+  counts = np.random.default_rng(9).multinomial(200, np.full(200, 1 / 200), size=30)
+  stacked = bootstrap.resampled_tpr_at_fpr(scores, labels, groups, fprs, counts)
+  assert stacked.shape == (3, 30)
+  for f, row in zip(fprs, stacked):
+    np.testing.assert_array_equal(row, bootstrap.resampled_tpr_at_fpr(scores, labels, groups,
+                                                                      f, counts))
+
+
+def test_low_fpr_prefix_and_its_fallback_equal_copying_the_entries():
+  """At a low FPR only the top of the ranking is summed; a resample whose weighted false
+  positives stay below the FPR within that top (here: every non-member group near the top
+  dropped) is redone on all entries. Both equal resampling by copying."""
+  rng = np.random.default_rng(10)
+  scores, labels, groups = _clustered(rng, num_pos=400, num_neg_queries=600, entries=5)
+  ids = np.unique(groups)
+  counts = rng.multinomial(ids.size, np.full(ids.size, 1 / ids.size), size=12)
+  top_neg = np.unique(groups[(labels == 0) & (scores > np.quantile(scores[labels == 0], 0.9))])
+  counts[0, np.searchsorted(ids, top_neg)] = 0  # the fallback's case
+  for fpr in (0.001, 0.01, [0.001, 0.02]):
+    got = np.atleast_2d(bootstrap.resampled_tpr_at_fpr(scores, labels, groups, fpr, counts))
+    for row, f in zip(got, np.atleast_1d(fpr)):
+      for b in range(counts.shape[0]):
+        take = np.concatenate([np.repeat(np.flatnonzero(groups == g), c)
+                               for g, c in zip(ids, counts[b])])
+        assert row[b] == metrics.tpr_at_fpr(scores[take], labels[take], f), (f, b)

@@ -143,3 +143,25 @@ def test_hoeffding_bounds_hold_by_simulation(delta):
   highs = np.array([stats.hoeffding_upper(m, 2.0, n, delta) for m in means])
   assert np.mean(lows <= true_mean) >= 1 - delta
   assert np.mean(highs >= true_mean) >= 1 - delta
+
+
+def test_newcombe_difference_matches_the_published_example():
+  # Newcombe (1998), Table II, example (a): 56/70 - 48/80, method 10: (0.0524, 0.3339).
+  d, low, high = stats.newcombe_difference(56, 70, 48, 80)
+  assert d == pytest.approx(0.2)
+  assert (low, high) == pytest.approx((0.0524, 0.3339), abs=1e-4)
+  # Swapping the samples mirrors the interval.
+  d2, low2, high2 = stats.newcombe_difference(48, 80, 56, 70)
+  assert (d2, low2, high2) == pytest.approx((-d, -high, -low))
+  # Wilson, by its closed form at k = 0: (0, z^2 / (n + z^2)).
+  z = 1.959963984540054
+  assert stats.wilson(0, 50) == pytest.approx((0.0, z * z / (50 + z * z)))
+
+
+def test_newcombe_difference_covers_by_monte_carlo():
+  rng = np.random.default_rng(0)
+  p1, p2, n1, n2 = 0.03, 0.01, 400, 500
+  k1, k2 = rng.binomial(n1, p1, 2000), rng.binomial(n2, p2, 2000)
+  hits = [low <= p1 - p2 <= high for low, high in
+          (stats.newcombe_difference(a, n1, b, n2)[1:] for a, b in zip(k1, k2))]
+  assert 0.93 <= np.mean(hits) <= 0.99

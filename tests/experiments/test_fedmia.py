@@ -29,8 +29,10 @@ def test_results_schema_and_files(smoke):
   s = results['config']['fedmia']
   main = [p for p in points if p['params']['defense'] == 'none' and
           p['params']['beta'] == 'inf']
+  # Every (attack, scoring) of the main setting but RMIA under public_code (aligned only).
   assert {(p['params']['attack'], p['params']['nonmember_scoring']) for p in main} == {
-      (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']}
+      (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']} - {('rmia', 'public_code')}
+  assert {'lira_offline', 'lira_offline_fixed', 'rmia'} <= set(s['attacks'])
   defended = {(p['params']['defense'], p['params']['defense_param']) for p in points}
   for name, values in s['defenses'].items():
     for v in values:
@@ -44,6 +46,12 @@ def test_results_schema_and_files(smoke):
     assert m['test_error'] == pytest.approx(1 - m['test_accuracy'])
     for name in ('log_auc', 'filter_removed_fraction', 'dp_epsilon'):
       assert name in m
+    # Honest low-FPR statistics on every point: distinct queries behind the threshold, and the
+    # query-cluster bootstrap interval around the TPR.
+    assert 0 < m['n_neg_distinct'] <= m['n_neg']
+    for name in ('tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
+      assert 0 <= m[f'{name}_distinct_negatives'] <= m['n_neg_distinct']
+      assert float(m[f'{name}_boot_low']) <= float(m[name]) <= float(m[f'{name}_boot_high'])
   for name in ('results.csv', 'table1.md', 'table2.md', 'rounds.json', 'fedmia_roc.png',
                'fedmia_noniid.png', 'fedmia_rounds.png', 'fedmia_clients_epochs.png',
                'fedmia_defenses.png'):
@@ -52,6 +60,11 @@ def test_results_schema_and_files(smoke):
       len(v) for v in s['defenses'].values())
   table = (workdir / 'table1.md').read_text()
   assert '| Attack | TPR@0.1% FPR (aligned)' in table and "paper's ordering" in table
+  for row in ('| FedMIA-II (leave-one-out filter) |', '| LiRA (offline) |',
+              '| LiRA (offline, fixed variance) |', '| RMIA (offline) |'):
+    assert row in table, row
+  assert 'public code minus aligned, TPR@0.1% (points)' in table and 'distinct negatives' in table
+  assert 'inflation' not in table.lower()
   assert 'Hypervolume' in (workdir / 'table2.md').read_text()
 
 

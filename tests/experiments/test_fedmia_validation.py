@@ -29,6 +29,12 @@ def _config(**fields):
     ({'fedmia.num_clients': 2}, 'fedmia.num_clients'),
     ({'fedmia.client_counts': (5, 2)}, 'fedmia.client_counts'),
     ({'fedmia.attacks': ('fedmia_ii', 'lira')}, 'fedmia.attacks'),
+    ({'fedmia.attacks': ('lira_online',)}, 'fedmia.attacks'),  # not implemented
+    ({'fedmia.rmia_gamma': 0.0}, 'fedmia.rmia_gamma'),
+    ({'fedmia.rmia_gamma': float('inf')}, 'fedmia.rmia_gamma'),
+    ({'fedmia.rmia_a': 1.5}, 'fedmia.rmia_a'),
+    ({'fedmia.rmia_a': -0.1}, 'fedmia.rmia_a'),
+    ({'fedmia.bootstrap_resamples': 0}, 'fedmia.bootstrap_resamples'),
     ({'fedmia.sweep_attacks': ('fedmia_ii@median',)}, 'fedmia.sweep_attacks'),
     ({'fedmia.defenses.sparsify': (0.0,)}, 'fedmia.defenses.sparsify'),
     ({'fedmia.defenses.sparsify': (1.5,)}, 'fedmia.defenses.sparsify'),
@@ -61,3 +67,14 @@ def test_unknown_defense_name():
 def test_default_configs_are_valid():
   for arg in (None, 'smoke'):
     fedmia.validate_config(digits.get_config(arg))
+
+
+def test_new_attacks_scorings_and_rmia_fields():
+  from configs import cifar100  # pylint: disable=g-import-not-at-top
+  config = digits.get_config(None)
+  assert {'fedmia_ii', 'lira_offline', 'lira_offline_fixed', 'rmia'} <= set(config.fedmia.attacks)
+  assert config.fedmia.rmia_gamma == 2.0 and config.fedmia.rmia_a == 1.0
+  c100 = cifar100.get_config(None)
+  assert 'rmia' in c100.fedmia.attacks and c100.fedmia.rmia_a == 0.6
+  fedmia.validate_config(_config(**{'fedmia.nonmember_scoring': ('aligned', 'public_code_2024'),
+                                    'fedmia.rmia_a': 0.0, 'fedmia.rmia_gamma': 0.5}))

@@ -4,7 +4,16 @@
 pipeline stores: AUC with DeLong's 95% interval, log-AUC, TPR at 1% and 0.1% FPR with
 Clopper-Pearson intervals on the member count above the threshold, the numbers of members and
 non-members, the smallest and largest per-target AUC and TPR@0.1% FPR, and for FedMIA the
-fraction of shadow values the outlier filter removed. `recording_metrics` adds what a
+fraction of shadow values the outlier filter removed.
+
+Honest low-FPR statistics: the pooled evaluation scores every query once per target, so its
+entries are not independent. Given the query of each entry (`groups`, `scores.pooled_queries`)
+`score_metrics` adds `n_neg_distinct` (distinct non-member queries), for each TPR at low FPR
+`<name>_distinct_negatives` (distinct non-member queries among the false positives at its
+threshold, `eval.bootstrap.distinct_negatives`) and, given a Generator, the query-cluster
+percentile bootstrap interval `<name>_boot_low` / `<name>_boot_high` (threshold re-selected on
+every resample, `eval.bootstrap`), beside the Clopper-Pearson `<name>_ci_low/_ci_high`, which
+treat the entries as independent. `recording_metrics` adds what a
 results point of the FedMIA pipeline carries besides: the trained model's test accuracy and
 the defense's DP metrics.
 """
@@ -18,20 +27,30 @@ import numpy as np
 
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import auditing
+from fl_privacy.eval import bootstrap
 from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import stats
 
 FPRS = {'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3}
+# Resamples of the query-cluster bootstrap of TPR at low FPR (`score_metrics`).
+BOOT_RESAMPLES = 1000
 
 
 def score_metrics(scores: np.ndarray, labels: np.ndarray,
-                  target: np.ndarray | None = None) -> dict[str, float]:
+                  target: np.ndarray | None = None, groups: np.ndarray | None = None,
+                  rng: np.random.Generator | None = None,
+                  num_resamples: int = BOOT_RESAMPLES) -> dict[str, float]:
   """AUC (DeLong interval), log-AUC, TPR at low FPR (Clopper-Pearson), counts, per-target range.
 
   Args:
     scores: [N] final scores, higher = member.
     labels: [N] 1 member, 0 non-member.
     target: optional [N] target client of each entry, for per-target extremes.
+    groups: optional [N] query of each entry: adds `n_neg_distinct` and each TPR's
+      `_distinct_negatives` (module docstring).
+    rng: with `groups`, the Generator of the query-cluster bootstrap: adds each TPR's
+      `_boot_low` / `_boot_high` (95%, `num_resamples` resamples).
+    num_resamples: bootstrap resamples.
 
   Returns:
     Flat dict of metrics.
@@ -45,6 +64,17 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
     tpr = metrics_lib.tpr_at_fpr(scores, labels, fpr)
     # The TPR is a count of members above a threshold: its interval is that count's.
     m.update(stats.rate(name, int(round(tpr * n_pos)), n_pos))
+  if groups is not None:
+    groups = np.asarray(groups)
+    m['n_neg_distinct'] = int(np.unique(groups[~labels]).size)
+    for name, fpr in FPRS.items():
+      m[f'{name}_distinct_negatives'] = bootstrap.distinct_negatives(scores, labels, groups, fpr)
+    if rng is not None:
+      # One set of resamples for both FPRs.
+      boot = bootstrap.tpr_at_fpr_interval(scores, labels, groups, list(FPRS.values()), rng=rng,
+                                           num_resamples=num_resamples)
+      for name, (_, low, high) in zip(FPRS, boot):
+        m.update({f'{name}_boot_low': low, f'{name}_boot_high': high})
   if target is not None:
     per_auc, per_tpr = [], []
     for k in np.unique(target):
@@ -64,30 +94,40 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
              scoring: str = 'aligned', single_index: int = -1,
              default_filter: str = 'leave_one_out',
              rng: np.random.Generator | None = None,
-             audit_delta: float | None = None) -> dict[str, Any]:
+             audit_delta: float | None = None, rmia_gamma: float = scores_lib.RMIA_GAMMA,
+             rmia_a: float = scores_lib.RMIA_A,
+             num_resamples: int = BOOT_RESAMPLES) -> dict[str, Any]:
   """Metrics of `attack` on a recording (see `scores` for the attacks and scorings).
 
   Args:
     recording: `fl.recording.train_recorded`'s arrays.
     owner: [Q] owning client of each query (-1 test).
     attack: a name of `scores.ATTACKS`, optionally `fedmia_*@<filter>`.
-    scoring: 'aligned' or 'public_code'.
+    scoring: one of `scores.SCORINGS`.
     single_index: index among the recorded rounds for single-round attacks (-1: last).
     default_filter: FedMIA's filter when the name gives none.
-    rng: numpy Generator (public_code draws).
+    rng: numpy Generator (public_code draws); when given, a child Generator spawned from it
+      (`Generator.spawn`, which leaves its stream as it is) draws the bootstrap resamples.
     audit_delta: when given (a DP defense's delta), also the attack's own empirical epsilon
       lower bounds at that delta (`eval.auditing.attack_bounds`).
+    rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
+    num_resamples: resamples of the query-cluster bootstrap.
 
   Returns:
-    `score_metrics` plus `round` (1-based round of a single-round attack: the chosen one for
-    `*_best_round`), `filter_removed_fraction` (FedMIA: removed / examined shadow values, else
-    NaN) and `filter_owner_removed_fraction` (aligned FedMIA: how often the shadow that owns a
+    `score_metrics` (with the groups of `scores.pooled_queries`, so distinct negatives and,
+    given `rng`, bootstrap intervals) plus `round` (1-based round of a single-round attack:
+    the chosen one for `*_best_round`), `filter_removed_fraction` (FedMIA: removed / examined
+    shadow values, else NaN) and `filter_owner_removed_fraction` (aligned FedMIA: how often the shadow that owns a
     non-member query was removed; the filter's job).
   """
   base, _ = scores_lib.parse(attack, default_filter)
+  boot_rng = None if rng is None else rng.spawn(1)[0]
   pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
-                                          default_filter=default_filter, rng=rng)
+                                          default_filter=default_filter, rng=rng,
+                                          rmia_gamma=rmia_gamma, rmia_a=rmia_a)
   per_round, labels, target = pooled['scores'], pooled['labels'], pooled['target']
+  groups = scores_lib.pooled_queries(owner, int(np.asarray(recording['loss']).shape[1]),
+                                     scoring)
   rounds = np.asarray(recording['rounds'])
   extra: dict[str, Any] = {}
   if base in scores_lib.BEST_ROUND:
@@ -104,7 +144,7 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
   else:
     final = per_round.mean(axis=0)
     extra['round'] = int(rounds[-1]) + 1
-  m = score_metrics(final, labels, target)
+  m = score_metrics(final, labels, target, groups, boot_rng, num_resamples)
   m.update(extra)
   m['filter_removed_fraction'] = (pooled['removed'] / pooled['examined']
                                   if pooled['examined'] else math.nan)
@@ -118,12 +158,13 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
 def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring: str,
                       single_round: int, default_filter: str, rng: np.random.Generator,
                       dp_metrics: dict[str, Any] | None = None,
-                      dp_delta: float | None = None) -> dict[str, Any]:
+                      dp_delta: float | None = None, **options) -> dict[str, Any]:
   """`evaluate` on a recording that carries its `owner` (`fl.recording.record_shards`).
 
   Args:
     recording: `fl.recording.record_shards`'s arrays.
-    attack, scoring, default_filter, rng: as in `evaluate`.
+    attack, scoring, default_filter, rng: as in `evaluate` (the groups of its distinct
+      negatives and bootstrap are the recording's queries, `scores.pooled_queries`).
     single_round: the 1-based recorded round single-round attacks use.
     dp_metrics: the defense's DP metrics (`dp_epsilon`, ...), copied in.
     dp_delta: the DP defense's delta: when `dp_metrics` declare a DP unit (`dp_unit`), the
@@ -138,7 +179,8 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
   recorded = list(np.asarray(recording['rounds']) + 1)
   m = evaluate(recording, recording['owner'], attack, scoring=scoring,
                single_index=recorded.index(int(single_round)), default_filter=default_filter,
-               rng=rng, audit_delta=float(dp_delta) if 'dp_unit' in dp_metrics else None)
+               rng=rng, audit_delta=float(dp_delta) if 'dp_unit' in dp_metrics else None,
+               **options)
   n_test = int(recording['num_test'])
   correct = int(recording['test_correct'][-1])
   acc = stats.rate('test_accuracy', correct, n_test)
@@ -153,7 +195,9 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
 
 def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
                  scoring: str = 'aligned', default_filter: str = 'leave_one_out',
-                 rng: np.random.Generator | None = None) -> dict[str, list]:
+                 rng: np.random.Generator | None = None,
+                 rmia_gamma: float = scores_lib.RMIA_GAMMA,
+                 rmia_a: float = scores_lib.RMIA_A) -> dict[str, list]:
   """TPR@0.1% FPR (with interval) and AUC after each recorded round (Fig. 5a of the paper).
 
   Multi-round attacks use the rounds recorded so far (Eqs. 5 and 12 with T = that round);
@@ -161,9 +205,10 @@ def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: st
   """
   base, _ = scores_lib.parse(attack, default_filter)
   pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
-                                          default_filter=default_filter, rng=rng)
+                                          default_filter=default_filter, rng=rng,
+                                          rmia_gamma=rmia_gamma, rmia_a=rmia_a)
   per_round, labels = pooled['scores'], pooled['labels']
-  multi = base in scores_lib.SERIES or base in scores_lib.FEDMIA
+  multi = base in scores_lib.MULTI_ROUND
   out = {'round': [], 'tpr_at_fpr_1e-3': [], 'tpr_at_fpr_1e-3_ci_low': [],
          'tpr_at_fpr_1e-3_ci_high': [], 'auc': []}
   n_pos = int(labels.sum())

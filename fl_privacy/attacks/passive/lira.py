@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from fl_privacy.attacks.passive import scores as scores_lib
 
 # float32's smallest normal number: recorded losses come from float32 models, whose
 # cross-entropy rounds to 0 below about this.
@@ -209,7 +208,8 @@ def round_scores(recording: dict[str, np.ndarray], owner, target: int, *,
   if exclude_owner:
     mask = owner[None, :] != np.arange(num_clients)[:, None]
   per_query = offline_scores(phi, target, mask, fixed_variance)
-  members, nonmembers = scores_lib.target_views(owner, target)
+  # `scores.target_views` (aligned); scores imports this module, so not called from here.
+  members, nonmembers = np.flatnonzero(owner == target), np.flatnonzero(owner != target)
   labels = np.r_[np.ones(members.size, np.int8), np.zeros(nonmembers.size, np.int8)]
   return dict(scores=per_query[:, np.concatenate([members, nonmembers])], labels=labels)
 

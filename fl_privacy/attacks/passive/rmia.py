@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from fl_privacy.attacks.passive import scores as scores_lib
 
 
 def log_marginal(ref_loss, a: float = 1.0) -> np.ndarray:
@@ -157,7 +156,8 @@ def round_scores(recording: dict[str, np.ndarray], owner, target: int, *, gamma:
   if population is None:
     population = np.flatnonzero(owner == -1)
   per_query = query_scores(recording['loss'], target, population, gamma=gamma, a=a)
-  members, nonmembers = scores_lib.target_views(owner, target)
+  # `scores.target_views` (aligned); scores imports this module, so not called from here.
+  members, nonmembers = np.flatnonzero(owner == target), np.flatnonzero(owner != target)
   labels = np.r_[np.ones(members.size, np.int8), np.zeros(nonmembers.size, np.int8)]
   return dict(scores=per_query[:, np.concatenate([members, nonmembers])], labels=labels)
 

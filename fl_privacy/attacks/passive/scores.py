@@ -19,9 +19,14 @@ Attacks (`ATTACKS`; higher score = member; query q, round t, target k):
 | `avg_cosine` | mean over rounds of cos (Li et al.) |
 | `fedmia_i` | (1/R) sum_t Phi((-loss - mu_t) / sigma_t) over the other clients (Eq. 12, FedMIA-I) |
 | `fedmia_ii` | the same with cos (FedMIA-II) |
+| `lira_offline` | (1/R) sum_t Phi((phi - mu_t) / sigma_t), phi the logit confidence of the true label, mu_t and sigma_t (per query) of the other clients (offline LiRA, `lira`) |
+| `lira_offline_fixed` | the same with one sigma_t per round pooled over the queries (LiRA's fixed variance) |
+| `rmia` | (1/R) sum_t Pr_z[LR_t(x, z) >= gamma] over the population z = the test rows, the other clients as reference models (offline RMIA, `rmia`; `rmia_gamma`, `rmia_a`) |
 
 `fedmia_*` use an outlier filter (`fedmia.FILTERS`): `fedmia_ii` the configured one (default
-`leave_one_out`), `fedmia_ii@paper` / `fedmia_ii@none` name one explicitly.
+`leave_one_out`), `fedmia_ii@paper` / `fedmia_ii@none` name one explicitly. LiRA and RMIA
+(`REFERENCE`) use no filter; online LiRA (IN models from re-running the target's local steps
+with the query added) is not an attack of this list.
 
 Non-member scoring (`SCORINGS`):
 - `aligned`: a query keeps its identity across clients and rounds: its round scores are
@@ -33,7 +38,14 @@ Non-member scoring (`SCORINGS`):
   reproduce that with one random permutation of the target's non-member pool per (client,
   round); members stay aligned (the code keeps the target's training indices fixed). Averaging
   scores of different examples narrows the non-member distribution, which inflates TPR at low
-  FPR; the pair of scorings measures by how much.
+  FPR; the pair of scorings measures by how much. LiRA's per-position Gaussian test is
+  FedMIA's and takes the permutation the same way. RMIA does not: its score compares the
+  target's ratio with a population (the test rows), not with the other clients' values at a
+  position, so there is no position to misalign cleanly; RMIA is scored aligned only and
+  refuses 'public_code' (`supports`). (Permuting only its reference marginal adds variance
+  that its thresholded score turns into higher non-member scores: an artefact, not the code.)
+- `public_code_2024`: the authors' Feb 2024 code: the non-members of target k are the other
+  clients' training rows only (no test rows), aligned as in `aligned`.
 """
 
 from __future__ import annotations
@@ -43,18 +55,31 @@ from typing import Any
 import numpy as np
 
 from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import lira
+from fl_privacy.attacks.passive import rmia
 
 SINGLE = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm')
 BEST_ROUND = tuple(f'{a}_best_round' for a in SINGLE)
 SERIES = ('loss_series', 'avg_cosine')
 FEDMIA = ('fedmia_i', 'fedmia_ii')
-ATTACKS = SINGLE + BEST_ROUND + SERIES + FEDMIA
-SCORINGS = ('aligned', 'public_code')
+# The state of the art beside the paper's attacks: offline LiRA and RMIA.
+REFERENCE = ('lira_offline', 'lira_offline_fixed', 'rmia')
+ATTACKS = SINGLE + BEST_ROUND + SERIES + FEDMIA + REFERENCE
+# Attacks that average their per-round scores over the recorded rounds.
+MULTI_ROUND = SERIES + FEDMIA + REFERENCE
+SCORINGS = ('aligned', 'public_code', 'public_code_2024')
+# (attack, scoring) pairs that are not scored (module docstring).
+UNSUPPORTED = frozenset({('rmia', 'public_code')})
+# RMIA's threshold gamma and offline parameter a when the caller gives none (the RMIA
+# authors' configs use gamma = 2; a = 1 is their "unknown" default, Pr(x) = Pr_OUT(x)).
+RMIA_GAMMA = 2.0
+RMIA_A = 1.0
 
 # Which recorded measurement each attack reads.
 MEASUREMENT = {
     'blackbox_loss': 'loss', 'grad_cosine': 'cos', 'grad_diff': 'diff', 'grad_norm': 'grad_sq',
     'loss_series': 'loss', 'avg_cosine': 'cos', 'fedmia_i': 'loss', 'fedmia_ii': 'cos',
+    'lira_offline': 'phi', 'lira_offline_fixed': 'phi', 'rmia': 'loss',
 }
 MEASUREMENT.update({f'{a}_best_round': MEASUREMENT[a] for a in SINGLE})
 
@@ -62,7 +87,8 @@ MEASUREMENT.update({f'{a}_best_round': MEASUREMENT[a] for a in SINGLE})
 LABELS = {
     'blackbox_loss': 'Blackbox-Loss', 'grad_cosine': 'Grad-Cosine', 'grad_diff': 'Grad-Diff',
     'grad_norm': 'Grad-Norm', 'loss_series': 'Loss-Series', 'avg_cosine': 'Avg-Cosine',
-    'fedmia_i': 'FedMIA-I', 'fedmia_ii': 'FedMIA-II',
+    'fedmia_i': 'FedMIA-I', 'fedmia_ii': 'FedMIA-II', 'lira_offline': 'LiRA (offline)',
+    'lira_offline_fixed': 'LiRA (offline, fixed variance)', 'rmia': 'RMIA (offline)',
 }
 LABELS.update({f'{a}_best_round': f'{LABELS[a]} (best round, optimistic)' for a in SINGLE})
 
@@ -82,6 +108,11 @@ def parse(name: str, default_filter: str = 'leave_one_out') -> tuple[str, str | 
   return base, None
 
 
+def supports(name: str, scoring: str) -> bool:
+  """Whether attack `name` is scored under `scoring` (RMIA not under 'public_code')."""
+  return (parse(name)[0], scoring) not in UNSUPPORTED
+
+
 def label(name: str, default_filter: str = 'leave_one_out') -> str:
   """Display name: 'FedMIA-II (leave-one-out filter)', 'Loss-Series', ..."""
   base, filt = parse(name, default_filter)
@@ -91,7 +122,12 @@ def label(name: str, default_filter: str = 'leave_one_out') -> str:
 
 
 def signed_measurement(recording: dict[str, np.ndarray], name: str) -> np.ndarray:
-  """The measurement oriented so that higher = member, [R, K, Q] ([R, 1, Q] for grad_sq)."""
+  """The measurement oriented so that higher = member, [R, K, Q] ([R, 1, Q] for grad_sq).
+
+  'phi' is LiRA's logit confidence of the true label (`lira.logit_confidence` of the loss).
+  """
+  if name == 'phi':
+    return lira.logit_confidence(recording['loss'])
   if name == 'loss':
     return -np.asarray(recording['loss'], np.float64)
   if name == 'grad_sq':
@@ -99,29 +135,45 @@ def signed_measurement(recording: dict[str, np.ndarray], name: str) -> np.ndarra
   return np.asarray(recording[name], np.float64)
 
 
-def target_views(owner: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
-  """(member query indices, non-member query indices) of `target`."""
+def target_views(owner: np.ndarray, target: int,
+                 scoring: str = 'aligned') -> tuple[np.ndarray, np.ndarray]:
+  """(member query indices, non-member query indices) of `target`.
+
+  The non-members are every other query, or with `scoring='public_code_2024'` only the other
+  clients' training queries (owner >= 0).
+  """
   owner = np.asarray(owner)
-  return np.flatnonzero(owner == target), np.flatnonzero(owner != target)
+  if scoring not in SCORINGS:
+    raise ValueError(f'scoring must be one of {SCORINGS} (got {scoring!r})')
+  others = owner != target
+  if scoring == 'public_code_2024':
+    others &= owner >= 0
+  return np.flatnonzero(owner == target), np.flatnonzero(others)
 
 
 def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: str,
                  outlier_filter: str | None = None, scoring: str = 'aligned',
-                 rng: np.random.Generator | None = None) -> dict[str, Any]:
+                 rng: np.random.Generator | None = None, rmia_gamma: float = RMIA_GAMMA,
+                 rmia_a: float = RMIA_A) -> dict[str, Any]:
   """Per-round scores of one target's members and non-members.
 
   The per-round term of Eq. (5)/(12) of the FedMIA paper: for `kind='fedmia'` the round's
-  Phi((M_target - mu_t) / sigma_t) (`fedmia.round_scores`), otherwise the target's own
-  measurement (or the shared one when `values` has a single client row, as grad_sq).
+  Phi((M_target - mu_t) / sigma_t) (`fedmia.round_scores`), for 'lira' / 'lira_fixed' offline
+  LiRA's Phi on the same columns (`lira.offline_scores`, per-query or fixed variance), for
+  'rmia' RMIA's pairwise test against the test rows (`rmia.pairwise_scores`), otherwise the
+  target's own measurement (or the shared one when `values` has a single client row, as
+  grad_sq).
 
   Args:
-    values: [R, K or 1, Q] signed measurement (`signed_measurement`).
+    values: [R, K or 1, Q] signed measurement (`signed_measurement`; 'phi' for LiRA, the
+      negated loss for RMIA).
     owner: [Q] owning client of each query, -1 for test queries.
     target: the target client k.
-    kind: 'fedmia' or 'plain'.
+    kind: 'fedmia', 'lira', 'lira_fixed', 'rmia' or 'plain'.
     outlier_filter: FedMIA's filter (`fedmia.FILTERS`).
-    scoring: 'aligned' or 'public_code' (module docstring).
+    scoring: one of `SCORINGS` (module docstring).
     rng: numpy Generator; needed for 'public_code'.
+    rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
 
   Returns:
     dict with `scores` [R, n] (members first, then non-members in position order), `labels`
@@ -129,19 +181,26 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
     `owner_removed` / `owner_examined` (how often the shadow that owns a non-member query was
     removed, only counted where positions are aligned).
   """
-  if scoring not in SCORINGS:
-    raise ValueError(f'scoring must be one of {SCORINGS} (got {scoring!r})')
   values = np.asarray(values, np.float64)
   num_rounds, rows, _ = values.shape
-  members, nonmembers = target_views(owner, target)
+  members, nonmembers = target_views(owner, target, scoring)
   n_pos, n_neg = members.size, nonmembers.size
   row = target if rows > 1 else 0
   out_scores = np.empty((num_rounds, n_pos + n_neg))
   removed = examined = owner_removed = owner_examined = 0
   shadow_ids = np.delete(np.arange(rows), row) if rows > 1 else np.zeros(0, int)
   nonmember_owner = np.asarray(owner)[nonmembers]
+  if kind != 'plain' and rows < 3:
+    raise ValueError(f'{kind} needs at least 2 non-target clients')
+  if kind == 'rmia':
+    if ('rmia', scoring) in UNSUPPORTED:
+      raise ValueError(f"RMIA is scored aligned only (no position to permute in its population "
+                       f"test); scoring={scoring!r} refused, use 'aligned' or 'public_code_2024'")
+    population = np.flatnonzero(np.asarray(owner) == -1)
+    position = np.full(values.shape[2], -1, np.int64)  # of each query in the population
+    position[population] = np.arange(population.size)
   for t in range(num_rounds):
-    if scoring == 'aligned':
+    if scoring != 'public_code':
       idx = np.broadcast_to(np.concatenate([members, nonmembers]), (rows, n_pos + n_neg))
     else:
       if rng is None:
@@ -151,19 +210,25 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
                       for _ in range(rows)])
     view = np.take_along_axis(values[t], idx, axis=1)  # [rows, n]
     if kind == 'fedmia':
-      if rows < 3:
-        raise ValueError('FedMIA needs at least 2 non-target clients')
       s, rem = fedmia.round_scores(view, row, outlier_filter)
       out_scores[t] = s
       removed += int(rem.sum())
       examined += rem.size
-      if scoring == 'aligned':
+      if scoring != 'public_code':
         # Rows of `rem` are the shadows in client order; find the owner's row per column.
         owned = nonmember_owner >= 0
         which = np.searchsorted(shadow_ids, nonmember_owner[owned])
         cols = n_pos + np.flatnonzero(owned)
         owner_removed += int(rem[which, cols].sum())
         owner_examined += int(owned.sum())
+    elif kind in ('lira', 'lira_fixed'):
+      out_scores[t] = lira.offline_scores(view, row, fixed_variance=kind == 'lira_fixed')
+    elif kind == 'rmia':
+      # values = -loss; r = log Pr(x | theta_target) - log Pr(x) of every column (aligned).
+      ratio = view[row] - rmia.log_marginal(-np.delete(view, row, axis=0), rmia_a)
+      pop_ratio = values[t, row, population] - rmia.log_marginal(
+          -np.delete(values[t][:, population], row, axis=0), rmia_a)
+      out_scores[t] = rmia.pairwise_scores(ratio, pop_ratio, rmia_gamma, position[idx[row]])
     else:
       out_scores[t] = view[row]
   labels = np.r_[np.ones(n_pos, np.int8), np.zeros(n_neg, np.int8)]
@@ -173,8 +238,12 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
 
 def pooled_round_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
                         scoring: str = 'aligned', default_filter: str = 'leave_one_out',
-                        rng: np.random.Generator | None = None) -> dict[str, Any]:
+                        rng: np.random.Generator | None = None, rmia_gamma: float = RMIA_GAMMA,
+                        rmia_a: float = RMIA_A) -> dict[str, Any]:
   """`round_scores` of every client as target, concatenated (targets in client order).
+
+  `rmia_gamma` and `rmia_a` are RMIA's threshold and offline parameter (other attacks ignore
+  them).
 
   Returns:
     dict: `scores` [R, N], `labels` [N], `target` [N] (which target each entry belongs to),
@@ -183,9 +252,11 @@ def pooled_round_scores(recording: dict[str, np.ndarray], owner: np.ndarray, att
   base, filt = parse(attack, default_filter)
   values = signed_measurement(recording, MEASUREMENT[base])
   num_clients = recording['loss'].shape[1]
-  kind = 'fedmia' if base in FEDMIA else 'plain'
+  kind = {'lira_offline': 'lira', 'lira_offline_fixed': 'lira_fixed', 'rmia': 'rmia'}.get(
+      base, 'fedmia' if base in FEDMIA else 'plain')
   parts = [round_scores(values, owner, k, kind=kind, outlier_filter=filt, scoring=scoring,
-                        rng=rng) for k in range(num_clients)]
+                        rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+           for k in range(num_clients)]
   out = dict(scores=np.concatenate([p['scores'] for p in parts], axis=1),
              labels=np.concatenate([p['labels'] for p in parts]),
              target=np.concatenate([np.full(p['labels'].size, k, np.int32)
@@ -199,11 +270,11 @@ def combine_rounds(round_scores_: np.ndarray, attack: str, *, upto: int | None =
                    single_index: int | None = None) -> np.ndarray:
   """Final scores from per-round scores [R, N].
 
-  Multi-round attacks (series and FedMIA, Eqs. 5 and 12) average rounds 0 .. upto - 1 (all by
-  default); single-round attacks take round `single_index`.
+  Multi-round attacks (`MULTI_ROUND`: series, FedMIA, LiRA, RMIA; Eqs. 5 and 12) average
+  rounds 0 .. upto - 1 (all by default); single-round attacks take round `single_index`.
   """
   base, _ = parse(attack)
-  if base in SERIES or base in FEDMIA:
+  if base in MULTI_ROUND:
     upto = round_scores_.shape[0] if upto is None else upto
     return round_scores_[:upto].mean(axis=0)
   if single_index is None:
@@ -211,10 +282,13 @@ def combine_rounds(round_scores_: np.ndarray, attack: str, *, upto: int | None =
   return round_scores_[single_index]
 
 
-def pooled_queries(owner: np.ndarray, num_clients: int) -> np.ndarray:
-  """The query index of every entry of `pooled_round_scores` (aligned scoring), [N].
+def pooled_queries(owner: np.ndarray, num_clients: int, scoring: str = 'aligned') -> np.ndarray:
+  """The query index of every entry of `pooled_round_scores`, [N].
 
-  Targets in client order, each its members then its non-members (`target_views`); e.g. the
-  groups of a query-cluster bootstrap (`eval.bootstrap`).
+  Targets in client order, each its members then its non-members (`target_views` of
+  `scoring`); e.g. the groups of a query-cluster bootstrap (`eval.bootstrap`). Under
+  'public_code' a non-member position holds a different query in every round and client: the
+  index is then the query the position holds aligned, a label of the position.
   """
-  return np.concatenate([np.concatenate(target_views(owner, k)) for k in range(num_clients)])
+  return np.concatenate([np.concatenate(target_views(owner, k, scoring))
+                         for k in range(num_clients)])
