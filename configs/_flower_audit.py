@@ -1,0 +1,127 @@
+"""The `flower_audit` config section: auditing a real Flower deployment (Flower >= 1.42).
+
+Used by `python -m experiments.flower_audit` (needs the optional extra
+`pip install -e '.[flower]'`). Three parts: (1) FedMIA's passive attacks from the uploads a
+`RecordingStrategy` recorded in a Flower FedAvg deployment of in-process ClientApps, beside
+the same training in fl_privacy's own simulation; (2) the dishonest server
+(`DishonestStrategy`) against that deployment; (3) Flower's own DP wrappers and mods audited
+with canary games. The dataset configs call `section(dataset, smoke)`; every field is
+documented in `section`'s docstring. Expected results: docs/experiments/flower_audit.md.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
+# checks they agree).
+WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp')
+PARTS = ('fedmia', 'dishonest', 'dp')
+ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
+           'fedmia_ii')
+
+
+def _setting(wrapper: str, **kw) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.wrapper = wrapper
+  s.clipping_norm = 1.0
+  s.delta = 1e-5
+  if wrapper == 'local_dp':
+    s.sensitivity = 1.0
+    s.epsilon = 1.0
+  else:
+    s.noise_multiplier = 1.0
+    s.num_sampled_clients = 10
+  s.update(kw)
+  return s
+
+
+def _dp_settings(smoke: bool) -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  # Flower's recommended noise ("1.0 or higher") with 10 sampled clients, and a weaker pick.
+  d.server_fixed_z1 = _setting('server_fixed', noise_multiplier=1.0)
+  if not smoke:
+    d.server_fixed_z0_5 = _setting('server_fixed', noise_multiplier=0.5)
+  d.client_fixed_z1 = _setting('client_fixed', noise_multiplier=1.0)
+  # LocalDpMod with its sensitivity tied to the clipping norm (what its noise must hide).
+  d.local_dp_eps1 = _setting('local_dp', epsilon=1.0)
+  if not smoke:
+    d.local_dp_eps4 = _setting('local_dp', epsilon=4.0)
+    d.local_dp_eps10 = _setting('local_dp', epsilon=10.0)
+  # The issue's misconfiguration: noise calibrated to sensitivity 1e-4, updates clipped to 1.
+  d.local_dp_misconfigured = _setting('local_dp', sensitivity=1e-4, epsilon=10.0)
+  return d
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `flower_audit` section (digits: the embedded offline data).
+
+  Fields:
+    parts: subset of ('fedmia', 'dishonest', 'dp').
+    num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 (FedMIA needs two
+      non-target clients): 10.
+    per_client: training examples per node (IID shards of the train split): 128 (a multiple
+      of batch_size, so one local epoch visits every example: the dishonest detector's
+      assumption).
+    hidden: the MLP's two hidden widths (its dense layers fc1, fc2, fc3 carry the dishonest
+      detector: 2 x num_components <= hidden[0]): (64, 32).
+    num_rounds, record_every: FedAvg rounds (20) and rounds between recordings (5, must
+      divide num_rounds): the server keeps rounds 5, 10, 15, 20.
+    local_epochs, batch_size: E (1) and B (32) of the clients' local SGD.
+    learning_rate, momentum: the clients' SGD (0.1, 0.9; fresh optimizer state each round).
+    attacks: FedMIA and baseline attacks (`fl_privacy.attacks.passive`), aligned scoring.
+    outlier_filter: FedMIA's filter ('leave_one_out', 'paper', 'none').
+    chunk_size: queries per measurement chunk.
+    dishonest.num_components: M of the 2M+1 detector (4).
+    dishonest.targets_in: targets drawn from the nodes' shards (each gives one member
+      decision at its node and num_clients - 1 non-member decisions): 10.
+    dishonest.targets_out: targets drawn from the test split (num_clients non-member
+      decisions each): 5.
+    dishonest.epsilon, dishonest.threshold: the detector's bias and decision threshold xi.
+    dp.settings: name -> one Flower DP deployment: `wrapper` (one of 'server_fixed',
+      'client_fixed', 'local_dp'), `clipping_norm` C > 0, `delta` in (0, 1); central
+      wrappers: `noise_multiplier` z > 0, `num_sampled_clients` n >= 1; local_dp:
+      `sensitivity` > 0, `epsilon` > 0 (LocalDpMod's arguments).
+    dp.num_trials: canary games per setting (fair coin per game): 4000.
+    dp.dimension: length of the released vector (>= 2): 8.
+    dp.canary_norm: the canary update's norm in units of C (>= 1): 2.
+    dp.confidence: of every lower bound and interval, in (0.5, 1): 0.95.
+  """
+  del dataset
+  s = ml_collections.ConfigDict()
+  s.parts = PARTS
+  s.num_clients = 10
+  s.per_client = 128
+  s.hidden = (64, 32)
+  s.num_rounds = 20
+  s.record_every = 5
+  s.local_epochs = 1
+  s.batch_size = 32
+  s.learning_rate = 0.1
+  s.momentum = 0.9
+  s.attacks = ATTACKS
+  s.outlier_filter = 'leave_one_out'
+  s.chunk_size = 512
+  s.dishonest = ml_collections.ConfigDict()
+  s.dishonest.num_components = 4
+  s.dishonest.targets_in = 10
+  s.dishonest.targets_out = 5
+  s.dishonest.epsilon = 1e-3
+  s.dishonest.threshold = 0.1
+  s.dp = ml_collections.ConfigDict()
+  s.dp.settings = _dp_settings(smoke)
+  s.dp.num_trials = 4000
+  s.dp.dimension = 8
+  s.dp.canary_norm = 2.0
+  s.dp.confidence = 0.95
+  if smoke:
+    s.num_clients = 4
+    s.per_client = 32
+    s.hidden = (16, 8)
+    s.num_rounds = 2
+    s.record_every = 1
+    s.attacks = ('blackbox_loss', 'fedmia_i')
+    s.dishonest.targets_in = 2
+    s.dishonest.targets_out = 1
+    s.dp.num_trials = 600
+  return s
