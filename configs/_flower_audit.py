@@ -63,8 +63,11 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     per_client: training examples per node (IID shards of the train split): 128 (a multiple
       of batch_size, so one local epoch visits every example: the dishonest detector's
       assumption).
-    hidden: the MLP's two hidden widths (its dense layers fc1, fc2, fc3 carry the dishonest
-      detector: 2 x num_components <= hidden[0]): (64, 32).
+    model: 'flower_cnn' (Flower's tutorial CNN, 'SAME' convolutions so that 8x8 digits fit:
+      64 trunk features, dense layers fc1 120, fc2 84, fc3) or 'mlp'. The dishonest detector
+      sits on the trunk's features: on the MLP those are raw pixels, whose 17 grey levels
+      collide on M = 4 of them (false positives), on the CNN continuous features.
+    hidden: the MLP's two hidden widths ((64, 32); read with model 'mlp').
     num_rounds, record_every: FedAvg rounds (20) and rounds between recordings (5, must
       divide num_rounds): the server keeps rounds 5, 10, 15, 20.
     local_epochs, batch_size: E (1) and B (32) of the clients' local SGD.
@@ -74,9 +77,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     chunk_size: queries per measurement chunk.
     dishonest.num_components: M of the 2M+1 detector (4).
     dishonest.targets_in: targets drawn from the nodes' shards (each gives one member
-      decision at its node and num_clients - 1 non-member decisions): 10.
+      decision at its node and num_clients - 1 non-member decisions): 20.
     dishonest.targets_out: targets drawn from the test split (num_clients non-member
-      decisions each): 5.
+      decisions each): 10.
     dishonest.epsilon, dishonest.threshold: the detector's bias and decision threshold xi.
     dp.settings: name -> one Flower DP deployment: `wrapper` (one of 'server_fixed',
       'client_fixed', 'local_dp'), `clipping_norm` C > 0, `delta` in (0, 1); central
@@ -92,6 +95,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.parts = PARTS
   s.num_clients = 10
   s.per_client = 128
+  s.model = 'flower_cnn'
   s.hidden = (64, 32)
   s.num_rounds = 20
   s.record_every = 5
@@ -104,8 +108,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.chunk_size = 512
   s.dishonest = ml_collections.ConfigDict()
   s.dishonest.num_components = 4
-  s.dishonest.targets_in = 10
-  s.dishonest.targets_out = 5
+  s.dishonest.targets_in = 20
+  s.dishonest.targets_out = 10
   s.dishonest.epsilon = 1e-3
   s.dishonest.threshold = 0.1
   s.dp = ml_collections.ConfigDict()
@@ -117,7 +121,6 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   if smoke:
     s.num_clients = 4
     s.per_client = 32
-    s.hidden = (16, 8)
     s.num_rounds = 2
     s.record_every = 1
     s.attacks = ('blackbox_loss', 'fedmia_i')

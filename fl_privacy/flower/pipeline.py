@@ -57,6 +57,7 @@ NAME = 'flower_audit'
 PARTS = ('fedmia', 'dishonest', 'dp')
 WRAPPERS = dp_audit.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
+MODELS = ('flower_cnn', 'mlp')
 FIGURE = 'flower_dp_audit'
 TABLES = 'flower_audit.md'
 
@@ -140,13 +141,12 @@ def validate_config(config) -> dict[str, Any]:
       f'a divisor of num_rounds ({s.num_rounds})', lambda r: int(s.num_rounds) % int(r) == 0))
   validate.checked(config, 'flower_audit.per_client', validate.Rule(
       f'a multiple of batch_size ({s.batch_size})', lambda n: int(n) % int(s.batch_size) == 0))
-  validate.checked(config, 'flower_audit.hidden', validate.items(
-      validate.number(1, integer=True), 'two hidden widths >= 1', scalar=False))
-  validate.checked(config, 'flower_audit.hidden', validate.Rule(
-      'two hidden widths (the dense layers fc1, fc2, fc3)', lambda h: len(h) == 2))
-  validate.checked(config, 'flower_audit.dishonest.num_components', validate.Rule(
-      f'at most hidden[0] / 2 = {int(s.hidden[0]) // 2}',
-      lambda m: 2 * int(m) <= int(s.hidden[0])))
+  validate.one_of(config, 'flower_audit.model', MODELS)
+  if s.model == 'mlp':
+    validate.checked(config, 'flower_audit.hidden', validate.items(
+        validate.number(1, integer=True), 'two hidden widths >= 1', scalar=False))
+    validate.checked(config, 'flower_audit.hidden', validate.Rule(
+        'two hidden widths (the dense layers fc1, fc2, fc3)', lambda h: len(h) == 2))
   validate.checked(config, 'flower_audit.learning_rate', validate.number(0, low_open=True))
   validate.checked(config, 'flower_audit.momentum', validate.number(0, 1, high_open=True))
   validate.subset_of(config, 'flower_audit.attacks', scores_lib.ATTACKS)
@@ -177,10 +177,28 @@ def prepare(config) -> dict[str, Any]:
   validate.require(need <= len(train), 'flower_audit.per_client',
                    f'num_clients x per_client <= {len(train)} training examples',
                    int(s.per_client))
-  state.update(train=train, test=test, cache={},
-               model=models_lib.make('mlp', train.num_classes, field='flower_audit.hidden',
-                                     hidden=tuple(int(h) for h in s.hidden)))
+  model = make_model(config, train)
+  # The dishonest detector's room: M <= trunk features, 2M <= units of fc1.
+  template = jax.eval_shape(model.init, jax.random.key(0),
+                            jax.ShapeDtypeStruct((1,) + train.x.shape[1:], np.float32))
+  features, width = template['params']['fc1']['kernel'].shape
+  validate.checked(config, 'flower_audit.dishonest.num_components', validate.Rule(
+      f'at most {min(features, width // 2)} (M <= {features} trunk features, 2M <= {width} '
+      'units of fc1)', lambda m: int(m) <= features and 2 * int(m) <= width))
+  state.update(train=train, test=test, cache={}, model=model)
   return state
+
+
+def make_model(config, train):
+  """The clients' model: Flower's tutorial CNN ('SAME' convolutions on 8x8 digits) or an MLP
+  with two hidden layers."""
+  s = config.flower_audit
+  if s.model == 'flower_cnn':
+    validate.require(train.is_image, 'flower_audit.model', 'mlp on feature vectors',
+                     s.model)
+    return models_lib.FlowerCNN(train.num_classes, padding='SAME')
+  return models_lib.make('mlp', train.num_classes, field='flower_audit.model',
+                         hidden=tuple(int(h) for h in s.hidden))
 
 
 # ------------------------------------------------------------------------ deployment ---
