@@ -398,8 +398,8 @@ def _finite(v) -> float:
 
 def dp_figure(points: list[dict], workdir: str) -> str | None:
   """Stated vs empirical epsilon per wrapper: the best counted lower bound (marker) with a
-  bar down to the Clopper-Pearson bound, y = x drawn; an empirical bound beyond the axis is
-  an arrow on the top edge."""
+  bar down to the Clopper-Pearson bound, y = x drawn; an empirical bound beyond the axis
+  (1.5 x the largest stated epsilon) is an arrow to the top edge labelled with its value."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   pts = [p for p in points if p['params'].get('part') == 'dp']
   if not pts:
@@ -421,9 +421,11 @@ def dp_figure(points: list[dict], workdir: str) -> str | None:
     ax.errorbar(x, shown, yerr=[lower, np.zeros_like(lower)], fmt=markers[wrapper],
                 color=f'C{i}', capsize=3, lw=1,
                 label=f'{wrapper}: best lower bound (bar: down to the CP bound)')
-    for xi, b in zip(x, best):
-      if b > top:
-        figures_lib.mark_unbounded(ax, float(xi), float(b), color=f'C{i}')
+    for xi, b, p in zip(x, best, sel):
+      if b > top:  # off the axis: an arrow on the top edge, with its value
+        ax.annotate(f'{p["params"]["setting"]}: {b:.1f}', xy=(xi, top), xytext=(xi, top * 0.85),
+                    ha='center', fontsize=7, color=f'C{i}',
+                    arrowprops=dict(arrowstyle='->', color=f'C{i}'))
   ax.set_xlim(0, top)
   ax.set_ylim(0, top)
   ax.set_xlabel("Flower's stated epsilon (nats)")
