@@ -40,7 +40,7 @@ and its index. Flower's per-call INFO logs (and the warning about a missing repl
 silenced during the games.
 
 Adaptive clipping (`DifferentialPrivacy*AdaptiveClipping`, `adaptiveclipping_mod`) is not
-audited here.
+audited here (docs/experiments/flower_audit.md lists what reading its code raises).
 """
 
 from __future__ import annotations
