@@ -14,7 +14,7 @@ from fl_privacy import validate
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import pipeline
 from fl_privacy.pipelines import base
-from fl_privacy.report import figures
+from tests import figure_checks
 from tests.experiments import cli
 
 
@@ -81,25 +81,11 @@ def test_misconfigured_local_dp_is_flagged_and_the_others_are_not(smoke):
                       dp['server_fixed_z1']['dp_epsilon'], rel_tol=1e-9)
 
 
-def test_dp_figure_is_readable(smoke, tmp_path):
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+def test_dp_figure_is_readable(smoke, monkeypatch, tmp_path):
   _, results = smoke
-  captured = []
-  original = figures.save
-
-  def keep(fig, workdir, name, **kw):
-    captured.append(figures.readability_problems(fig))
-    return original(fig, workdir, name, **kw)
-
-  figures.save = keep
-  try:
+  with figure_checks.capture(monkeypatch) as found:
     pipeline.dp_figure(results['points'], str(tmp_path))
-  finally:
-    figures.save = original
-    plt.close('all')
-  assert captured == [[]]
+  assert found == {pipeline.FIGURE: []}
 
 
 def test_pipeline_interface_and_wrapper_names_agree():
