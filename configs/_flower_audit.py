@@ -12,10 +12,11 @@ documented in `section`'s docstring. Expected results: docs/experiments/flower_a
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 # Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
 # checks they agree).
-WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp')
+WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
 PARTS = ('fedmia', 'dishonest', 'dp')
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
            'fedmia_ii')
@@ -32,6 +33,11 @@ def _setting(wrapper: str, **kw) -> ml_collections.ConfigDict:
   else:
     s.noise_multiplier = 1.0
     s.num_sampled_clients = 10
+  if wrapper.endswith('_adaptive'):  # Flower's defaults
+    s.clipping_norm = 0.1
+    s.target_clipped_quantile = 0.5
+    s.clip_norm_lr = 0.2
+    s.clipped_count_stddev = config_dict.placeholder(float)
   s.update(kw)
   return s
 
@@ -50,6 +56,11 @@ def _dp_settings(smoke: bool) -> ml_collections.ConfigDict:
     d.local_dp_eps10 = _setting('local_dp', epsilon=10.0)
   # The issue's misconfiguration: noise calibrated to sensitivity 1e-4, updates clipped to 1.
   d.local_dp_misconfigured = _setting('local_dp', sensitivity=1e-4, epsilon=10.0)
+  if not smoke:
+    # Flower's defaults (initial clip 0.1, quantile 0.5, lr 0.2, count std n / 20 = 0.5), with
+    # z = 0.5: Flower refuses z >= 2 x 0.5 = 1 at n = 10.
+    d.server_adaptive_z0_5 = _setting('server_adaptive', noise_multiplier=0.5)
+    d.client_adaptive_z0_5 = _setting('client_adaptive', noise_multiplier=0.5)
   return d
 
 
@@ -84,7 +95,11 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     dp.settings: name -> one Flower DP deployment: `wrapper` (one of 'server_fixed',
       'client_fixed', 'local_dp'), `clipping_norm` C > 0, `delta` in (0, 1); central
       wrappers: `noise_multiplier` z > 0, `num_sampled_clients` n >= 1; local_dp:
-      `sensitivity` > 0, `epsilon` > 0 (LocalDpMod's arguments).
+      `sensitivity` > 0, `epsilon` > 0 (LocalDpMod's arguments); adaptive wrappers
+      ('server_adaptive', 'client_adaptive'; `clipping_norm` is their initial clip):
+      `target_clipped_quantile` in [0, 1], `clip_norm_lr` > 0, `clipped_count_stddev` > 0 or
+      None (Flower's default n / 20; Flower requires z < 2 x it). The adaptive games audit
+      the first round's aggregate only (not the clip-norm release).
     dp.num_trials: canary games per setting (fair coin per game): 4000.
     dp.dimension: length of the released vector (>= 2): 8.
     dp.canary_norm: the canary update's norm in units of C (>= 1): 2.

@@ -90,6 +90,7 @@ SUMMARY = (
 
 _POSITIVE_INT = validate.number(1, integer=True)
 _CENTRAL_FIELDS = ('noise_multiplier', 'num_sampled_clients')
+_ADAPTIVE_FIELDS = _CENTRAL_FIELDS + ('target_clipped_quantile', 'clip_norm_lr')
 _LOCAL_FIELDS = ('sensitivity', 'epsilon')
 
 
@@ -102,6 +103,9 @@ _SETTING_RULES = {
     'num_sampled_clients': _POSITIVE_INT,
     'sensitivity': _POSITIVE,
     'epsilon': _POSITIVE,
+    'target_clipped_quantile': validate.number(0, 1),
+    'clip_norm_lr': _POSITIVE,
+    'clipped_count_stddev': validate.number(0, low_open=True, optional=True),
 }
 _PRESENT = validate.Rule('set (the wrapper reads it; configs/_flower_audit.py)',
                          lambda v: v is not None)
@@ -112,16 +116,31 @@ def _check_setting(name: str, s) -> dp_audit.Setting:
   prefix = f'flower_audit.dp.settings.{name}'
   _PRESENT.check(f'{prefix}.wrapper', s.get('wrapper'))
   _SETTING_RULES['wrapper'].check(f'{prefix}.wrapper', s.wrapper)
-  fields = ('clipping_norm', 'delta') + (
-      _LOCAL_FIELDS if s.wrapper == 'local_dp' else _CENTRAL_FIELDS)
+  fields = ('clipping_norm', 'delta') + {'local_dp': _LOCAL_FIELDS}.get(
+      s.wrapper, _ADAPTIVE_FIELDS if s.wrapper in dp_audit.ADAPTIVE else _CENTRAL_FIELDS)
   for field in fields:
     _PRESENT.check(f'{prefix}.{field}', s.get(field))
     _SETTING_RULES[field].check(f'{prefix}.{field}', s.get(field))
-  kw = {f: s[f] for f in fields}
-  if 'num_sampled_clients' in kw:
-    kw['num_sampled_clients'] = int(kw['num_sampled_clients'])
-  return dp_audit.Setting(name, s.wrapper, **{k: (v if isinstance(v, int) else float(v))
-                                             for k, v in kw.items()})
+  kw = {f: (int(s[f]) if f == 'num_sampled_clients' else float(s[f])) for f in fields}
+  if s.wrapper in dp_audit.ADAPTIVE:
+    std = s.get('clipped_count_stddev')
+    _SETTING_RULES['clipped_count_stddev'].check(f'{prefix}.clipped_count_stddev', std)
+    kw['clipped_count_stddev'] = None if std is None else float(std)
+  setting = dp_audit.Setting(name, s.wrapper, **kw)
+  if s.wrapper in dp_audit.ADAPTIVE:
+    # Flower refuses z >= 2 clipped_count_stddev (default num_sampled_clients / 20).
+    validate.Rule('below 2 x clipped_count_stddev (default num_sampled_clients / 20), which '
+                  'Flower\'s adaptive wrappers require', lambda z: _adaptive_ok(setting)).check(
+                      f'{prefix}.noise_multiplier', s.noise_multiplier)
+  return setting
+
+
+def _adaptive_ok(setting: dp_audit.Setting) -> bool:
+  try:
+    dp_audit.adaptive_noise(setting)
+  except ValueError:
+    return False
+  return True
 
 
 def validate_config(config) -> dict[str, Any]:
@@ -408,7 +427,8 @@ def dp_figure(points: list[dict], workdir: str) -> str | None:
   top = max(v for v in stated if not math.isnan(v)) * 1.5
   fig, ax = plt.subplots(figsize=(6.0, 4.2))
   ax.plot([0, top], [0, top], 'k--', lw=1, label='empirical = stated (y = x)')
-  markers = {'server_fixed': 'o', 'client_fixed': 's', 'local_dp': 'D'}
+  markers = {'server_fixed': 'o', 'client_fixed': 's', 'local_dp': 'D',
+             'server_adaptive': '^', 'client_adaptive': 'v'}
   for i, wrapper in enumerate(WRAPPERS):
     sel = [p for p in pts if p['params']['wrapper'] == wrapper]
     if not sel:
@@ -480,8 +500,9 @@ def tables_markdown(points: list[dict]) -> str:
   if dps:
     lines += ['## Flower DP wrappers: stated vs empirical epsilon', '',
               'Client-level, add/remove, one round, no sampling amplification; adversary: '
-              'readers of the aggregate (server_fixed, client_fixed) or the server reading '
-              'uploads (local_dp). Empirical epsilons are 95% lower bounds.', '',
+              'readers of the aggregate (server_fixed, client_fixed, server_adaptive, '
+              'client_adaptive) or the server reading uploads (local_dp). Empirical epsilons '
+              'are 95% lower bounds.', '',
               '| setting | wrapper | C | z / (sensitivity, eps) | delta | noise std | stated eps '
               '| source | our RDP eps | exact eps | eps CP | eps GDP | trials (in/out) | '
               'violation | exact > stated |', '|' + '---|' * 15]
@@ -498,7 +519,9 @@ def tables_markdown(points: list[dict]) -> str:
           f'{_fmt(m["epsilon_gdp"], 2)} | {m["n_in"]}/{m["n_out"]} | '
           f'{"YES" if _finite(m["privacy_violation"]) > 0 else "no"} | '
           f'{"YES" if _finite(m["accountant_violation"]) > 0 else "no"} |')
-    lines += ['', 'Not audited: ' + ', '.join(dp_audit.NOT_AUDITED) + '.', '']
+    lines += ['', 'Adaptive wrappers: the aggregate of the first round only (noise std at the '
+              'initial clip shown; Flower draws it with the updated clip). Not audited: ' +
+              ', '.join(dp_audit.NOT_AUDITED) + '.', '']
   return '\n'.join(lines)
 
 

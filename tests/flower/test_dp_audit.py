@@ -114,3 +114,22 @@ def test_misconfigured_local_dp_is_flagged():
 def test_setting_refuses_an_unknown_wrapper():
   with pytest.raises(ValueError, match="wrapper must be one of"):
     dp_audit.Setting('x', 'adaptive')
+
+
+def test_adaptive_wrappers_at_flowers_defaults_keep_the_claim_on_the_aggregate():
+  """First round's aggregate of the adaptive wrappers (initial clip 0.1, quantile 0.5, lr 0.2,
+  count std n / 20): server- and client-side clipping release the same aggregate, below the
+  claim (the clip-norm release is not scored)."""
+  server = dp_audit.Setting('a', 'server_adaptive', noise_multiplier=0.5,
+                            num_sampled_clients=10, clipping_norm=0.1)
+  client = dataclass_replace(server, wrapper='client_adaptive')
+  assert dp_audit.adaptive_noise(server) == pytest.approx((0.5, 3 ** -0.5))
+  m = dp_audit.audit(server, KEY, 1000)
+  assert m['privacy_violation'] == 0 and m['best_bound'] <= m['stated_epsilon']
+  assert m['stated_epsilon'] == pytest.approx(dp_audit.flower_rdp_epsilon(0.5, 10, 1e-5))
+  assert m['score_in_mean'] == pytest.approx(0.1 / 10, abs=0.002)  # the canary clipped to C_0
+  a = dp_audit.play(dp_audit.make_game(server), KEY, 40)
+  b = dp_audit.play(dp_audit.make_game(client), KEY, 40)
+  np.testing.assert_allclose(a['score'], b['score'], rtol=0, atol=1e-7)
+  with pytest.raises(ValueError, match='clipped_count_stddev'):
+    dp_audit.adaptive_noise(dataclass_replace(server, noise_multiplier=1.0))

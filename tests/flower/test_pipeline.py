@@ -113,6 +113,8 @@ def _config(**overrides):
     ({'dp.settings.server_fixed_z1.noise_multiplier': 0.0},
      'flower_audit.dp.settings.server_fixed_z1.noise_multiplier'),
     ({'record_every': 3, 'num_rounds': 4}, 'flower_audit.record_every'),
+    ({'dp.settings.server_fixed_z1.wrapper': 'server_adaptive'},
+     'flower_audit.dp.settings.server_fixed_z1.target_clipped_quantile'),
     ({'parts': ('fedmia', 'nope')}, 'flower_audit.parts'),
 ])
 def test_validate_config_names_the_field(overrides, field):
