@@ -178,7 +178,8 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.dp.confidence',
                    validate.number(0.5, 1, low_open=True, high_open=True))
   settings = sorted((_check_setting(name, s.dp.settings[name]) for name in s.dp.settings.keys()),
-                    key=lambda st: (WRAPPERS.index(st.wrapper), st.label))
+                    key=lambda st: (WRAPPERS.index(st.wrapper), -st.noise_multiplier
+                                    if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
   return {'parts': tuple(parts), 'settings': settings}
