@@ -36,7 +36,6 @@ from flwr.serverapp.strategy import FedAvg
 
 from fl_privacy import data as data_lib
 from fl_privacy import models as models_lib
-from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
