@@ -2,7 +2,7 @@
 
 Every `configs/<dataset>.py` calls `build(...)`, which returns one ConfigDict with
 `data`, `game`, `seed` and one section per experiment that applies to the dataset
-(`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`), each built by `configs/_<experiment>.py`,
+(`ami`, `dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`, `flower_audit`), each built by `configs/_<experiment>.py`,
 plus the `defense` section (configs/_defense.py) when an experiment that honours it (`ami`,
 `dishonest`) is present. (`fedmia` and `pastel` sweep their own defenses in their sections.)
 """
@@ -18,10 +18,10 @@ from ml_collections import config_dict
 from fl_privacy import catalog
 from fl_privacy import validate
 
-# Which experiment sections each dataset config carries.
-EXPERIMENTS = ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit')
-# Experiments whose clients run the `defense` section's defense.
-DEFENDED = ('ami', 'dishonest')
+# The experiment sections a dataset config may carry, and those whose clients run the
+# `defense` section's defense: from the one registration of experiments.
+EXPERIMENTS = catalog.SECTIONS
+DEFENDED = catalog.DEFENDED_SECTIONS
 
 
 # The arguments a dataset config accepts after `:` (`configs/x.py:smoke,path=FILE`), and

@@ -11,9 +11,10 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, docs/experiments/fedmia.md
   python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 15 trainings
   python -m experiments.dp_audit --config=configs/digits.py   # every DP mechanism vs its claim
+  python -m experiments.flower_audit --config=configs/digits.py  # a Flower deployment (extra [flower])
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
-`dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit` (each documented in configs/_<experiment>.py, with the
+`dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`, `flower_audit` (each documented in configs/_<experiment>.py, with the
 result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
 ami and dishonest clients run, default none).
 """
@@ -24,4 +25,4 @@ from configs import _base
 def get_config(arg=None):
   return _base.build('digits', arg, data=_base.data_section('digits'),
                      experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                  'dp_audit'))
+                                  'dp_audit', 'flower_audit'))

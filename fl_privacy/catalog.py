@@ -62,6 +62,8 @@ EXPERIMENTS: dict[str, Experiment] = _entries(
     # aggregate): it runs the aggregate-only baselines and labels each row (`dp_adversary`).
     Experiment('pastel', 'pastel', 'fl_privacy.pipelines.pastel'),
     Experiment('dp_audit', 'dp_audit', 'fl_privacy.pipelines.dp_audit'),
+    # Needs the optional extra `pip install -e '.[flower]'` (experiments.common.run says so).
+    Experiment('flower_audit', 'flower_audit', 'fl_privacy.flower.pipeline', adversary='server'),
     Experiment('toy_game', 'toy', 'fl_privacy.pipelines.toy_game',
                default_config='configs/toy.py'),
 )

@@ -25,6 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize('name', catalog.NAMES)
 def test_every_registered_pipeline_satisfies_the_interface(name):
+  if catalog.get(name).pipeline.startswith('fl_privacy.flower.'):
+    pytest.importorskip('flwr')  # the optional extra `.[flower]`
   module = base.load(name)
   assert isinstance(module, base.Pipeline)
   assert module.NAME == name
@@ -45,7 +47,8 @@ def test_every_reader_derives_from_the_catalog():
   from configs import _base  # pylint: disable=g-import-not-at-top
   from configs import __main__ as listing  # pylint: disable=g-import-not-at-top
   from experiments import common  # pylint: disable=g-import-not-at-top
-  assert _base.EXPERIMENTS == ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit')
+  assert _base.EXPERIMENTS == catalog.SECTIONS == (
+      'ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit')
   assert _base.DEFENDED == ('ami', 'dishonest')
   assert common.SECTIONS == {n: e.section for n, e in catalog.EXPERIMENTS.items()}
   assert listing.SECTION_EXPERIMENTS['dishonest'] == ('dishonest_mia', 'duplicates')

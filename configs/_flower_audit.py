@@ -1,0 +1,145 @@
+"""The `flower_audit` config section: auditing a real Flower deployment (Flower >= 1.42).
+
+Used by `python -m experiments.flower_audit` (needs the optional extra
+`pip install -e '.[flower]'`). Three parts: (1) FedMIA's passive attacks from the uploads a
+`RecordingStrategy` recorded in a Flower FedAvg deployment of in-process ClientApps, beside
+the same training in fl_privacy's own simulation; (2) the dishonest server
+(`DishonestStrategy`) against that deployment; (3) Flower's own DP wrappers and mods audited
+with canary games. The dataset configs call `section(dataset, smoke)`; every field is
+documented in `section`'s docstring. Expected results: docs/experiments/flower_audit.md.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+# Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
+# checks they agree).
+WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
+PARTS = ('fedmia', 'dishonest', 'dp')
+ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
+           'fedmia_ii')
+
+
+def _setting(wrapper: str, **kw) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.wrapper = wrapper
+  s.clipping_norm = 1.0
+  s.delta = 1e-5
+  if wrapper == 'local_dp':
+    s.sensitivity = 1.0
+    s.epsilon = 1.0
+  else:
+    s.noise_multiplier = 1.0
+    s.num_sampled_clients = 10
+  if wrapper.endswith('_adaptive'):  # Flower's defaults
+    s.clipping_norm = 0.1
+    s.target_clipped_quantile = 0.5
+    s.clip_norm_lr = 0.2
+    s.clipped_count_stddev = config_dict.placeholder(float)
+  s.update(kw)
+  return s
+
+
+def _dp_settings(smoke: bool) -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  # Flower's recommended noise ("1.0 or higher") with 10 sampled clients, and a weaker pick.
+  d.server_fixed_z1 = _setting('server_fixed', noise_multiplier=1.0)
+  if not smoke:
+    d.server_fixed_z0_5 = _setting('server_fixed', noise_multiplier=0.5)
+  d.client_fixed_z1 = _setting('client_fixed', noise_multiplier=1.0)
+  # LocalDpMod with its sensitivity tied to the clipping norm (what its noise must hide).
+  d.local_dp_eps1 = _setting('local_dp', epsilon=1.0)
+  if not smoke:
+    d.local_dp_eps4 = _setting('local_dp', epsilon=4.0)
+    d.local_dp_eps10 = _setting('local_dp', epsilon=10.0)
+  # The issue's misconfiguration: noise calibrated to sensitivity 1e-4, updates clipped to 1.
+  d.local_dp_misconfigured = _setting('local_dp', sensitivity=1e-4, epsilon=10.0)
+  if not smoke:
+    # Flower's defaults (initial clip 0.1, quantile 0.5, lr 0.2, count std n / 20 = 0.5), with
+    # z = 0.5: Flower refuses z >= 2 x 0.5 = 1 at n = 10.
+    d.server_adaptive_z0_5 = _setting('server_adaptive', noise_multiplier=0.5)
+    d.client_adaptive_z0_5 = _setting('client_adaptive', noise_multiplier=0.5)
+  return d
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `flower_audit` section (digits: the embedded offline data).
+
+  Fields:
+    parts: subset of ('fedmia', 'dishonest', 'dp').
+    num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 (FedMIA needs two
+      non-target clients): 10.
+    per_client: training examples per node (IID shards of the train split): 128 (a multiple
+      of batch_size, so one local epoch visits every example: the dishonest detector's
+      assumption).
+    model: 'flower_cnn' (Flower's tutorial CNN, 'SAME' convolutions so that 8x8 digits fit:
+      64 trunk features, dense layers fc1 120, fc2 84, fc3) or 'mlp'. The dishonest detector
+      sits on the trunk's features: on the MLP those are raw pixels, whose 17 grey levels
+      collide on M = 4 of them (false positives), on the CNN continuous features.
+    hidden: the MLP's two hidden widths ((64, 32); read with model 'mlp').
+    num_rounds, record_every: FedAvg rounds (20) and rounds between recordings (5, must
+      divide num_rounds): the server keeps rounds 5, 10, 15, 20.
+    local_epochs, batch_size: E (1) and B (32) of the clients' local SGD.
+    learning_rate, momentum: the clients' SGD (0.1, 0.9; fresh optimizer state each round).
+    attacks: FedMIA and baseline attacks (`fl_privacy.attacks.passive`), aligned scoring.
+    outlier_filter: FedMIA's filter ('leave_one_out', 'paper', 'none').
+    chunk_size: queries per measurement chunk.
+    dishonest.num_components: M of the 2M+1 detector (4).
+    dishonest.targets_in: targets drawn from the nodes' shards (each gives one member
+      decision at its node and num_clients - 1 non-member decisions): 20.
+    dishonest.targets_out: targets drawn from the test split (num_clients non-member
+      decisions each): 10.
+    dishonest.epsilon, dishonest.threshold: the detector's bias and decision threshold xi.
+    dp.settings: name -> one Flower DP deployment: `wrapper` (one of 'server_fixed',
+      'client_fixed', 'local_dp'), `clipping_norm` C > 0, `delta` in (0, 1); central
+      wrappers: `noise_multiplier` z > 0, `num_sampled_clients` n >= 1; local_dp:
+      `sensitivity` > 0, `epsilon` > 0 (LocalDpMod's arguments); adaptive wrappers
+      ('server_adaptive', 'client_adaptive'; `clipping_norm` is their initial clip):
+      `target_clipped_quantile` in [0, 1], `clip_norm_lr` > 0, `clipped_count_stddev` > 0 or
+      None (Flower's default n / 20; Flower requires z < 2 x it). The adaptive games audit
+      the first round's aggregate only (not the clip-norm release).
+    dp.num_trials: canary games per setting (fair coin per game): 4000.
+    dp.dimension: length of the released vector (>= 2): 8.
+    dp.canary_norm: the canary update's norm in units of C (>= 1): 2.
+    dp.confidence: of every lower bound and interval, in (0.5, 1): 0.95.
+  """
+  del dataset
+  s = ml_collections.ConfigDict()
+  s.parts = PARTS
+  s.num_clients = 10
+  s.per_client = 128
+  s.model = 'flower_cnn'
+  s.hidden = (64, 32)
+  s.num_rounds = 20
+  s.record_every = 5
+  s.local_epochs = 1
+  s.batch_size = 32
+  s.learning_rate = 0.1
+  s.momentum = 0.9
+  s.attacks = ATTACKS
+  s.outlier_filter = 'leave_one_out'
+  s.chunk_size = 512
+  s.dishonest = ml_collections.ConfigDict()
+  s.dishonest.num_components = 4
+  s.dishonest.targets_in = 20
+  s.dishonest.targets_out = 10
+  s.dishonest.epsilon = 1e-3
+  s.dishonest.threshold = 0.1
+  s.dp = ml_collections.ConfigDict()
+  s.dp.settings = _dp_settings(smoke)
+  s.dp.num_trials = 4000
+  s.dp.dimension = 8
+  s.dp.canary_norm = 2.0
+  s.dp.confidence = 0.95
+  if smoke:
+    s.num_clients = 4
+    s.per_client = 32
+    s.num_rounds = 2
+    s.record_every = 1
+    s.attacks = ('blackbox_loss', 'fedmia_i')
+    s.dishonest.targets_in = 2
+    s.dishonest.targets_out = 1
+    s.dp.num_trials = 600
+  return s

@@ -1,0 +1,135 @@
+"""Flower's own DP audited with canary games (`fl_privacy.flower.dp_audit`)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import jax
+import numpy as np
+import pytest
+
+from fl_privacy.flower import dp_audit
+
+KEY = jax.random.key(3)
+
+
+def _local(epsilon, clip=1.0, sensitivity=None, delta=1e-5):
+  return dp_audit.Setting(f'local_{epsilon}', 'local_dp', clipping_norm=clip,
+                          sensitivity=clip if sensitivity is None else sensitivity,
+                          epsilon=epsilon, delta=delta)
+
+
+def test_noise_std_is_what_flowers_objects_add():
+  """The out-world scores' spread is Flower's noise: LocalDpMod's classic-Gaussian std, and
+  the central wrappers' z C / n on the mean."""
+  for setting in (_local(2.0), dp_audit.Setting('srv', 'server_fixed', noise_multiplier=1.0,
+                                                num_sampled_clients=5, clipping_norm=2.0)):
+    out = dp_audit.play(dp_audit.make_game(setting), KEY, 600)
+    outs = out['score'][~out['present']]
+    std = dp_audit.noise_std(setting)
+    assert np.std(outs) == pytest.approx(std, rel=0.12)
+    assert abs(np.mean(outs)) < 4 * std / math.sqrt(len(outs))
+    ins = out['score'][out['present']]  # the canary, clipped to C, shifted by 1 (local) or 1/n
+    shift = setting.clipping_norm / (setting.num_sampled_clients if setting.central else 1)
+    assert np.mean(ins) == pytest.approx(shift, abs=4 * std / math.sqrt(len(ins)))
+  assert dp_audit.local_dp_std(1.0, 10.0, 1e-5) == pytest.approx(0.4845, abs=1e-4)
+  assert dp_audit.effective_noise_multiplier(_local(10.0, sensitivity=1e-4)) == pytest.approx(
+      4.845e-5, rel=1e-3)
+
+
+def test_central_claims_flower_and_our_accountant_agree_and_clipping_sides_agree():
+  server = dp_audit.Setting('s', 'server_fixed', noise_multiplier=1.0, num_sampled_clients=10)
+  client = dataclass_replace(server, wrapper='client_fixed')
+  m = dp_audit.claim_metrics(server)
+  assert m['stated_epsilon_source'] == 'flwr RdpAccountant'
+  assert m['stated_epsilon'] == pytest.approx(m['dp_epsilon'], rel=1e-9)
+  assert m['dp_epsilon_exact'] < m['dp_epsilon'] and m['accountant_violation'] == 0
+  assert (m['dp_unit'], m['dp_relation'], m['dp_adversary'], m['dp_sampling']) == (
+      'client', 'add_remove', 'aggregate', 'none')
+  # Clipping at the server (the wrapper) and at the client (fixedclipping_mod) release the
+  # same aggregate under the same seeds.
+  a = dp_audit.play(dp_audit.make_game(server), KEY, 60)
+  b = dp_audit.play(dp_audit.make_game(client), KEY, 60)
+  np.testing.assert_array_equal(a['present'], b['present'])
+  np.testing.assert_allclose(a['score'], b['score'], rtol=0, atol=1e-6)
+
+
+def dataclass_replace(setting, **kw):
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  return dataclasses.replace(setting, **kw)
+
+
+def test_trials_depend_on_key_and_index_only_and_global_generators_are_restored():
+  setting = _local(1.0)
+  game = dp_audit.make_game(setting)
+  np.random.seed(11)
+  random.seed(11)
+  np_before, py_before = np.random.get_state()[1].copy(), random.getstate()
+  full = dp_audit.play(game, KEY, 40)
+  np.testing.assert_array_equal(np.random.get_state()[1], np_before)
+  assert random.getstate() == py_before
+  tail = dp_audit.play(game, KEY, 40, start=25)
+  np.testing.assert_array_equal(tail['score'], full['score'][25:])
+  np.testing.assert_array_equal(tail['present'], full['present'][25:])
+  other = dp_audit.play(game, jax.random.key(4), 40)
+  assert not np.array_equal(other['score'], full['score'])
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_correct_local_dp_is_never_above_its_claim_and_tight_ish(seed):
+  for epsilon, clip in ((1.0, 1.0), (4.0, 0.5), (8.0, 1.0)):
+    setting = _local(epsilon, clip)
+    m = dp_audit.audit(setting, jax.random.fold_in(KEY, seed), 1500)
+    assert m['privacy_violation'] == 0, (epsilon, clip, m['best_bound'])
+    assert m['best_bound'] <= m['stated_epsilon']
+    assert m['dp_epsilon_exact'] <= epsilon  # the classic formula holds for these claims
+    if epsilon >= 4:
+      assert m['best_bound'] >= 0.35 * epsilon, m['best_bound']  # tight-ish
+
+
+def test_local_dp_at_epsilon_10_breaks_its_claim_analytically_not_detectably():
+  """sqrt(2 ln(1.25 / delta)) / eps is an (eps, delta) calibration for eps < 1 only: at eps 10
+  the noise Flower adds is worth eps 10.39 at delta 1e-5, beyond what 1500 games certify."""
+  m = dp_audit.audit(_local(10.0), KEY, 1500)
+  assert m['dp_epsilon_exact'] == pytest.approx(10.39, abs=0.01)
+  assert m['accountant_violation'] == 1
+  assert m['privacy_violation'] == 0
+
+
+def test_misconfigured_local_dp_is_flagged():
+  """The issue's LocalDpMod(clipping_norm=1, sensitivity=1e-4, epsilon=10, delta=1e-5): noise
+  for sensitivity 1e-4, updates of norm 1."""
+  setting = _local(10.0, clip=1.0, sensitivity=1e-4)
+  m = dp_audit.audit(setting, KEY, 800)
+  assert m['privacy_violation'] == 1
+  assert m['best_bound'] > 10.0
+  assert m['accountant_violation'] == 1 and m['dp_epsilon'] > 1e6
+  assert m['stated_epsilon'] == 10.0
+  assert m['stated_epsilon_source'] == 'LocalDpMod epsilon argument'
+  decl = dp_audit.declaration(setting)
+  assert (decl.unit, decl.relation, decl.adversary) == ('client', 'add_remove', 'server')
+
+
+def test_setting_refuses_an_unknown_wrapper():
+  with pytest.raises(ValueError, match="wrapper must be one of"):
+    dp_audit.Setting('x', 'adaptive')
+
+
+def test_adaptive_wrappers_at_flowers_defaults_keep_the_claim_on_the_aggregate():
+  """First round's aggregate of the adaptive wrappers (initial clip 0.1, quantile 0.5, lr 0.2,
+  count std n / 20): server- and client-side clipping release the same aggregate, below the
+  claim (the clip-norm release is not scored)."""
+  server = dp_audit.Setting('a', 'server_adaptive', noise_multiplier=0.5,
+                            num_sampled_clients=10, clipping_norm=0.1)
+  client = dataclass_replace(server, wrapper='client_adaptive')
+  assert dp_audit.adaptive_noise(server) == pytest.approx((0.5, 3 ** -0.5))
+  m = dp_audit.audit(server, KEY, 1000)
+  assert m['privacy_violation'] == 0 and m['best_bound'] <= m['stated_epsilon']
+  assert m['stated_epsilon'] == pytest.approx(dp_audit.flower_rdp_epsilon(0.5, 10, 1e-5))
+  assert m['score_in_mean'] == pytest.approx(0.1 / 10, abs=0.002)  # the canary clipped to C_0
+  a = dp_audit.play(dp_audit.make_game(server), KEY, 40)
+  b = dp_audit.play(dp_audit.make_game(client), KEY, 40)
+  np.testing.assert_allclose(a['score'], b['score'], rtol=0, atol=1e-7)
+  with pytest.raises(ValueError, match='clipped_count_stddev'):
+    dp_audit.adaptive_noise(dataclass_replace(server, noise_multiplier=1.0))

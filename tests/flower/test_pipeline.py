@@ -1,0 +1,159 @@
+"""`python -m experiments.flower_audit` end to end (smoke) and its bad inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from configs import digits
+from fl_privacy import validate
+from fl_privacy.flower import dp_audit
+from fl_privacy.flower import pipeline
+from fl_privacy.pipelines import base
+from tests import figure_checks
+from tests.experiments import cli
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('flower_audit') / 'run'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.flower_audit', f'--config={cli.SMOKE}',
+       f'--workdir={workdir}', '--quiet'],
+      cwd=cli.REPO, env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(workdir / 'results.json', encoding='utf-8') as f:
+    return workdir, json.load(f)
+
+
+def _points(results, part):
+  return [p for p in results['points'] if p['params']['part'] == part]
+
+
+def test_smoke_run_writes_the_three_parts_the_tables_and_the_figure(smoke):
+  workdir, results = smoke
+  assert results['experiment'] == 'flower_audit'
+  assert {p['params']['part'] for p in results['points']} == {'fedmia', 'dishonest', 'dp'}
+  assert (workdir / 'flower_dp_audit.png').is_file()
+  tables = (workdir / 'flower_audit.md').read_text()
+  assert 'Flower deployment vs native simulation' in tables and 'Not audited' in tables
+
+
+def test_flower_and_native_fedmia_tables_agree_within_their_intervals(smoke):
+  _, results = smoke
+  fed = _points(results, 'fedmia')
+  by = {(p['params']['attack'], p['params']['deployment']): p['metrics'] for p in fed}
+  attacks = {a for a, _ in by}
+  assert attacks and all((a, d) in by for a in attacks for d in ('flower', 'native'))
+  for a in attacks:
+    f, n = by[(a, 'flower')], by[(a, 'native')]
+    assert n['auc_ci_low'] <= f['auc'] <= n['auc_ci_high'], a
+    assert abs(f['auc'] - n['auc']) < 0.01, a  # the same training, up to float rounding
+
+
+def test_dishonest_rates_have_counts_and_intervals(smoke):
+  _, results = smoke
+  (p,) = _points(results, 'dishonest')
+  m = p['metrics']
+  assert p['params']['num_components'] == 4
+  assert m['n_pos'] == 2 and m['n_neg'] == 2 * 3 + 1 * 4  # 4 nodes, 2 + 1 targets
+  for rate in ('tpr', 'fpr'):
+    assert m[f'{rate}_ci_low'] <= m[rate] <= m[f'{rate}_ci_high']
+
+
+def test_misconfigured_local_dp_is_flagged_and_the_others_are_not(smoke):
+  _, results = smoke
+  dp = {p['params']['setting']: p['metrics'] for p in _points(results, 'dp')}
+  assert set(dp) == {'server_fixed_z1', 'client_fixed_z1', 'local_dp_eps1',
+                     'local_dp_misconfigured'}
+  for name, m in dp.items():
+    assert m['privacy_violation'] == (1.0 if name == 'local_dp_misconfigured' else 0.0), name
+    assert m['dp_unit'] == 'client' and m['dp_relation'] == 'add_remove'
+    assert m['n_in'] + m['n_out'] == 600
+  assert dp['server_fixed_z1']['dp_adversary'] == 'aggregate'
+  assert dp['local_dp_eps1']['dp_adversary'] == 'server'
+  assert math.isclose(dp['server_fixed_z1']['stated_epsilon'],
+                      dp['server_fixed_z1']['dp_epsilon'], rel_tol=1e-9)
+
+
+def test_dp_figure_is_readable(smoke, monkeypatch, tmp_path):
+  _, results = smoke
+  with figure_checks.capture(monkeypatch) as found:
+    pipeline.dp_figure(results['points'], str(tmp_path))
+  assert found == {pipeline.FIGURE: []}
+
+
+def test_pipeline_interface_and_wrapper_names_agree():
+  from configs import _flower_audit  # pylint: disable=import-outside-toplevel
+  assert isinstance(base.load('flower_audit'), base.Pipeline)
+  assert _flower_audit.WRAPPERS == dp_audit.WRAPPERS == pipeline.WRAPPERS
+  assert _flower_audit.PARTS == pipeline.PARTS
+
+
+def _config(**overrides):
+  config = digits.get_config('smoke')
+  for dotted, value in overrides.items():
+    section = config.flower_audit
+    *path, field = dotted.split('.')
+    for name in path:
+      section = section[name]
+    section[field] = value
+  return config
+
+
+@pytest.mark.parametrize('overrides, field', [
+    ({'num_clients': 2}, 'flower_audit.num_clients'),
+    ({'dp.settings.local_dp_eps1.wrapper': 'adaptive'},
+     'flower_audit.dp.settings.local_dp_eps1.wrapper'),
+    ({'dp.settings.server_fixed_z1.noise_multiplier': 0.0},
+     'flower_audit.dp.settings.server_fixed_z1.noise_multiplier'),
+    ({'record_every': 3, 'num_rounds': 4}, 'flower_audit.record_every'),
+    ({'dp.settings.server_fixed_z1.wrapper': 'server_adaptive'},
+     'flower_audit.dp.settings.server_fixed_z1.target_clipped_quantile'),
+    ({'parts': ('fedmia', 'nope')}, 'flower_audit.parts'),
+])
+def test_validate_config_names_the_field(overrides, field):
+  with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
+    pipeline.validate_config(_config(**overrides))
+
+
+@pytest.mark.parametrize('override, field', [
+    ('--config.flower_audit.num_clients=2', 'flower_audit.num_clients'),
+    ('--config.flower_audit.dp.settings.local_dp_eps1.wrapper=adaptive',
+     'flower_audit.dp.settings.local_dp_eps1.wrapper'),
+])
+def test_bad_input_exits_2_writing_nothing(tmp_path, override, field):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'experiments.flower_audit', f'--config={cli.SMOKE}',
+       f'--workdir={workdir}', override],
+      cwd=cli.REPO, env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert field in proc.stderr
+  assert not workdir.exists()
+
+
+_WITHOUT_FLWR = """
+import runpy, sys
+sys.modules['flwr'] = None  # what an uninstalled package looks like to `import flwr`
+sys.argv = ['flower_audit', '--config=configs/digits.py:smoke', '--workdir=' + sys.argv[1]]
+runpy.run_module('experiments.flower_audit', run_name='__main__')
+"""
+
+
+def test_without_flower_the_experiment_exits_2_naming_the_extra(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run([sys.executable, '-c', _WITHOUT_FLWR, str(workdir)], cwd=cli.REPO,
+                        env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert "pip install -e '.[flower]'" in lines[0]
+  assert not workdir.exists()
