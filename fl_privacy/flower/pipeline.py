@@ -148,7 +148,7 @@ def validate_config(config) -> dict[str, Any]:
   s = config.flower_audit
   parts = validate.subset_of(config, 'flower_audit.parts', PARTS)
   validate.checked(config, 'flower_audit.num_clients', validate.number(
-      3, integer=True, words='an integer >= 3 (FedMIA needs two non-target clients)'))
+      3, integer=True, words='FedMIA needs two non-target clients'))
   for field in ('per_client', 'num_rounds', 'record_every', 'local_epochs', 'batch_size',
                 'chunk_size', 'dishonest.num_components', 'dishonest.targets_in',
                 'dp.num_trials', 'dp.dimension'):

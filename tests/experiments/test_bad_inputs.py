@@ -207,6 +207,7 @@ _BAD_FIELD = {
     'ldp_audit': ('--config.ldp_audit.clip_norm=-1.0', 'config.ldp_audit.clip_norm'),
     'pastel': ('--config.pastel.pastel_weights=(1e999,)', 'config.pastel.pastel_weights'),
     'toy_game': ('--config.toy.p=(1.5,)', 'config.toy.p'),
+    'flower_audit': ('--config.flower_audit.num_clients=2', 'config.flower_audit.num_clients'),
 }
 
 
