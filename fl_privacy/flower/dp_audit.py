@@ -408,6 +408,9 @@ def play(game: Game, key: jax.Array, num_trials: int, *, start: int = 0,
   with _saved_global_generators(), quiet_flower(), runner.task_identity(
       runner.DEFAULT_RUN_ID, SUPERLINK_NODE_ID):
     for i, (p, seed) in enumerate(zip(present, seeds)):
+      # Flower's wrappers and mods draw their noise from numpy's (and Python's) global
+      # generators and take no Generator: each trial seeds them from its own fold_in key, and
+      # `_saved_global_generators` gives the caller's states back afterwards.
       np.random.seed(int(seed))
       random.seed(int(seed))
       scores[i] = game.score(game.release(bool(p)))
