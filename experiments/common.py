@@ -543,14 +543,15 @@ def main(name: str, prepare: Callable[[Any], Any],
 
 def run(name: str) -> None:
   """`main` for experiment `name` of `fl_privacy.catalog`: its pipeline (`pipelines.base`),
-  headline columns and default config. A pipeline that cannot be imported (an optional extra
-  such as Flower missing) exits with status 2 and its ImportError's first line."""
+  headline columns and default config. A pipeline whose optional extra is missing
+  (`validate.MissingExtraError`, e.g. Flower) exits with status 2 and the error's first line."""
   from fl_privacy.pipelines import base  # pylint: disable=g-import-not-at-top
   try:
     pipeline = base.load(name)
-  except ImportError as e:
-    # An optional extra the pipeline needs is missing (fl_privacy.flower: Flower); its
-    # ImportError names the install command. One line, exit status 2, as a config error.
+  except validate.MissingExtraError as e:
+    # An optional extra the pipeline needs is missing (fl_privacy.flower: Flower); the error
+    # names the install command. One line, exit status 2, as a config error. Any other
+    # ImportError is a bug and keeps its traceback.
     sys.exit(_error(f'experiments.{name}: {str(e).splitlines()[0]}'))
   main(name, pipeline.prepare,
        lambda config, state, store, key: base.sweep(pipeline, config, state, store, key),

@@ -11,6 +11,14 @@ import math
 from typing import Any, Iterable
 
 
+class MissingExtraError(ImportError):
+  """An optional extra a module needs is not installed; the message names the install command.
+
+  `experiments.common.run` turns it into one line and exit status 2; any other ImportError
+  (a real bug) keeps its traceback.
+  """
+
+
 class ConfigError(ValueError):
   """A config field holds a value outside what the code accepts."""
 

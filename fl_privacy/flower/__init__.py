@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+from fl_privacy.validate import MissingExtraError
+
 INSTALL_HINT = "pip install -e '.[flower]'"
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
@@ -29,7 +31,7 @@ try:
   from flwr import app as _flwr_app  # pylint: disable=unused-import
   from flwr import serverapp as _flwr_serverapp  # pylint: disable=unused-import
 except ImportError as e:  # flwr missing (or sys.modules['flwr'] = None)
-  raise ImportError(
+  raise MissingExtraError(
       'fl_privacy.flower needs Flower (flwr>=1.42,<2), which is not installed; install the '
       f'optional extra with `{INSTALL_HINT}` (or `pip install "flwr>=1.42,<2"`).') from e
 
@@ -40,7 +42,7 @@ def _version(text: str) -> tuple[int, int]:
 
 
 if not (1, 42) <= _version(getattr(flwr, '__version__', '0.0')) < (2, 0):
-  raise ImportError(
+  raise MissingExtraError(
       f'fl_privacy.flower needs Flower >=1.42,<2 (the Message API it is written against); '
       f'found flwr {getattr(flwr, "__version__", "?")}. Install the extra with `{INSTALL_HINT}`.')
 
