@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy import special
+from scipy.stats import norm as stats_norm
 
 from fl_privacy.attacks.passive import evaluate
 from fl_privacy.attacks.passive import lira
@@ -298,3 +299,65 @@ def test_rmia_separates_members_on_a_recording():
   m = evaluate.score_metrics(rmia.combine_rounds(pooled['scores']), pooled['labels'],
                              pooled['target'])
   assert m['auc_ci_low'] > 0.6
+
+
+# ----------------------------------------------------------------------------------------------
+# Hand cases from a mutation run of lira.py (boundaries and the online pooled variance).
+
+
+def test_online_fixed_variance_by_hand_with_one_degree_of_freedom():
+  # One query, one IN and two OUT measurements: dof = (1 - 1) + (2 - 1) = 1 is enough.
+  phi_in, phi_out, x = np.array([[2.0]]), np.array([[0.0], [1.0]]), np.array([1.5])
+  var = ((0.0 - 0.5) ** 2 + (1.0 - 0.5) ** 2) / 1 + lira.VARIANCE_FLOOR
+  want = (-(1.5 - 2.0) ** 2 + (1.5 - 0.5) ** 2) / (2 * var)
+  got = lira.online_scores(x, phi_in, phi_out, fixed_variance=True)
+  np.testing.assert_allclose(got, [want], rtol=1e-12)
+  with pytest.raises(ValueError, match='fixed variance'):
+    lira.online_scores(x, phi_in, phi_out[:1], fixed_variance=True)
+  # Three IN values with deviations -3, -1, +4 (their squares, not their sum or cubes).
+  phi_in = np.array([[2.0], [4.0], [9.0]])
+  var = (9.0 + 1.0 + 16.0 + 0.25 + 0.25) / 3 + lira.VARIANCE_FLOOR
+  want = (-(1.5 - 5.0) ** 2 + (1.5 - 0.5) ** 2) / (2 * var)
+  got = lira.online_scores(x, phi_in, phi_out, fixed_variance=True)
+  np.testing.assert_allclose(got, [want], rtol=1e-12)
+
+
+def test_online_scores_refuse_wrong_shapes():
+  good = np.zeros((2, 3))
+  for x, pin, pout in ((np.zeros((1, 3)), good, good), (np.zeros(3), np.zeros(3), good),
+                       (np.zeros(3), good, np.zeros(3))):
+    with pytest.raises(ValueError, match='online_scores takes'):
+      lira.online_scores(x, pin, pout)
+
+
+def test_offline_fixed_variance_needs_just_one_query_with_two_shadows():
+  # Rows 1-2 shadow query 0; only row 1 shadows query 1 (mask): pooled dof = 1 + 0 = 1.
+  values = np.array([[5.0, 5.0], [1.0, 2.0], [3.0, 9.0]])
+  mask = np.array([[False, False], [True, True], [True, False]])
+  var = ((1.0 - 2.0) ** 2 + (3.0 - 2.0) ** 2) / 1 + lira.VARIANCE_FLOOR
+  want = stats_norm.cdf([(5.0 - 2.0) / np.sqrt(var), (5.0 - 2.0) / np.sqrt(var)])
+  got = lira.offline_scores(values, 0, mask, fixed_variance=True)
+  np.testing.assert_allclose(got, want, rtol=1e-12)
+  with pytest.raises(ValueError, match='is not a row of 3 clients'):
+    lira.offline_scores(values, 3)
+
+
+def test_combine_rounds_averages_the_first_rounds_whatever_the_shape():
+  r = np.arange(12.0).reshape(4, 3)  # more rounds than columns
+  np.testing.assert_allclose(lira.combine_rounds(r), r.mean(axis=0))
+  np.testing.assert_allclose(lira.combine_rounds(r, upto=2), r[:2].mean(axis=0))
+
+
+def test_pooled_defaults_and_exclude_owner_pass_through():
+  rng = np.random.default_rng(5)
+  rec = {'loss': rng.exponential(size=(2, 4, 12))}
+  owner = np.r_[np.repeat(np.arange(4), 2), -np.ones(4, int)]
+  default = lira.pooled_round_scores(rec, owner)
+  np.testing.assert_array_equal(
+      default['scores'], lira.pooled_round_scores(rec, owner, fixed_variance=False,
+                                                  exclude_owner=False)['scores'])
+  assert not np.allclose(default['scores'],
+                         lira.pooled_round_scores(rec, owner, fixed_variance=True)['scores'])
+  assert not np.allclose(default['scores'],
+                         lira.pooled_round_scores(rec, owner, exclude_owner=True)['scores'])
+  assert default['target'].dtype == np.int32 and default['labels'].dtype == np.int8
