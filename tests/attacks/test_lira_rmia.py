@@ -361,3 +361,44 @@ def test_pooled_defaults_and_exclude_owner_pass_through():
   assert not np.allclose(default['scores'],
                          lira.pooled_round_scores(rec, owner, exclude_owner=True)['scores'])
   assert default['target'].dtype == np.int32 and default['labels'].dtype == np.int8
+
+
+# Boundaries from a mutation run of rmia.py.
+
+
+def test_rmia_argument_boundaries():
+  with pytest.raises(ValueError, match='a must be in'):
+    rmia.log_marginal(np.zeros((2, 3)), a=1.5)
+  one_ref = np.array([[0.5, 1.0, 2.0]])  # a single reference model is enough
+  np.testing.assert_allclose(rmia.log_marginal(one_ref, a=1.0), -one_ref[0])
+  for bad in (np.zeros(3), np.zeros((0, 3))):  # not [m, n], or no reference model
+    with pytest.raises(ValueError, match=r'ref_loss must be \[m >= 1, n\]'):
+      rmia.log_marginal(bad)
+  r = np.arange(12.0).reshape(4, 3)  # more rounds than columns
+  np.testing.assert_allclose(rmia.combine_rounds(r), r.mean(axis=0))
+  np.testing.assert_allclose(rmia.combine_rounds(r, upto=3), r[:3].mean(axis=0))
+  with pytest.raises(ValueError, match='gamma must be positive'):
+    rmia.pairwise_scores(np.zeros(2), np.zeros(3), gamma=0.0)
+  # A candidate that is one of two population samples is compared with the other one only.
+  np.testing.assert_allclose(rmia.pairwise_scores([1.0, 0.0], [1.0, 0.0], 1.0, [0, 1]),
+                             [1.0, 0.0])
+  with pytest.raises(ValueError, match='at least one sample besides'):
+    rmia.pairwise_scores([1.0], [1.0], 1.0, [0])
+
+
+def test_rmia_two_clients_and_defaults_pass_through():
+  rng = np.random.default_rng(7)
+  loss = rng.exponential(size=(2, 2, 10))
+  owner = np.r_[np.zeros(3, int), np.ones(3, int), -np.ones(4, int)]
+  out = rmia.query_scores(loss, 0, np.flatnonzero(owner == -1))  # one reference client
+  assert out.shape == (2, 10) and np.all((out >= 0) & (out <= 1))
+  with pytest.raises(ValueError, match='at least one reference client'):
+    rmia.query_scores(loss[:, :1], 0, [6, 7])
+  rec = {'loss': rng.exponential(size=(2, 3, 10))}
+  owner3 = np.r_[np.zeros(2, int), np.ones(2, int), np.full(2, 2), -np.ones(4, int)]
+  np.testing.assert_array_equal(rmia.round_scores(rec, owner3, 0)['scores'],
+                                rmia.round_scores(rec, owner3, 0, a=1.0, gamma=1.0)['scores'])
+  default = rmia.pooled_round_scores(rec, owner3)
+  chosen = rmia.pooled_round_scores(rec, owner3, population=np.arange(4, 10))
+  assert not np.allclose(default['scores'], chosen['scores'])
+  assert default['target'].dtype == np.int32 and default['labels'].dtype == np.int8
