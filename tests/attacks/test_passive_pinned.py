@@ -302,3 +302,55 @@ def test_fedmia_filters_pinned(filt):
     # target's non-member queries, every time.
     assert m['filter_removed_fraction'] == (20 / 100 if filt == 'leave_one_out' else 0.0)
     assert m['filter_owner_removed_fraction'] == (1.0 if filt == 'leave_one_out' else 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The filter's counts over rounds and targets, two-client recordings, display names (from a
+# mutation run of scores.py).
+
+
+def _outlier_recording():
+  # K = 4, Q = 5 (one query per client, one test query), R = 2. Every cos is 0 except client 1
+  # on its own query and client 2 on the test query, 100 in both rounds: the leave-one-out
+  # filter removes exactly those shadows (the other two shadows are equal, so any value above
+  # them is out): client 1's for targets 0, 2, 3, client 2's for targets 0, 1, 3.
+  cos = np.zeros((2, 4, 5))
+  cos[:, 1, 1] = 100.0
+  cos[:, 2, 4] = 100.0
+  zeros = np.zeros_like(cos)
+  rec = dict(cos=cos, loss=zeros + 1.0, diff=zeros, grad_sq=np.zeros((2, 5)),
+             rounds=np.arange(2))
+  return rec, np.array([0, 1, 2, 3, -1])
+
+
+def test_filter_counts_add_up_over_rounds_and_targets():
+  rec, owner = _outlier_recording()
+  m = evaluate.evaluate(rec, owner, 'fedmia_ii', scoring='aligned')
+  # removed: 2 x 3 targets x 2 rounds; examined: 4 targets x 2 rounds x 3 shadows x 5 queries.
+  assert m['filter_removed_fraction'] == pytest.approx(12 / 120)
+  # owner removed: client 1's 6 only (the test query has no owner); owner examined: 4 targets
+  # x 2 rounds x 3 owned non-members (client 0's query counts: it is owned too).
+  assert m['filter_owner_removed_fraction'] == pytest.approx(6 / 24)
+  public = evaluate.evaluate(rec, owner, 'fedmia_ii', scoring='public_code',
+                             rng=np.random.default_rng(0))
+  assert math.isnan(public['filter_owner_removed_fraction'])  # positions are not queries there
+  assert 0 < public['filter_removed_fraction'] <= 2 * 12 / 120
+
+
+def test_two_clients_score_each_target_from_its_own_row():
+  loss = np.array([[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]])  # R = 1, K = 2, Q = 3
+  rec = dict(loss=loss, cos=np.zeros_like(loss), diff=np.zeros_like(loss),
+             grad_sq=np.zeros((1, 3)), rounds=np.arange(1))
+  owner = np.array([0, 1, -1])
+  out = scores.pooled_round_scores(rec, owner, 'blackbox_loss')
+  # target 0: member q0, non-members q1, q2 from row 0; target 1: member q1, then q0, q2, row 1.
+  np.testing.assert_array_equal(out['scores'][0], [-1.0, -2.0, -3.0, -5.0, -4.0, -6.0])
+
+
+def test_display_names():
+  assert scores.label('blackbox_loss') == 'Blackbox-Loss'
+  assert scores.label('fedmia_ii') == 'FedMIA-II (leave-one-out filter)'
+  assert scores.label('fedmia_i@paper') == 'FedMIA-I (paper filter)'
+  assert scores.label('fedmia_i', 'none') == 'FedMIA-I (none filter)'
+  assert scores.label('grad_norm_best_round') == 'Grad-Norm (best round, optimistic)'
+  assert scores.label('lira_offline') == 'LiRA (offline)'
