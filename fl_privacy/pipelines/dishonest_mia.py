@@ -71,7 +71,7 @@ EVEN = validate.Rule('an even number (half inside)', lambda v: v % 2 == 0)
 def validate_config(config) -> None:
   """Checks every field that does not need the data (before anything is loaded)."""
   data_lib.validate_data_config(config.data)
-  runs = validate.positive(config, 'dishonest.runs', integer=True)
+  validate.positive(config, 'dishonest.runs', integer=True)
   validate.checked(config, 'dishonest.runs', EVEN)
   validate.positive(config, 'dishonest.M', integer=True)
   validate.subset_of(config, 'dishonest.optimizers', optimizers_lib.OPTIMIZERS)
