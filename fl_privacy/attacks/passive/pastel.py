@@ -287,12 +287,15 @@ def attack_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray], attac
 
 def attack_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
   """`evaluate.score_metrics` under PASTEL's names: `attack_auc` (+ DeLong interval),
-  `log_auc`, `tpr_at_fpr_1e-2` / `1e-3` (+ Clopper-Pearson), `n_pos`, `n_neg`."""
-  base = evaluate_lib.score_metrics(scores, labels)
+  `log_auc`, `tpr_at_fpr_1e-2` / `1e-3` (+ Clopper-Pearson) with the distinct negatives behind
+  each threshold (`_distinct_negatives`; every scored row is its own example), `n_pos`,
+  `n_neg`."""
+  labels = np.asarray(labels)
+  base = evaluate_lib.score_metrics(scores, labels, groups=np.arange(labels.size))
   m = {'attack_auc': base['auc'], 'attack_auc_ci_low': base['auc_ci_low'],
        'attack_auc_ci_high': base['auc_ci_high'], 'log_auc': base['log_auc']}
   for name in ('tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
-    for suffix in ('', '_ci_low', '_ci_high'):
+    for suffix in ('', '_ci_low', '_ci_high', '_distinct_negatives'):
       m[name + suffix] = base[name + suffix]
   m['n_pos'], m['n_neg'] = base['n_pos'], base['n_neg']
   return m
