@@ -142,7 +142,7 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     final = per_round[index]
     extra['round'] = int(rounds[index]) + 1
   else:
-    final = per_round.mean(axis=0)
+    final = scores_lib.combine_rounds(per_round, attack)
     extra['round'] = int(rounds[-1]) + 1
   m = score_metrics(final, labels, target, groups, boot_rng, num_resamples)
   m.update(extra)

@@ -74,6 +74,17 @@ def outlier_mask(shadows: np.ndarray, method: str) -> np.ndarray:
   return out
 
 
+def mean_over_rounds(round_scores: np.ndarray, upto: int | None = None) -> np.ndarray:
+  """Final scores: the mean of the per-round scores [R, N] over rounds 0 .. upto - 1.
+
+  Eq. (12) of the FedMIA paper (Zhu et al., CVPR 2025) averages its per-round scores this way;
+  the series attacks, LiRA and RMIA combine their rounds the same way here.
+  """
+  round_scores = np.asarray(round_scores, np.float64)
+  upto = round_scores.shape[0] if upto is None else upto
+  return round_scores[:upto].mean(axis=0)
+
+
 def round_scores(values: np.ndarray, target: int, method: str) -> tuple[np.ndarray, np.ndarray]:
   """One round of FedMIA for every column: Phi((M_target - mu_t) / sigma_t).
 

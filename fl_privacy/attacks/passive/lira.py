@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from fl_privacy.attacks.passive import fedmia
+
 
 # float32's smallest normal number: recorded losses come from float32 models, whose
 # cross-entropy rounds to 0 below about this.
@@ -171,14 +173,8 @@ def _log_normal(x, mu, var):
   return -0.5 * (np.log(2 * np.pi * var) + (x - mu) ** 2 / var)
 
 
-def combine_rounds(round_scores: np.ndarray, upto: int | None = None) -> np.ndarray:
-  """Final scores: the mean of the per-round scores [R, N] over rounds 0 .. upto - 1.
-
-  As FedMIA's Eq. (12) (Zhu et al., CVPR 2025) averages its per-round scores.
-  """
-  round_scores = np.asarray(round_scores, np.float64)
-  upto = round_scores.shape[0] if upto is None else upto
-  return round_scores[:upto].mean(axis=0)
+# Rounds combine as FedMIA's Eq. (12): one definition for every multi-round attack.
+combine_rounds = fedmia.mean_over_rounds
 
 
 def round_scores(recording: dict[str, np.ndarray], owner, target: int, *,

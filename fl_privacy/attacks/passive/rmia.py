@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from fl_privacy.attacks.passive import fedmia
+
 
 
 def log_marginal(ref_loss, a: float = 1.0) -> np.ndarray:
@@ -98,14 +100,8 @@ def pairwise_scores(log_ratio_x, log_ratio_z, gamma: float = 1.0,
   return count / size
 
 
-def combine_rounds(round_scores: np.ndarray, upto: int | None = None) -> np.ndarray:
-  """Final scores: the mean of the per-round scores [R, N] over rounds 0 .. upto - 1.
-
-  As FedMIA's Eq. (12) (Zhu et al., CVPR 2025) averages its per-round scores.
-  """
-  round_scores = np.asarray(round_scores, np.float64)
-  upto = round_scores.shape[0] if upto is None else upto
-  return round_scores[:upto].mean(axis=0)
+# Rounds combine as FedMIA's Eq. (12): one definition for every multi-round attack.
+combine_rounds = fedmia.mean_over_rounds
 
 
 def query_scores(loss, target: int, population, *, gamma: float = 1.0,

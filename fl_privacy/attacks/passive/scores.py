@@ -275,8 +275,7 @@ def combine_rounds(round_scores_: np.ndarray, attack: str, *, upto: int | None =
   """
   base, _ = parse(attack)
   if base in MULTI_ROUND:
-    upto = round_scores_.shape[0] if upto is None else upto
-    return round_scores_[:upto].mean(axis=0)
+    return fedmia.mean_over_rounds(round_scores_, upto)
   if single_index is None:
     raise ValueError(f'{attack} needs single_index')
   return round_scores_[single_index]
