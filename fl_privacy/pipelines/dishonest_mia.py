@@ -286,14 +286,6 @@ def point_metrics(out: dict[str, np.ndarray]) -> dict[str, float]:
   return m
 
 
-def _load_json(path: str, default):
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return default
-
-
 def point(config, state, store, key, p: dict, decisions: dict, deltas: dict) -> base.Point:
   """Grid point `p`; computing it also records its false decisions and Deltas."""
   def compute():
@@ -330,17 +322,17 @@ def point(config, state, store, key, p: dict, decisions: dict, deltas: dict) -> 
 
 def plan(config, state, store, key) -> list[base.Point]:
   """Every grid point; each computed one adds its false decisions and Deltas to the files."""
-  decisions = _load_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
-  deltas = _load_json(os.path.join(store.workdir, 'deltas.json'), {})
+  decisions = atomic.read_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
+  deltas = atomic.read_json(os.path.join(store.workdir, 'deltas.json'), {})
   return [point(config, state, store, key, p, decisions, deltas) for p in state['points']]
 
 
 def figures(config, state, store, key) -> None:
   """table2.md and delta.png (when any point was computed with its Deltas)."""
   del state, key
-  decisions = _load_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
+  decisions = atomic.read_json(os.path.join(store.workdir, FALSE_DECISIONS), {})
   atomic.atomic_write_text(os.path.join(store.workdir, TABLE),
                            dishonest_mia_tables.table_markdown(config, store.points, decisions))
-  deltas = _load_json(os.path.join(store.workdir, 'deltas.json'), {})
+  deltas = atomic.read_json(os.path.join(store.workdir, 'deltas.json'), {})
   if deltas:
     dishonest_mia_figures.save_delta_figure(config, deltas, store.workdir)

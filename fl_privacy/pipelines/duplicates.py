@@ -108,19 +108,11 @@ def text_listing(config, listing: dict) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def _listing(workdir: str) -> dict:
-  try:
-    with open(os.path.join(workdir, LISTING), encoding='utf-8') as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return {}
-
-
 def plan(config, state, store, key) -> list[base.Point]:
   """Every (scope, kind); computing one adds its groups to duplicates.json, and a point that
   is stored but whose listing was lost gets its listing rebuilt (its `after`)."""
   del key  # deterministic
-  listing = _listing(store.workdir)
+  listing = atomic.read_json(os.path.join(store.workdir, LISTING), {})
   threshold = float(config.dishonest.near_threshold)
   kinds = ('exact', 'near') if threshold > 0 else ('exact',)
   points = []
@@ -145,5 +137,5 @@ def plan(config, state, store, key) -> list[base.Point]:
 def figures(config, state, store, key) -> None:
   """duplicates.txt, from duplicates.json."""
   del state, key
-  atomic.atomic_write_text(os.path.join(store.workdir, TEXT),
-                           text_listing(config, _listing(store.workdir)))
+  listing = atomic.read_json(os.path.join(store.workdir, LISTING), {})
+  atomic.atomic_write_text(os.path.join(store.workdir, TEXT), text_listing(config, listing))

@@ -8,6 +8,7 @@ racing on the same file.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -48,3 +49,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   """Writes `text` (UTF-8) to `path` atomically; see `atomic_write_bytes`."""
   atomic_write_bytes(path, text.encode('utf-8'))
+
+
+def read_json(path: str | os.PathLike, default):
+  """The JSON object at `path` (as an atomic write left it), or `default` when there is none:
+  a resumed run's side files (listings, false decisions) start from what was saved."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return default
