@@ -37,9 +37,15 @@ def _recording(seed: int, *, persistent: float, signal: float) -> tuple[dict, np
   return rec, owner
 
 
-def _tpr_count(m: dict, name: str) -> tuple[int, int]:
-  n = int(m['n_pos'])
-  return int(round(m[name] * n)), n
+def _both_scorings(rec, owner, attack, seed):
+  """(aligned metrics, public-code metrics, members above the 1%-FPR threshold under each,
+  members)."""
+  kw = dict(rng=np.random.default_rng(seed), num_resamples=1)
+  aligned = evaluate.evaluate(rec, owner, attack, scoring='aligned', **kw)
+  public = evaluate.evaluate(rec, owner, attack, scoring='public_code', **kw)
+  n = int(aligned['n_pos'])
+  ka, kp = (int(round(m['tpr_at_fpr_1e-2'] * n)) for m in (aligned, public))
+  return aligned, public, ka, kp, n
 
 
 @pytest.mark.parametrize('attack', ['fedmia_ii', 'lira_offline'])
@@ -47,12 +53,8 @@ def test_persistent_client_query_effects_inflate_the_public_code_scoring(attack)
   # No membership signal at all: the aligned scoring stays at chance, the public code's
   # position-by-position averaging manufactures TPR at 1% FPR.
   rec, owner = _recording(0, persistent=1.0, signal=0.0)
-  kw = dict(rng=np.random.default_rng(1), num_resamples=1)
-  aligned = evaluate.evaluate(rec, owner, attack, scoring='aligned', **kw)
-  public = evaluate.evaluate(rec, owner, attack, scoring='public_code', **kw)
+  aligned, _, ka, kp, n = _both_scorings(rec, owner, attack, 1)
   assert abs(aligned['auc'] - 0.5) < 3 * (aligned['auc_ci_high'] - aligned['auc'])
-  ka, n = _tpr_count(aligned, 'tpr_at_fpr_1e-2')
-  kp, _ = _tpr_count(public, 'tpr_at_fpr_1e-2')
   _, aligned_high = stats.clopper_pearson(ka, n)
   public_low, _ = stats.clopper_pearson(kp, n)
   assert aligned_high < 0.05  # chance is 1%
@@ -64,11 +66,7 @@ def test_without_persistent_effects_both_scorings_measure_the_same_signal(attack
   # Real signal, i.i.d. rounds: the permutation changes nothing in distribution, so the two
   # TPRs at 1% FPR agree within their intervals (and the signal is well above chance).
   rec, owner = _recording(2, persistent=0.0, signal=0.35)
-  kw = dict(rng=np.random.default_rng(3), num_resamples=1)
-  aligned = evaluate.evaluate(rec, owner, attack, scoring='aligned', **kw)
-  public = evaluate.evaluate(rec, owner, attack, scoring='public_code', **kw)
-  ka, n = _tpr_count(aligned, 'tpr_at_fpr_1e-2')
-  kp, _ = _tpr_count(public, 'tpr_at_fpr_1e-2')
+  aligned, public, ka, kp, n = _both_scorings(rec, owner, attack, 3)
   low, high = stats.newcombe_difference(kp, n, ka, n)[1:]
   assert low < 0 < high, (ka, kp, n)
   assert aligned['auc_ci_low'] > 0.6
