@@ -26,7 +26,15 @@ DEFENDED = catalog.DEFENDED_SECTIONS
 
 # The arguments a dataset config accepts after `:` (`configs/x.py:smoke,path=FILE`), and
 # their types. Anything else is refused: a misspelt `smok` used to run the full job.
-ARGS = {'smoke': bool, 'path': str, 'data_dir': str}
+ARGS = {'smoke': bool, 'path': str, 'data_dir': str, 'setting': str}
+# The passive-attack experiments' two offline settings (`setting=`): 'leaky' (the default: little
+# data per client, so the undefended attacks are clearly above chance, as in the papers) and
+# 'well_generalising' (the whole digits train split over the clients: attacks near chance, and
+# what a defense does there is a finding too). Only the sections in SETTING_SECTIONS differ,
+# and only on the datasets of SETTING_DATASETS (elsewhere the papers' settings are the defaults).
+SETTINGS = ('leaky', 'well_generalising')
+SETTING_SECTIONS = ('fedmia', 'pastel')
+SETTING_DATASETS = ('digits', 'npz')
 _TRUE = ('true', '1', 'yes')
 _FALSE = ('false', '0', 'no')
 
@@ -40,7 +48,7 @@ class ConfigArgError(validate.ConfigError):
     self.args = (f'--config=FILE:{item}: must be {allowed} (got {got!r})',)
 
 
-_PLACEHOLDER = {'path': 'FILE', 'data_dir': 'DIR'}
+_PLACEHOLDER = {'path': 'FILE', 'data_dir': 'DIR', 'setting': '|'.join(SETTINGS)}
 
 
 def _usage(allowed: dict[str, type]) -> str:
@@ -126,6 +134,19 @@ def data_section(name: str, **fields) -> ml_collections.ConfigDict:
   return section
 
 
+def _setting(dataset: str, opts: dict) -> str:
+  """The `setting=` argument, checked: one of SETTINGS, and given only where it changes
+  something; 'paper' for the other datasets, whose sections run the papers' settings."""
+  setting = opts.get('setting', SETTINGS[0])
+  if setting not in SETTINGS:
+    raise ConfigArgError(f'setting={setting}', 'one of ' + ', '.join(SETTINGS), setting)
+  if 'setting' in opts and dataset not in SETTING_DATASETS:
+    raise ConfigArgError(
+        f'setting={setting}', f'given only with the configs of {", ".join(SETTING_DATASETS)} '
+        f'(the {dataset} config runs the papers\' settings)', setting)
+  return setting if dataset in SETTING_DATASETS else 'paper'
+
+
 def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
           experiments: Iterable[str], chunk_size: int | None = None
           ) -> ml_collections.ConfigDict:
@@ -133,8 +154,11 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
 
   Args:
     dataset: the config's dataset key (passed to every experiment's `section`).
-    arg: the string after `:` on the command line (`smoke`, `path=...`); parsed strictly
-      by `parse_arg` (unknown or mistyped arguments raise `ConfigArgError`).
+    arg: the string after `:` on the command line (`smoke`, `path=...`,
+      `setting=leaky|well_generalising`); parsed strictly by `parse_arg` (unknown or
+      mistyped arguments raise `ConfigArgError`). `setting` (SETTINGS, default 'leaky') goes
+      to the sections of SETTING_SECTIONS and is stored as `config.setting` ('paper' on the
+      datasets outside SETTING_DATASETS).
     data: the data section.
     experiments: names of the experiment sections this dataset supports.
     chunk_size: trials per jitted chunk (`game.chunk_size`); None lets the runner size
@@ -153,9 +177,11 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
   """
   opts = parse_arg(arg)
   smoke = opts.get('smoke', False)
+  setting = _setting(dataset, opts)
   config = ml_collections.ConfigDict()
   config.dataset = dataset
   config.smoke = smoke
+  config.setting = setting
   config.seed = 0
   config.data = data
   if opts.get('path'):
@@ -170,7 +196,8 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
     if name not in EXPERIMENTS:
       raise ValueError(f'unknown experiment section {name!r}; known: {EXPERIMENTS}')
     module = importlib.import_module(f'configs._{name}')
-    config[name] = module.section(dataset, smoke)
+    extra = {'setting': setting} if name in SETTING_SECTIONS else {}
+    config[name] = module.section(dataset, smoke, **extra)
   if any(name in DEFENDED for name in experiments):
     config.defense = importlib.import_module('configs._defense').section(dataset, smoke)
   return config

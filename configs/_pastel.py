@@ -10,8 +10,11 @@ from __future__ import annotations
 import ml_collections
 
 
-def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections.ConfigDict:
   """The `pastel` section for `dataset` (digits and npz: the digits defaults; cifar10).
+
+  `setting` (configs/_base.SETTINGS): not yet distinct for PASTEL; both settings are today's
+  well-generalising one (5 clients sharing the train split) until PASTEL's leaky setting lands.
 
   Fields:
     model: 'mlp' (digits, npz) or any name of `fl_privacy.models.MODELS` ('resnet18_gn' for

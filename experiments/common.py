@@ -301,7 +301,8 @@ def usage(name: str, default: str | None = None) -> str:
       'flags:',
       f'  --config=FILE[:ARGS]  a config file (default '
       f'{os.path.relpath(default or DEFAULT_CONFIG, REPO_ROOT)}; list: python -m configs);'
-      ' ARGS: smoke[=True|False], path=FILE (npz), data_dir=DIR (TFDS), comma-separated',
+      ' ARGS: smoke[=True|False], path=FILE (npz), data_dir=DIR (TFDS),'
+      ' setting=leaky|well_generalising (fedmia, pastel on digits/npz), comma-separated',
       '  --workdir=DIR         results folder; re-using one resumes its sweep '
       '(default ./runs/<experiment>-<UTC time>)',
       '  --seed=N              overrides config.seed',

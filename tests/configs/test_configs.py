@@ -114,3 +114,21 @@ def test_optional_fields_can_be_set_from_the_command_line(name):
       500, 16, '/somewhere', 'x.npz')
   if name in ('digits', 'cifar100'):
     assert values.config.fedmia.per_client == 40
+
+
+def test_setting_argument_selects_fedmia_data_per_client_and_is_checked():
+  from configs import cifar10, digits
+  leaky, wide = digits.get_config(), digits.get_config('setting=well_generalising')
+  assert (leaky.setting, wide.setting) == ('leaky', 'well_generalising')
+  assert (leaky.fedmia.num_clients, leaky.fedmia.per_client, leaky.fedmia.batch_size) == (20, 16, 8)
+  assert (wide.fedmia.num_clients, wide.fedmia.per_client, wide.fedmia.batch_size) == (10, None, 32)
+  # Only the data per client, K, B and the clients sweep differ.
+  differing = {k for k in leaky.fedmia.keys() if leaky.fedmia[k] != wide.fedmia[k]}
+  assert differing == {'num_clients', 'per_client', 'batch_size', 'client_counts'}
+  assert digits.get_config('setting=leaky').fedmia == leaky.fedmia
+  with pytest.raises(_base.ConfigArgError, match='setting=wide: must be one of leaky, '
+                     'well_generalising'):
+    digits.get_config('setting=wide')
+  with pytest.raises(_base.ConfigArgError, match='only with the configs of digits, npz'):
+    cifar10.get_config('setting=leaky')
+  assert cifar10.get_config().setting == 'paper'
