@@ -14,7 +14,8 @@ Recorded rounds are the `record_every`-th, 2 `record_every`-th, ..., `num_rounds
 The result is a dict of numpy arrays (the FedMIA paper's I_k^t measured on every query):
 `loss`, `cos`, `diff` [R, K, Q] float32, `grad_sq` [R, Q], `rounds` [R] (0-based index t of
 each recorded round), `test_correct` [R] and `num_test` (correct test predictions of
-w_{t+1}), `test_loss` [R]. A caller stores it (the pipeline writes one .npz per training
+w_{t+1}), `test_loss` [R], and given the members, `member_correct` and `num_member` (the
+final global model's accuracy on the clients' training rows). A caller stores it (the pipeline writes one .npz per training
 atomically), so re-scoring never retrains. `record_shards` is the FedMIA setting: clients
 hold shards of a train split, the queries are the whole train split then the test split, and
 the result adds `owner` [Q] (the client holding each query, -1 none), `client_sizes` [K] and
@@ -90,7 +91,7 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
                    clients: rounds.ClientData, query_x, query_y, *, key, num_rounds: int,
                    record_every: int, optimizer, epochs: int, batch_size: int,
                    hooks: client.ClientHooks | None = None, test_x=None, test_y=None,
-                   chunk_size: int = 256,
+                   chunk_size: int = 256, member_x=None, member_y=None,
                    progress: Callable[[int, dict], None] | None = None) -> dict[str, np.ndarray]:
   """Trains FedAvg for `num_rounds` rounds and measures the queries at every recorded round.
 
@@ -113,6 +114,8 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     hooks: The clients' `ClientHooks` (a defense), None for plain FedAvg.
     test_x, test_y: Test split for the accuracy after each recorded round (optional).
     chunk_size: Queries per `measure` chunk.
+    member_x, member_y: The clients' training rows (optional): the final global model's
+      accuracy on them (`member_correct`, `num_member`) gives the generalisation gap.
     progress: Optional `progress(recorded_index, {'round', 'test_accuracy'})` callback.
 
   Returns:
@@ -149,6 +152,11 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   result['test_correct'] = np.asarray(out['test_correct'] or [0] * len(recorded), np.int64)
   result['test_loss'] = np.asarray(out['test_loss'] or [np.nan] * len(recorded), np.float64)
   result['num_test'] = np.asarray(num_test, np.int64)
+  if member_x is not None:
+    logits = apply_fn(params, jnp.asarray(member_x))
+    result['member_correct'] = np.asarray(
+        int(jnp.sum(jnp.argmax(logits, -1) == jnp.asarray(member_y))), np.int64)
+    result['num_member'] = np.asarray(len(member_x), np.int64)
   return result
 
 
@@ -192,8 +200,9 @@ def record_shards(model, init_key, train, test, shards: list[np.ndarray], *,
     logging.log_every_n_seconds(logging.INFO, '%s: round %d, test accuracy %.3f', 10, label,
                                 info['round'] + 1, info['test_accuracy'])
 
+  members = np.concatenate([np.asarray(i) for i in shards]).astype(np.int64)
   rec = train_recorded(model.apply, init, clients, qx, qy, test_x=test_x, test_y=test.y,
-                       progress=progress, **kw)
+                       member_x=xf[members], member_y=train.y[members], progress=progress, **kw)
   rec['owner'] = owner
   rec['train_seconds'] = np.asarray(time.perf_counter() - t0)
   rec['client_sizes'] = np.asarray([len(i) for i in shards], np.int64)

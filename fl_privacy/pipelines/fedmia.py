@@ -61,7 +61,7 @@ SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
     summary.param('beta'), summary.param('num_clients', 'K'),
     summary.param('local_epochs', 'E'), summary.rate('tpr_at_fpr_1e-3', 'TPR@0.1%FPR'),
     summary.metric('auc', 'AUC'), summary.metric('test_accuracy', 'test acc.'),
-    summary.seconds()))
+    summary.metric('generalisation_gap', 'gap'), summary.seconds()))
 RECORDED = 'recorded'
 CLIENT_COUNT = validate.items(validate.number(3, integer=True),
                               'integers >= 3 (FedMIA needs two non-target clients)',

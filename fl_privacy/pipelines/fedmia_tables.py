@@ -144,7 +144,10 @@ def table1(config, points: list[dict]) -> str:
     lines += [f'## Table 1: {model}, IID, no defense', '',
               f'{int(first["n_pos"])} members, {int(first["n_neg"])} non-members (pooled over '
               f'targets; {first.get("n_neg_distinct", "?")} distinct non-member queries); test '
-              f'accuracy {_pct(first, "test_accuracy")}.', '',
+              f'accuracy {_pct(first, "test_accuracy")}, accuracy on the clients\' rows '
+              f'{_pct(first, "train_accuracy") if "train_accuracy_ci_low" in first else "n/a"}'
+              f' (generalisation gap {100 * _f(first.get("generalisation_gap", math.nan)):.1f} '
+              'points).', '',
               '| Attack | TPR@0.1% FPR (aligned) | query bootstrap 95% | distinct negatives at '
               '0.1% FPR | TPR@1% FPR (aligned) | AUC (aligned) | ' + head +
               'per-target TPR@0.1% (aligned, min-max) | paper: AlexNet CIFAR-100 TPR@0.1% / '

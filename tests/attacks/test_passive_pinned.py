@@ -354,3 +354,19 @@ def test_display_names():
   assert scores.label('fedmia_i', 'none') == 'FedMIA-I (none filter)'
   assert scores.label('grad_norm_best_round') == 'Grad-Norm (best round, optimistic)'
   assert scores.label('lira_offline') == 'LiRA (offline)'
+
+
+def test_recording_metrics_report_the_generalisation_gap_with_counts():
+  rec = dict(_recording(), owner=OWNER, test_correct=np.array([5, 7]), num_test=np.array(10),
+             train_seconds=np.array(1.5))
+  common = dict(scoring='aligned', single_round=5, default_filter='leave_one_out',
+                rng=np.random.default_rng(0), num_resamples=5)
+  bare = evaluate.recording_metrics(rec, 'loss_series', **common)
+  assert bare['test_accuracy'] == pytest.approx(0.7) and bare['n_test'] == 10
+  assert math.isnan(bare['train_accuracy']) and math.isnan(bare['generalisation_gap'])
+  rec.update(member_correct=np.array(9), num_member=np.array(12))
+  m = evaluate.recording_metrics(rec, 'loss_series', **common)
+  assert m['train_accuracy'] == pytest.approx(0.75)
+  assert m['generalisation_gap'] == pytest.approx(0.75 - 0.7)
+  assert m['train_accuracy_ci_low'] < 0.75 < m['train_accuracy_ci_high']
+  assert m['train_seconds'] == 1.5 and m['auc'] == bare['auc']

@@ -180,3 +180,21 @@ def test_a_half_precision_model_records_float32():
                                  optimizer=optax.sgd(0.1), epochs=1, batch_size=2)
   for name in ('loss', 'cos', 'diff', 'grad_sq'):
     assert got[name].dtype == np.float32, name
+
+
+def test_member_accuracy_is_the_final_global_models_on_the_given_rows():
+  xs, ys, qx, qy, params = _data(num_clients=2, per_client=6)
+  clients = rounds.pad_clients(xs, ys)
+  kw = dict(key=jax.random.key(3), num_rounds=2, record_every=1, optimizer=OPT, epochs=1,
+            batch_size=3, chunk_size=4)
+  mx, my = np.concatenate(xs), np.concatenate(ys)
+  my = (my + 1) % 3  # a count that no single class's count equals (an argmax on the wrong axis)
+  got = recording.train_recorded(MODEL.apply, params, clients, qx, qy, member_x=mx,
+                                 member_y=my, **kw)
+  p, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=kw['key'],
+                    num_rounds=2, optimizer=OPT, epochs=1, batch_size=3)
+  correct = int(np.sum(np.argmax(MODEL.apply(p, mx), -1) == my))
+  assert correct not in np.bincount(my, minlength=3)
+  assert int(got['member_correct']) == correct and int(got['num_member']) == 12
+  bare = recording.train_recorded(MODEL.apply, params, clients, qx, qy, **kw)
+  assert 'member_correct' not in bare and 'num_member' not in bare

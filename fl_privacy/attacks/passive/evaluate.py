@@ -172,7 +172,8 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
 
   Returns:
     `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson
-    interval, `n_test`, `test_error`, `dp_metrics` (`dp_epsilon` inf when it has none) and
+    interval, `n_test`, `test_error`, `train_accuracy` (with interval) on the clients' rows and
+    `generalisation_gap` = train - test accuracy (NaN for recordings without members), `dp_metrics` (`dp_epsilon` inf when it has none) and
     `train_seconds`.
   """
   dp_metrics = dp_metrics or {}
@@ -187,6 +188,14 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
   m.update(acc)
   m['n_test'] = n_test
   m['test_error'] = 1.0 - acc['test_accuracy']
+  if 'member_correct' in recording:
+    # The generalisation gap: how much better the final global model does on the clients'
+    # training rows than on the test split (the papers' overfitting, which drives MI).
+    m.update(stats.rate('train_accuracy', int(recording['member_correct']),
+                        int(recording['num_member'])))
+    m['generalisation_gap'] = m['train_accuracy'] - acc['test_accuracy']
+  else:
+    m['train_accuracy'] = m['generalisation_gap'] = math.nan
   m.update(dp_metrics)
   m.setdefault('dp_epsilon', math.inf)
   m['train_seconds'] = float(recording['train_seconds'])
