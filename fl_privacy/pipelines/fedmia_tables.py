@@ -147,7 +147,9 @@ def table1(config, points: list[dict]) -> str:
               f'accuracy {_pct(first, "test_accuracy")}, accuracy on the clients\' rows '
               f'{_pct(first, "train_accuracy") if "train_accuracy_ci_low" in first else "n/a"}'
               f' (generalisation gap {100 * _f(first.get("generalisation_gap", math.nan)):.1f} '
-              'points).', '',
+              'points); the uploads\' median own-rows loss is below their median test-rows '
+              f'loss by {_f(first.get("upload_loss_gap", math.nan)):.3f} nats (last recorded '
+              'round, mean over clients).', '',
               '| Attack | TPR@0.1% FPR (aligned) | query bootstrap 95% | distinct negatives at '
               '0.1% FPR | TPR@1% FPR (aligned) | AUC (aligned) | ' + head +
               'per-target TPR@0.1% (aligned, min-max) | paper: AlexNet CIFAR-100 TPR@0.1% / '

@@ -370,3 +370,8 @@ def test_recording_metrics_report_the_generalisation_gap_with_counts():
   assert m['generalisation_gap'] == pytest.approx(0.75 - 0.7)
   assert m['train_accuracy_ci_low'] < 0.75 < m['train_accuracy_ci_high']
   assert m['train_seconds'] == 1.5 and m['auc'] == bare['auc']
+  # Last round: client k's test-row loss LOSS[1, k, 3] minus its own row's LOSS[1, k, k] (one
+  # row each, so the medians are those values).
+  expected = np.mean([1.20 - 0.10, 0.90 - 0.20, 1.10 - 0.25])
+  assert m['upload_loss_gap'] == pytest.approx(expected)
+  assert math.isnan(evaluate.upload_loss_gap(dict(rec, owner=np.array([0, 1, 2, 2]))))

@@ -155,6 +155,22 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
   return m
 
 
+def upload_loss_gap(recording: dict[str, np.ndarray]) -> float:
+  """Mean over clients of (test rows' median loss - own rows' median loss) under the client's
+  upload at the last recorded round (medians: a noised upload's losses are heavy-tailed).
+
+  The server reads local models, not the global one: a client's few steps on its own rows can
+  fit them while the averaged global model generalises, so this gap, not the global model's
+  train-test accuracy gap, is the overfitting its attacks see. NaN without test rows.
+  """
+  loss = np.asarray(recording['loss'], np.float64)[-1]
+  owner = np.asarray(recording['owner'])
+  test = owner == -1
+  gaps = [np.median(loss[k, test]) - np.median(loss[k, owner == k])
+          for k in range(loss.shape[0]) if test.any() and (owner == k).any()]
+  return float(np.mean(gaps)) if gaps else math.nan
+
+
 def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring: str,
                       single_round: int, default_filter: str, rng: np.random.Generator,
                       dp_metrics: dict[str, Any] | None = None,
@@ -173,7 +189,8 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
   Returns:
     `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson
     interval, `n_test`, `test_error`, `train_accuracy` (with interval) on the clients' rows and
-    `generalisation_gap` = train - test accuracy (NaN for recordings without members), `dp_metrics` (`dp_epsilon` inf when it has none) and
+    `generalisation_gap` = train - test accuracy (NaN for recordings without members),
+    `upload_loss_gap` (`upload_loss_gap`), `dp_metrics` (`dp_epsilon` inf when it has none) and
     `train_seconds`.
   """
   dp_metrics = dp_metrics or {}
@@ -196,6 +213,7 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
     m['generalisation_gap'] = m['train_accuracy'] - acc['test_accuracy']
   else:
     m['train_accuracy'] = m['generalisation_gap'] = math.nan
+  m['upload_loss_gap'] = upload_loss_gap(recording)
   m.update(dp_metrics)
   m.setdefault('dp_epsilon', math.inf)
   m['train_seconds'] = float(recording['train_seconds'])
