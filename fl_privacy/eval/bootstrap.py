@@ -113,6 +113,20 @@ def _prefix_tprs(counts, index, y, ends, n_pos, n_neg, fprs):
   return out, fps[:, -1].astype(np.float64)
 
 
+def resample_counts(num_groups: int, num_resamples: int,
+                    rng: np.random.Generator) -> np.ndarray:
+  """[num_resamples, num_groups] multiplicities: G uniform draws with replacement per resample.
+
+  The multinomial(G, 1/G) counts, drawn as G uniform indices per resample and counted (faster
+  than `rng.multinomial` with G categories). Column g is the group of sorted id g
+  (`_group_index`).
+  """
+  draws = rng.integers(0, num_groups, size=(num_resamples, num_groups))
+  draws += num_groups * np.arange(num_resamples)[:, None]
+  return np.bincount(draws.reshape(-1), minlength=num_resamples * num_groups).reshape(
+      num_resamples, num_groups)
+
+
 def tpr_at_fpr_interval(scores, labels, groups, fpr, *, rng: np.random.Generator,
                         num_resamples: int = 1000, confidence: float = 0.95):
   """TPR at `fpr` with a query-cluster percentile bootstrap interval (module docstring).
@@ -138,13 +152,7 @@ def tpr_at_fpr_interval(scores, labels, groups, fpr, *, rng: np.random.Generator
     raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
   if num_resamples < 1:
     raise ValueError(f'num_resamples must be positive (got {num_resamples})')
-  _, num_groups = _group_index(groups)
-  # G uniform draws per resample, counted per group: the multinomial multiplicities, drawn
-  # faster than `rng.multinomial` with G categories.
-  draws = rng.integers(0, num_groups, size=(num_resamples, num_groups))
-  draws += num_groups * np.arange(num_resamples)[:, None]
-  counts = np.bincount(draws.reshape(-1), minlength=num_resamples * num_groups).reshape(
-      num_resamples, num_groups)
+  counts = resample_counts(_group_index(groups)[1], num_resamples, rng)
   all_tprs = np.atleast_2d(resampled_tpr_at_fpr(scores, labels, groups, fpr, counts))
   out = []
   tail = (1.0 - confidence) / 2.0

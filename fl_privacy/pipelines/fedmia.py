@@ -337,14 +337,14 @@ def plan(config, state, store, key) -> list[base.Point]:
 
 
 def figures(config, state, store, key) -> None:
-  """`rounds.json`, table1.md, table2.md and the figures, from the stored points and the main
-  trainings' recordings."""
+  """`rounds.json`, table1.md (with the paired claims), claims.json, table2.md and the figures,
+  from the stored points and the main trainings' recordings."""
   artifacts = ArtifactStore(store.workdir, RECORDED)
   main_records = {tr['model']: recorded(config, state, key, artifacts, tr)
                   for tr in state['trainings'] if tr['sweep'] == 'main'}
   curves = fedmia_figures.round_curves(config, key, main_records)
   atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
                            fedmia_tables.dumps(curves))
-  fedmia_tables.write(config, store.points, store.workdir)
+  fedmia_tables.write(config, store.points, store.workdir, main_records, key)
   fedmia_figures.save_all(config, key, store.points, main_records, curves, store.workdir)
 

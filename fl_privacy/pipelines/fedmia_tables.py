@@ -7,14 +7,21 @@ import math
 import os
 from typing import Any
 
+import numpy as np
+
+from fl_privacy import data as data_lib
+from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import paired
 from fl_privacy.eval import stats
 from fl_privacy.report import atomic
 from fl_privacy.report import json_safe
+from fl_privacy.report import point_key
 
 TABLE1 = 'table1.md'
 TABLE2 = 'table2.md'
+CLAIMS = 'claims.json'
 
 # Table 1 of the paper, AlexNet on CIFAR-100: (TPR % at 0.1% FPR, AUC), scored as its code does.
 PAPER_ALEXNET_CIFAR100 = {
@@ -26,6 +33,9 @@ _SCORING = {'public_code': 'public code', 'public_code_2024': 'public code 2024'
 # The paper's ordering claims at low FPR: (winner, losers).
 ORDERING = (('fedmia_ii', ('grad_cosine', 'avg_cosine')),
             ('fedmia_i', ('blackbox_loss', 'loss_series')))
+# Beside the paper's claims, FedMIA-II against the state of the art (those scored).
+STATE_OF_THE_ART = (('fedmia_ii', ('lira_offline', 'lira_offline_fixed', 'lira_online',
+                                   'lira_online_fixed', 'rmia')),)
 
 
 def dumps(obj: Any) -> str:
@@ -105,13 +115,66 @@ def _ordering_lines(idx, config, model) -> list[str]:
         a, b = _f(w['tpr_at_fpr_1e-3']), _f(l['tpr_at_fpr_1e-3'])
         separated = _f(w['tpr_at_fpr_1e-3_ci_low']) > _f(l['tpr_at_fpr_1e-3_ci_high'])
         verdict = ('holds (intervals disjoint)' if separated else
-                   'holds (intervals overlap)' if a > b else 'does not hold')
+                   'higher, not shown (intervals overlap)' if a > b else 'does not hold')
         lines.append(f'- {scoring}: {scores_lib.label(winner)} {100 * a:.2f}% vs '
                      f'{scores_lib.label(loser)} {100 * b:.2f}% at 0.1% FPR: {verdict}')
   return lines
 
 
-def table1(config, points: list[dict]) -> str:
+def claims(config, key, records: dict) -> dict[str, list[dict]]:
+  """Paired comparisons on the main recordings: {model: [{winner, loser, ...}]}.
+
+  Each claim of ORDERING and STATE_OF_THE_ART whose two attacks are in `fedmia.attacks`,
+  scored aligned, as `evaluate.compare` (A - B in AUC and TPR@0.1% FPR, the same query-cluster
+  bootstrap resamples for both, `bootstrap_resamples` of them, from a Generator keyed by the
+  pair and model).
+  """
+  s = config.fedmia
+  out = {}
+  for model, rec in records.items():
+    single = list(np.asarray(rec['rounds']) + 1).index(int(s.single_round))
+    rows = []
+    for winner, losers in ORDERING + STATE_OF_THE_ART:
+      for loser in (l for l in losers if winner in s.attacks and l in s.attacks):
+        rng = data_lib.rng_from_key(point_key(key, {'claim': winner, 'versus': loser,
+                                                   'model': model}))
+        result = evaluate_lib.compare(
+            rec, winner, loser, rng=rng, single_index=single, default_filter=s.outlier_filter,
+            num_resamples=int(s.bootstrap_resamples), rmia_gamma=float(s.rmia_gamma),
+            rmia_a=float(s.rmia_a))
+        rows.append(dict(winner=winner, loser=loser, **result))
+    out[model] = rows
+  return out
+
+
+def _claim_lines(config, rows: list[dict]) -> list[str]:
+  if not rows:
+    return []
+  s = config.fedmia
+  lines = ['### Claims as paired differences (aligned)', '',
+           'A minus B on the same members and non-members; 95% intervals of a query-cluster '
+           f'bootstrap in which both attacks see the same {s.bootstrap_resamples} resamples '
+           "(thresholds re-selected on each): the paper's claims (FedMIA-II over Grad-Cosine and "
+           'Avg-Cosine, FedMIA-I over Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA '
+           'and RMIA.', '',
+           '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
+           'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |',
+           '|' + '---|' * 10]
+  for r in rows:
+    lines.append(
+        f'| {scores_lib.label(r["winner"], s.outlier_filter)} | '
+        f'{scores_lib.label(r["loser"], s.outlier_filter)} | {_f(r["auc_a"]):.3f} | '
+        f'{_f(r["auc_b"]):.3f} | {_f(r["auc_diff"]):+.3f} [{_f(r["auc_diff_low"]):+.3f}, '
+        f'{_f(r["auc_diff_high"]):+.3f}] | '
+        f'{paired.verdict(_f(r["auc_diff_low"]), _f(r["auc_diff_high"]))} | '
+        f'{100 * _f(r["tpr_a"]):.2f} | {100 * _f(r["tpr_b"]):.2f} | '
+        f'{100 * _f(r["tpr_diff"]):+.2f} [{100 * _f(r["tpr_diff_low"]):+.2f}, '
+        f'{100 * _f(r["tpr_diff_high"]):+.2f}] | '
+        f'{paired.verdict(_f(r["tpr_diff_low"]), _f(r["tpr_diff_high"]))} |')
+  return lines + ['']
+
+
+def table1(config, points: list[dict], claims_: dict | None = None) -> str:
   """Markdown: Table 1 (main setting, both scorings, the paper's numbers) and the sweeps."""
   s = config.fedmia
   idx = _index(points)
@@ -181,8 +244,9 @@ def table1(config, points: list[dict]) -> str:
                   f'{f} {_f(m["filter_removed_fraction"]):.4f} (owner of a non-member query '
                   f'removed: {_f(m["filter_owner_removed_fraction"]):.3f})'
                   for f, m in zip(('paper', 'leave-one-out'), fm) if m is not None), '']
-    lines += ["### The paper's ordering at 0.1% FPR", ''] + _ordering_lines(idx, config, model)
-    lines += ['']
+    lines += ["### The paper's ordering at 0.1% FPR (separate intervals)", '']
+    lines += _ordering_lines(idx, config, model) + ['']
+    lines += _claim_lines(config, (claims_ or {}).get(model, []))
     lines += _sweep_tables(config, idx, model)
   return '\n'.join(lines) + '\n'
 
@@ -266,6 +330,12 @@ def table2(config, points: list[dict]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def write(config, points: list[dict], workdir: str) -> None:
-  atomic.atomic_write_text(os.path.join(workdir, TABLE1), table1(config, points))
+def write(config, points: list[dict], workdir: str, records: dict | None = None,
+          key=None) -> None:
+  """table1.md and table2.md; given the main recordings and the run key, also the paired
+  claims (`claims`) in table1.md and claims.json."""
+  found = claims(config, key, records) if records else {}
+  if found:
+    atomic.atomic_write_text(os.path.join(workdir, CLAIMS), dumps(found))
+  atomic.atomic_write_text(os.path.join(workdir, TABLE1), table1(config, points, found))
   atomic.atomic_write_text(os.path.join(workdir, TABLE2), table2(config, points))

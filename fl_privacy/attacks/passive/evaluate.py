@@ -29,6 +29,7 @@ from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import auditing
 from fl_privacy.eval import bootstrap
 from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import paired
 from fl_privacy.eval import stats
 
 FPRS = {'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3}
@@ -90,6 +91,68 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
   return m
 
 
+def final_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
+                 scoring: str = 'aligned', single_index: int = -1,
+                 default_filter: str = 'leave_one_out', rng: np.random.Generator | None = None,
+                 rmia_gamma: float = scores_lib.RMIA_GAMMA,
+                 rmia_a: float = scores_lib.RMIA_A) -> dict[str, Any]:
+  """The pooled final scores `evaluate` ranks (arguments as there).
+
+  Returns:
+    `scores` [N] (the round chosen or the rounds combined), `labels` [N], `target` [N],
+    `groups` [N] (the query of each entry, `scores.pooled_queries`), `round` (1-based: the
+    single or best round, else the last recorded one) and `pooled`
+    (`scores.pooled_round_scores`'s dict).
+  """
+  base, _ = scores_lib.parse(attack, default_filter)
+  pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
+                                          default_filter=default_filter, rng=rng,
+                                          rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+  per_round, labels = pooled['scores'], pooled['labels']
+  rounds = np.asarray(recording['rounds'])
+  if base in scores_lib.BEST_ROUND:
+    # The authors' choice (`mia_attack_auto.py`): the round with the best TPR@0.1% FPR on the
+    # evaluation data itself, first one on ties. Optimistic by construction.
+    tprs = [metrics_lib.tpr_at_fpr(per_round[t], labels, 1e-3) for t in range(len(rounds))]
+    index = int(np.argmax(tprs))
+    final, chosen = per_round[index], int(rounds[index]) + 1
+  elif base in scores_lib.SINGLE:
+    index = single_index % len(rounds)
+    final, chosen = per_round[index], int(rounds[index]) + 1
+  else:
+    final, chosen = scores_lib.combine_rounds(per_round, attack), int(rounds[-1]) + 1
+  groups = scores_lib.pooled_queries(owner, int(np.asarray(recording['loss']).shape[1]),
+                                     scoring)
+  return dict(scores=final, labels=labels, target=pooled['target'], groups=groups,
+              round=chosen, pooled=pooled)
+
+
+def compare(recording: dict[str, np.ndarray], attack_a: str, attack_b: str, *,
+            rng: np.random.Generator, single_index: int = -1,
+            default_filter: str = 'leave_one_out', num_resamples: int = BOOT_RESAMPLES,
+            fpr: float = 1e-3, rmia_gamma: float = scores_lib.RMIA_GAMMA,
+            rmia_a: float = scores_lib.RMIA_A) -> dict[str, Any]:
+  """A minus B on the same pooled entries, aligned scoring (`eval.paired.compare`).
+
+  A claim that one attack beats another is about their difference on the same members and
+  non-members; the query-cluster bootstrap draws the same resamples for both, so their
+  correlation is kept. Aligned only: under the public code's scoring each attack's
+  non-member positions are redrawn, so the two would not score the same entries.
+
+  Returns:
+    `paired.compare`'s dict (AUC and TPR at `fpr`, A, B, A - B with 95% intervals).
+  """
+  kw = dict(scoring='aligned', single_index=single_index, default_filter=default_filter,
+            rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+  owner = recording['owner']
+  a = final_scores(recording, owner, attack_a, **kw)
+  b = final_scores(recording, owner, attack_b, **kw)
+  if not (np.array_equal(a['labels'], b['labels']) and np.array_equal(a['groups'], b['groups'])):
+    raise ValueError(f'{attack_a} and {attack_b} do not score the same entries')
+  return paired.compare(a['scores'], b['scores'], a['labels'], a['groups'], rng=rng, fpr=fpr,
+                        num_resamples=num_resamples)
+
+
 def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
              scoring: str = 'aligned', single_index: int = -1,
              default_filter: str = 'leave_one_out',
@@ -120,32 +183,12 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     shadow values, else NaN) and `filter_owner_removed_fraction` (aligned FedMIA: how often the shadow that owns a
     non-member query was removed; the filter's job).
   """
-  base, _ = scores_lib.parse(attack, default_filter)
   boot_rng = None if rng is None else rng.spawn(1)[0]
-  pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
-                                          default_filter=default_filter, rng=rng,
-                                          rmia_gamma=rmia_gamma, rmia_a=rmia_a)
-  per_round, labels, target = pooled['scores'], pooled['labels'], pooled['target']
-  groups = scores_lib.pooled_queries(owner, int(np.asarray(recording['loss']).shape[1]),
-                                     scoring)
-  rounds = np.asarray(recording['rounds'])
-  extra: dict[str, Any] = {}
-  if base in scores_lib.BEST_ROUND:
-    # The authors' choice (`mia_attack_auto.py`): the round with the best TPR@0.1% FPR on the
-    # evaluation data itself, first one on ties. Optimistic by construction.
-    tprs = [metrics_lib.tpr_at_fpr(per_round[t], labels, 1e-3) for t in range(len(rounds))]
-    index = int(np.argmax(tprs))
-    final = per_round[index]
-    extra['round'] = int(rounds[index]) + 1
-  elif base in scores_lib.SINGLE:
-    index = single_index % len(rounds)
-    final = per_round[index]
-    extra['round'] = int(rounds[index]) + 1
-  else:
-    final = scores_lib.combine_rounds(per_round, attack)
-    extra['round'] = int(rounds[-1]) + 1
-  m = score_metrics(final, labels, target, groups, boot_rng, num_resamples)
-  m.update(extra)
+  f = final_scores(recording, owner, attack, scoring=scoring, single_index=single_index,
+                   default_filter=default_filter, rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+  final, labels, pooled = f['scores'], f['labels'], f['pooled']
+  m = score_metrics(final, labels, f['target'], f['groups'], boot_rng, num_resamples)
+  m['round'] = f['round']
   m['filter_removed_fraction'] = (pooled['removed'] / pooled['examined']
                                   if pooled['examined'] else math.nan)
   m['filter_owner_removed_fraction'] = (pooled['owner_removed'] / pooled['owner_examined']
