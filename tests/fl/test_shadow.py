@@ -64,8 +64,8 @@ def test_in_model_on_the_clients_own_shard_is_its_upload(sizes, hooks):
   xs, ys, px, py, params = _data(sizes)
   key = jax.random.key(7)
   clients, rec = _record(xs, ys, px, py, params, hooks=hooks)
-  w1, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=key, num_rounds=1, optimizer=_per_round,
-                     epochs=2, batch_size=3, hooks=hooks)
+  w1, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=key, num_rounds=1,
+                     optimizer=_per_round, epochs=2, batch_size=3, hooks=hooks)
   run = jax.jit(functools.partial(shadow.in_loss, MODEL.apply, epochs=2, batch_size=3,
                                   hooks=hooks), static_argnames=('optimizer',))
   offsets = np.cumsum((0,) + sizes)
@@ -93,8 +93,8 @@ def test_loss_in_is_the_documented_shadow_draw():
   assert rec['loss_in'].shape == (2, 3, 20 + 12) and rec['loss_in'].dtype == np.float32
   size = int(rec['shadow_size'])
   assert size == 7  # the mean client size, rounded: 20 / 3
-  w1, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=key, num_rounds=1, optimizer=_per_round,
-                     epochs=2, batch_size=3)
+  w1, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=key, num_rounds=1,
+                     optimizer=_per_round, epochs=2, batch_size=3)
   qx, qy = np.concatenate(xs + [px]), np.concatenate(ys + [py])
   pool_index = np.r_[np.full(20, -1), np.arange(12)]
   for t, w_t in ((0, params), (1, w1)):
