@@ -11,12 +11,13 @@ import ml_collections
 from ml_collections import config_dict
 
 # Every attack of Table 1, the optimistic best-round variants, FedMIA with each filter, and
-# beside them the state of the art: offline LiRA (per-query and fixed variance) and RMIA.
+# beside them the state of the art: offline and online LiRA (per-query and fixed variance) and
+# RMIA.
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm',
            'blackbox_loss_best_round', 'grad_cosine_best_round', 'grad_diff_best_round',
            'grad_norm_best_round', 'loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii',
            'fedmia_i@paper', 'fedmia_ii@paper', 'fedmia_i@none', 'fedmia_ii@none',
-           'lira_offline', 'lira_offline_fixed', 'rmia')
+           'lira_offline', 'lira_offline_fixed', 'lira_online', 'lira_online_fixed', 'rmia')
 # RMIA's offline parameter a per dataset: the RMIA authors' configs (ml_privacy_meter,
 # research/2023_rmia/attack_configs/<dataset>/rmia_offline_*_ref_models.yaml: offline_a 0.33
 # on CIFAR-10, 0.6 on CIFAR-100); elsewhere a = 1 (Pr(x) = Pr_OUT(x)), their "unknown" value.
@@ -77,9 +78,15 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     attacks: attacks scored on the main setting (`fl_privacy.attacks.passive.ATTACKS`, FedMIA
       optionally `@leave_one_out|paper|none`): the paper's, and beside them 'lira_offline',
       'lira_offline_fixed' (offline LiRA, per-query / fixed variance, the other clients as OUT
-      models) and 'rmia' (offline RMIA, the other clients as reference models, the test rows as
-      population). Online LiRA (IN models from re-running the target's local steps with the
-      query added) is not implemented.
+      models), 'lira_online', 'lira_online_fixed' (online LiRA: the same OUT models, and IN
+      models the server trains by re-running the protocol's round from w_t on shadow sets
+      with the query inserted, `lira_in_models`) and 'rmia' (offline RMIA, the other clients as
+      reference models, the test rows as population).
+    lira_in_models: IN models per query and recorded round of online LiRA (an integer >= 1,
+      >= 2 for 'lira_online', whose IN variance is per query): each a shadow set of the
+      clients' size from the test split with the query replacing one row, trained from w_t
+      with the clients' optimizer, E, B and hooks (`fl.shadow`). Recorded only by trainings
+      that score an online attack; costs Q x lira_in_models local rounds per recorded round.
     rmia_gamma: RMIA's threshold gamma > 0 on the pairwise likelihood ratio. Default 2.0, the
       value of the RMIA authors' attack configs (ml_privacy_meter research/2023_rmia, CIFAR-10
       and CIFAR-100); the paper's text not checked for it.
@@ -127,6 +134,7 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.lr_schedule = 'cosine'
   s.lr_decay = 0.99
   s.attacks = ATTACKS
+  s.lira_in_models = 4
   s.outlier_filter = 'leave_one_out'
   s.rmia_gamma = 2.0
   s.rmia_a = RMIA_A.get(dataset, 1.0)

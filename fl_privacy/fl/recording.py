@@ -20,6 +20,13 @@ atomically), so re-scoring never retrains. `record_shards` is the FedMIA setting
 hold shards of a train split, the queries are the whole train split then the test split, and
 the result adds `owner` [Q] (the client holding each query, -1 none), `client_sizes` [K] and
 `train_seconds`.
+
+Online LiRA (`in_models` > 0, `fl.shadow`): at each recorded round the server also re-runs the
+protocol's local training from w_t on `in_models` shadow sets per query, each drawn from the
+data it holds (`shadow_x`; `record_shards`: the test split) with the query inserted, and the
+result adds `loss_in` [R, M, Q] float32 (the query's loss under each IN model) and
+`shadow_size` (rows of a shadow set). Without it nothing of that is computed and the other
+arrays are the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fl_privacy import data as data_lib
 from fl_privacy.fl import client
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
 from fl_privacy.fl import rounds
+from fl_privacy.fl import shadow
 
 ARRAYS = ('loss', 'cos', 'diff', 'grad_sq', 'rounds', 'test_correct', 'num_test', 'test_loss')
 
@@ -48,7 +57,8 @@ def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
   return np.arange(record_every - 1, num_rounds, record_every)
 
 
-_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks', 'num_plain', 'chunk_size')
+_STATIC = ('apply_fn', 'optimizer', 'epochs', 'batch_size', 'hooks', 'num_plain', 'chunk_size',
+           'in_models', 'shadow_size', 'masked')
 
 
 def _keep_upload(key, t, k, global_params, upload):
@@ -56,10 +66,15 @@ def _keep_upload(key, t, k, global_params, upload):
   return upload
 
 
-def _segment(params, clients, key, first, qx, qy, test_x, test_y, *, apply_fn, optimizer,
-             epochs, batch_size, hooks, num_plain, chunk_size):
+def _segment(params, clients, key, first, qx, qy, test_x, test_y, pool, *, apply_fn,
+             optimizer, epochs, batch_size, hooks, num_plain, chunk_size, in_models=0,
+             shadow_size=0, masked=False):
   """Rounds first .. first + num_plain - 1 unobserved, then round t = first + num_plain whose
-  uploads are measured at w_t; returns (w_{t+1}, measurements, test correct, test loss sum).
+  uploads are measured at w_t; returns (w_{t+1}, measurements, test correct, test loss sum,
+  IN losses [M, Q] or None).
+
+  `pool` is (shadow_x, shadow_y, query_pool) when `in_models` > 0 (`shadow.in_losses` at w_t
+  with round t's optimizer), else None and nothing more is traced.
 
   One jitted function per segment, module-level and keyed on its static arguments, so every
   segment of a training and every training of the same shapes and settings compile once.
@@ -76,11 +91,20 @@ def _segment(params, clients, key, first, qx, qy, test_x, test_y, *, apply_fn, o
                                **kw)
   m = queries._measure(apply_fn, params, log.observed, qx, qy,  # pylint: disable=protected-access
                        chunk_size=chunk_size)
+  loss_in = None
+  if in_models:
+    t = first + num_plain
+    opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(t)
+    loss_in = shadow.in_losses(apply_fn, params, pool[0], pool[1], qx, qy, pool[2], key=key,
+                               round_index=t, num_models=in_models, size=shadow_size,
+                               optimizer=opt, epochs=epochs, batch_size=batch_size, hooks=hooks,
+                               masked=masked, chunk_size=chunk_size)
   if test_x is None:
-    return new_params, m, jnp.int32(0), jnp.float32(jnp.nan)
+    return new_params, m, jnp.int32(0), jnp.float32(jnp.nan), loss_in
   logits = apply_fn(new_params, test_x)
   correct = jnp.sum(jnp.argmax(logits, -1) == test_y)
-  return new_params, m, correct, jnp.sum(losses.per_example_cross_entropy(logits, test_y))
+  return (new_params, m, correct, jnp.sum(losses.per_example_cross_entropy(logits, test_y)),
+          loss_in)
 
 
 # Jitted by rebinding, not by a decorator: mutmut skips decorated functions.
@@ -92,7 +116,9 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
                    record_every: int, optimizer, epochs: int, batch_size: int,
                    hooks: client.ClientHooks | None = None, test_x=None, test_y=None,
                    chunk_size: int = 256, member_x=None, member_y=None,
-                   progress: Callable[[int, dict], None] | None = None) -> dict[str, np.ndarray]:
+                   progress: Callable[[int, dict], None] | None = None, in_models: int = 0,
+                   shadow_x=None, shadow_y=None, query_pool=None,
+                   shadow_size: int | None = None) -> dict[str, np.ndarray]:
   """Trains FedAvg for `num_rounds` rounds and measures the queries at every recorded round.
 
   The FedMIA paper's observation set {I_k^t} (Sect. 3.2) restricted to the recorded rounds,
@@ -117,6 +143,13 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     member_x, member_y: The clients' training rows (optional): the final global model's
       accuracy on them (`member_correct`, `num_member`) gives the generalisation gap.
     progress: Optional `progress(recorded_index, {'round', 'test_accuracy'})` callback.
+    in_models: M IN models per query and recorded round for online LiRA (`fl.shadow`); 0:
+      none (no `loss_in`).
+    shadow_x, shadow_y: the server's data the shadow sets are drawn from (needed with
+      `in_models`).
+    query_pool: [Q] row of each query in `shadow_x`, -1 when it is not one (default: none).
+    shadow_size: rows of a shadow set; default the clients' mean size, rounded (every
+      client's size when the shards are equal).
 
   Returns:
     The dict of numpy arrays described in the module docstring.
@@ -124,6 +157,11 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   recorded = recorded_rounds(num_rounds, record_every)
   if chunk_size < 1:
     raise ValueError(f'chunk_size must be >= 1 (got {chunk_size})')
+  if in_models < 0 or (in_models and (shadow_x is None or shadow_y is None)):
+    raise ValueError(f'in_models must be >= 0 and needs shadow_x, shadow_y (got {in_models})')
+  if in_models and clients.aux is not None:
+    # A shadow set has no client's auxiliary data for its hooks to read.
+    raise ValueError('IN models cannot re-run clients with auxiliary data (clients.aux)')
   static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
                 batch_size=int(batch_size), hooks=hooks)
   clients = rounds.ClientData(*(None if a is None else jax.tree_util.tree_map(jnp.asarray, a)
@@ -132,13 +170,26 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   tx = None if test_x is None else jnp.asarray(test_x)
   ty = None if test_y is None else jnp.asarray(test_y)
   chunk = int(min(chunk_size, qx.shape[0]))
-  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'test_correct', 'test_loss')}
+  pool = None
+  if in_models:
+    if shadow_size is None:
+      shadow_size = int(np.rint(np.mean(np.asarray(clients.sizes()))))
+    if query_pool is None:
+      query_pool = np.full(qx.shape[0], -1, np.int32)
+    pool = (jnp.asarray(shadow_x), jnp.asarray(shadow_y), jnp.asarray(query_pool, jnp.int32))
+    static.update(in_models=int(in_models), shadow_size=int(shadow_size),
+                  masked=clients.mask is not None)
+  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'test_correct', 'test_loss',
+                               'loss_in')}
   done = 0
   for i, t in enumerate(recorded):
-    params, m, correct, total = _segment(params, clients, key, jnp.int32(done), qx, qy, tx, ty,
-                                         num_plain=int(t - done), chunk_size=chunk, **static)
+    params, m, correct, total, loss_in = _segment(
+        params, clients, key, jnp.int32(done), qx, qy, tx, ty, pool, num_plain=int(t - done),
+        chunk_size=chunk, **static)
     for name in ('loss', 'cos', 'diff', 'grad_sq'):
       out[name].append(np.asarray(getattr(m, name), np.float32))
+    if in_models:
+      out['loss_in'].append(np.asarray(loss_in, np.float32))
     if tx is not None:
       out['test_correct'].append(int(correct))
       out['test_loss'].append(float(total) / tx.shape[0])
@@ -157,6 +208,9 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     result['member_correct'] = np.asarray(
         int(jnp.sum(jnp.argmax(logits, -1) == jnp.asarray(member_y))), np.int64)
     result['num_member'] = np.asarray(len(member_x), np.int64)
+  if in_models:
+    result['loss_in'] = np.stack(out['loss_in'])
+    result['shadow_size'] = np.asarray(shadow_size, np.int64)
   return result
 
 
@@ -184,7 +238,9 @@ def record_shards(model, init_key, train, test, shards: list[np.ndarray], *,
       client) and gives the accuracy after each recorded round.
     shards: Each client's indices into the train split (unequal sizes are padded).
     label: Names the training in the progress log (every 10 s).
-    **kw: `train_recorded`'s keyword arguments (`key`, `num_rounds`, `record_every`, ...).
+    **kw: `train_recorded`'s keyword arguments (`key`, `num_rounds`, `record_every`, ...);
+      with `in_models` > 0 the shadow sets are drawn from the test split (the server-held
+      population RMIA uses too; a test query is its own pool row).
 
   Returns:
     `train_recorded`'s arrays plus `owner` [Q], `train_seconds` and `client_sizes` [K].
@@ -201,6 +257,10 @@ def record_shards(model, init_key, train, test, shards: list[np.ndarray], *,
                                 info['round'] + 1, info['test_accuracy'])
 
   members = np.concatenate([np.asarray(i) for i in shards]).astype(np.int64)
+  if kw.get('in_models'):
+    # query_set's order: the train rows (not pool rows), then the test rows (pool rows).
+    kw.update(shadow_x=test_x, shadow_y=test.y, query_pool=np.r_[
+        np.full(len(xf), -1), np.arange(len(test_x))].astype(np.int32))
   rec = train_recorded(model.apply, init, clients, qx, qy, test_x=test_x, test_y=test.y,
                        member_x=xf[members], member_y=train.y[members], progress=progress, **kw)
   rec['owner'] = owner

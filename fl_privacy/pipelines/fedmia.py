@@ -42,6 +42,7 @@ from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import fedmia_figures
+from fl_privacy.pipelines import fedmia_online
 from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
@@ -55,17 +56,15 @@ DEFENSES = ('update_noise', 'update_dp', 'sparsify', 'quantize', 'mixup', 'augme
 LR_SCHEDULES = optimizers_lib.LR_SCHEDULES
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
-    summary.param('model'), summary.param('attack'), summary.param('nonmember_scoring',
-                                                                   'scoring'),
+    summary.param('model'), summary.param('attack'), summary.param('nonmember_scoring', 'scoring'),
     summary.param('defense'), summary.param('defense_param', 'strength'),
     summary.param('beta'), summary.param('num_clients', 'K'),
     summary.param('local_epochs', 'E'), summary.rate('tpr_at_fpr_1e-3', 'TPR@0.1%FPR'),
     summary.metric('auc', 'AUC'), summary.metric('test_accuracy', 'test acc.'),
     summary.metric('generalisation_gap', 'gap'), summary.seconds()))
 RECORDED = 'recorded'
-CLIENT_COUNT = validate.items(validate.number(3, integer=True),
-                              'integers >= 3 (FedMIA needs two non-target clients)',
-                              nonempty=False)
+CLIENT_COUNT = validate.items(validate.number(3, integer=True), 'integers >= 3 (FedMIA needs two '
+                              'non-target clients)', nonempty=False)
 BETAS = validate.items(validate.Rule('', lambda b: not isinstance(b, bool) and b > 0),
                        'non-empty, numbers > 0 (inf = IID)', scalar=False)
 ROUNDS_JSON = 'rounds.json'
@@ -101,8 +100,7 @@ def validate_config(config) -> None:
     validate.positive(config, 'fedmia.per_client', integer=True)
   t = validate.positive(config, 'fedmia.num_rounds', integer=True)
   every = validate.positive(config, 'fedmia.record_every', integer=True)
-  validate.require(t % every == 0, 'fedmia.record_every',
-                   f'a divisor of num_rounds = {t}', every)
+  validate.require(t % every == 0, 'fedmia.record_every', f'a divisor of num_rounds = {t}', every)
   validate.checked(config, 'fedmia.single_round', validate.where(
       validate.number(every, t, integer=True), lambda v: v % every == 0,
       f'a recorded round (a multiple of {every} in [{every}, {t}])'))
@@ -118,6 +116,7 @@ def validate_config(config) -> None:
   validate.in_range(config, 'fedmia.lr_decay', 0.0, 1.0, low_inclusive=False)
   _attack_names(config, 'fedmia.attacks')
   _attack_names(config, 'fedmia.sweep_attacks')
+  fedmia_online.validate_config(config)
   validate.one_of(config, 'fedmia.outlier_filter', passive.FILTERS)
   validate.subset_of(config, 'fedmia.nonmember_scoring', passive.SCORINGS)
   validate.subset_of(config, 'fedmia.sweep_scoring', passive.SCORINGS)
@@ -219,7 +218,7 @@ def partition(config, state, key, beta: float, num_clients: int) -> list[np.ndar
       state['train'].y, num_clients, beta, None if per_client is None else int(per_client))
 
 
-def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
+def record(config, state, key, tr: dict, in_models: int = 0) -> dict[str, np.ndarray]:
   """Trains one setting and returns its recording (`fl.recording.record_shards`)."""
   s = config.fedmia
   beta, num_clients, epochs = tr['beta'], tr['num_clients'], tr['local_epochs']
@@ -232,7 +231,7 @@ def record(config, state, key, tr: dict) -> dict[str, np.ndarray]:
       num_rounds=int(s.num_rounds), record_every=int(s.record_every),
       optimizer=state['optimizer'], epochs=int(epochs), batch_size=int(s.batch_size),
       hooks=None if tr['defense'] == 'none' else defense_for(config, state, tr).hooks,
-      chunk_size=int(s.chunk_size))
+      chunk_size=int(s.chunk_size), in_models=in_models)
 
 
 def _validate_defenses(config) -> None:
@@ -286,7 +285,7 @@ def point_params(tr: dict, attack: str, scoring: str) -> dict:
 def attack_plan(config, tr: dict) -> list[tuple[str, str]]:
   s = config.fedmia
   attacks, scorings = ((s.attacks, s.nonmember_scoring) if tr['sweep'] == 'main' else
-                       (s.sweep_attacks, s.sweep_scoring))  # RMIA: not under public_code
+                       (s.sweep_attacks, s.sweep_scoring))  # RMIA, online LiRA: aligned only
   return [(a, sc) for sc in scorings for a in attacks if scores_lib.supports(a, sc)]
 
 
@@ -304,9 +303,10 @@ def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
 def recorded(config, state, key, artifacts: ArtifactStore, tr: dict) -> dict[str, np.ndarray]:
   """Training `tr`'s recording: read from the artifacts, else trained and saved."""
   rec = artifacts.load(training_params(tr))
-  if rec is None:
+  n_in = fedmia_online.in_models(config, attack_plan(config, tr))
+  if rec is None or fedmia_online.stale(rec, n_in):  # e.g. stored without online LiRA's IN
     logging.info('training %s', describe(tr))
-    rec = record(config, state, key, tr)
+    rec = record(config, state, key, tr, n_in)
     artifacts.save(training_params(tr), rec)
   return rec
 

@@ -29,7 +29,8 @@ MULTI = ('loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii')
 _COLOURS = {'blackbox_loss': 'tab:gray', 'grad_cosine': 'tab:olive', 'grad_diff': 'tab:brown',
             'grad_norm': 'tab:pink', 'loss_series': 'tab:blue', 'avg_cosine': 'tab:green',
             'fedmia_i': 'tab:purple', 'fedmia_ii': 'tab:red', 'lira_offline': 'tab:orange',
-            'lira_offline_fixed': 'tab:cyan', 'rmia': 'darkgoldenrod'}
+            'lira_offline_fixed': 'tab:cyan', 'lira_online': 'sienna',
+            'lira_online_fixed': 'magenta', 'rmia': 'darkgoldenrod'}
 
 
 def attack_options(config) -> dict:

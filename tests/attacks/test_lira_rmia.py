@@ -221,6 +221,96 @@ def test_online_fixed_variance_by_hand_with_one_in_model():
   np.testing.assert_allclose(lira.online_scores(x, phi_in2, phi_out), want, rtol=1e-10)
 
 
+# --- online LiRA on recordings (IN measurements `loss_in`) -------------------------------------
+
+
+def _tiny_online():
+  """3 clients, queries owned by 0, 1, 2 and a test row; 2 rounds, 2 IN models per query."""
+  owner = np.array([0, 1, 2, -1])
+  phi = np.array([[[3.0, 0.0, 1.0, -1.0], [0.5, 2.0, -1.0, 0.0], [1.5, -2.0, 2.0, 1.0]],
+                  [[4.0, 1.0, 0.0, 0.0], [1.0, 3.0, 1.0, -2.0], [2.0, 0.0, 3.0, 2.0]]])
+  phi_in = np.array([[[2.0, 1.0, 0.0, 0.5], [4.0, 2.0, 3.0, 1.5]],
+                     [[3.0, 2.0, 1.0, -1.0], [6.0, 2.5, 2.0, 0.0]]])
+  rec = dict(loss=_loss_of(phi), loss_in=_loss_of(phi_in), rounds=np.arange(2))
+  return rec, owner, phi, phi_in
+
+
+def _by_hand(x, phi_in, phi_out, fixed):
+  """Eq. (4) of the LiRA paper in logs, written out: ddof-1 variances (+1e-8), or one pooled."""
+  mi, mo = phi_in.mean(0), phi_out.mean(0)
+  ssi, sso = ((phi_in - mi) ** 2).sum(0), ((phi_out - mo) ** 2).sum(0)
+  if fixed:
+    vi = vo = (ssi.sum() + sso.sum()) / ((len(phi_in) - 1 + len(phi_out) - 1) * x.size) + 1e-8
+  else:
+    vi, vo = ssi / (len(phi_in) - 1) + 1e-8, sso / (len(phi_out) - 1) + 1e-8
+  return (-0.5 * np.log(2 * np.pi * vi) - (x - mi) ** 2 / (2 * vi)
+          + 0.5 * np.log(2 * np.pi * vo) + (x - mo) ** 2 / (2 * vo))
+
+
+@pytest.mark.parametrize('attack', ['lira_online', 'lira_online_fixed'])
+def test_online_lira_on_a_tiny_recording_by_hand(attack):
+  rec, owner, phi, phi_in = _tiny_online()
+  fixed = attack == 'lira_online_fixed'
+  pooled = scores.pooled_round_scores(rec, owner, attack)
+  # Target 0 first: its member (query 0), then its non-members 1, 2, 3; shadows clients 1, 2.
+  want = np.stack([_by_hand(phi[t, 0], phi_in[t], phi[t, 1:], fixed) for t in range(2)])
+  np.testing.assert_allclose(pooled['scores'][:, :4], want, rtol=1e-7, atol=1e-7)
+  # Target 2 (last): member query 2, then 0, 1, 3; shadows clients 0, 1.
+  cols = [2, 0, 1, 3]
+  want2 = np.stack([_by_hand(phi[t, 2, cols], phi_in[t][:, cols], phi[t, :2][:, cols], fixed)
+                    for t in range(2)])
+  np.testing.assert_allclose(pooled['scores'][:, 8:], want2, rtol=1e-7, atol=1e-7)
+  # Rounds combine by their mean (Eq. 12 of FedMIA; the log LR of independent rounds / R).
+  final = scores.combine_rounds(pooled['scores'], attack)
+  np.testing.assert_allclose(final[:4], want.mean(0), rtol=1e-7, atol=1e-7)
+  assert not np.allclose(final[:4], want.max(0))  # a max over rounds would fail here
+  m = evaluate.evaluate(rec, owner, attack)
+  assert m['n_pos'] == 3 and m['n_neg'] == 9
+
+
+def test_online_lira_is_scored_aligned_only():
+  """The public code has no IN models: 'public_code' is refused, the aligned scorings run."""
+  rec, owner, _, _ = _tiny_online()
+  for attack in ('lira_online', 'lira_online_fixed'):
+    assert not scores.supports(attack, 'public_code')
+    assert scores.supports(attack, 'aligned') and scores.supports(attack, 'public_code_2024')
+    with pytest.raises(ValueError, match="online LiRA is scored aligned only.*'public_code'"):
+      scores.pooled_round_scores(rec, owner, attack, scoring='public_code',
+                                 rng=np.random.default_rng(3))
+    assert scores.pooled_round_scores(rec, owner, attack, scoring='public_code_2024')[
+        'scores'].shape[0] == 2
+
+
+def test_online_lira_refuses_a_recording_without_in_measurements():
+  rec, owner, _, _ = _tiny_online()
+  del rec['loss_in']
+  for attack in ('lira_online', 'lira_online_fixed'):
+    with pytest.raises(ValueError, match='in_models > 0'):
+      scores.pooled_round_scores(rec, owner, attack)
+  assert scores.label('lira_online') == 'LiRA (online)'
+  assert {'lira_online', 'lira_online_fixed'} <= set(scores.MULTI_ROUND)
+
+
+@pytest.mark.parametrize('attack', ['lira_online', 'lira_online_fixed'])
+def test_online_lira_on_a_recording_reaches_the_optimum(attack):
+  """IN ~ N(mu_q + delta, s^2) and OUT ~ N(mu_q, s^2): the pooled AUC of the attack (through
+  `evaluate`) is the likelihood ratio test's, inside its DeLong interval."""
+  rng = np.random.default_rng(4)
+  delta, s, num_in = 1.0, 1.0, 64
+  rec, owner = _recording(rng, num_clients=50, per_client=20, num_test=1000, delta=delta, s=s)
+  # `_recording` draws the query means first: the same seed gives them back.
+  rng2 = np.random.default_rng(4)
+  q = 50 * 20 + 1000
+  mu_q = 2.0 * rng2.normal(size=q)
+  rec['loss_in'] = _loss_of(mu_q + delta + s * rng.normal(size=(1, num_in, q)))
+  m = evaluate.evaluate(rec, owner, attack)
+  assert m['n_pos'] == 1000
+  # 1000 members: DeLong half-width ~0.017. A non-member of another client has its owner's IN
+  # upload among its 49 OUT values (mean off by delta / 49): the optimum moves by < 0.005.
+  assert m['auc_ci_high'] - m['auc_ci_low'] < 0.04
+  assert m['auc_ci_low'] <= _optimum(delta, s) <= m['auc_ci_high']
+
+
 # --- RMIA -------------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 Each expected value is computed here from its definition with scalar arithmetic (FedMIA with two
 shadows in closed form: mu = (a + b) / 2, sigma^2 = ((a - b) / 2)^2 + 1e-8; offline LiRA the
 same on phi = log(p / (1 - p)), p = exp(-loss), with the unbiased variance (a - b)^2 / 2, or its
-fixed variance pooled over the four queries), independently of the vectorised library code, and compared with `scores.pooled_round_scores` +
+fixed variance pooled over the four queries; online LiRA with two IN models as IN, Eq. 4 in logs),
+independently of the vectorised library code, and compared with `scores.pooled_round_scores` +
 `scores.combine_rounds` and with the final scores `evaluate.evaluate` hands to
 `score_metrics`.
 """
@@ -52,11 +53,18 @@ DIFF = np.array([
 ])
 GRAD_SQ = np.array([[1.0, 2.0, 0.5, 3.0],
                     [0.8, 1.5, 0.4, 2.5]])
+# Online LiRA's IN measurements: the loss of each query under M = 2 server-built IN models.
+LOSS_IN = np.array([
+    [[0.15, 0.25, 0.30, 0.60],   # round 0, IN model 0
+     [0.40, 0.10, 0.50, 0.90]],  # IN model 1
+    [[0.05, 0.30, 0.20, 0.70],   # round 1
+     [0.30, 0.15, 0.45, 1.00]],
+])
 
 
 def _recording():
   return dict(loss=LOSS.copy(), cos=COS.copy(), diff=DIFF.copy(), grad_sq=GRAD_SQ.copy(),
-              rounds=ROUNDS.copy())
+              rounds=ROUNDS.copy(), loss_in=LOSS_IN.copy())
 
 
 def _plain(measurement, t):
@@ -99,6 +107,29 @@ def _lira(t, fixed):
   return out
 
 
+def _log_normal(x, mu, var):
+  return -0.5 * math.log(2 * math.pi * var) - (x - mu) ** 2 / (2 * var)
+
+
+def _lira_online(t, fixed):
+  """Round t's pooled online LiRA scores (Eq. 4 of LiRA, in logs): IN the two IN models'
+  phi, OUT the other two clients'; variances (a - b)^2 / 2, or one pooled over the 4 queries'
+  IN and OUT pairs (8 dof)."""
+  out = []
+  for k in range(3):
+    i, j = [c for c in range(3) if c != k]
+    outs = [(_phi(LOSS[t, i, q]), _phi(LOSS[t, j, q])) for q in range(4)]
+    ins = [(_phi(LOSS_IN[t, 0, q]), _phi(LOSS_IN[t, 1, q])) for q in range(4)]
+    pooled = sum((a - b) ** 2 / 2 for a, b in outs + ins) / 8
+    for q in ORDER[k]:
+      (a, b), (c, d) = outs[q], ins[q]
+      v_out = (pooled if fixed else (a - b) ** 2 / 2) + 1e-8
+      v_in = (pooled if fixed else (c - d) ** 2 / 2) + 1e-8
+      x = _phi(LOSS[t, k, q])
+      out.append(_log_normal(x, (c + d) / 2, v_in) - _log_normal(x, (a + b) / 2, v_out))
+  return out
+
+
 def _fedmia(values, t):
   """Round t's pooled FedMIA scores: each target against the other two clients."""
   out = []
@@ -131,6 +162,8 @@ def _per_round(attack):
     return np.array([_fedmia(values, t) for t in range(2)])
   if base in ('lira_offline', 'lira_offline_fixed'):
     return np.array([_lira(t, base == 'lira_offline_fixed') for t in range(2)])
+  if base in ('lira_online', 'lira_online_fixed'):
+    return np.array([_lira_online(t, base == 'lira_online_fixed') for t in range(2)])
   return np.array([_plain(scores.MEASUREMENT[base], t) for t in range(2)])
 
 
@@ -144,7 +177,7 @@ def _expected_final(attack):
     return per_round[t], int(ROUNDS[t]) + 1
   if base in scores.SINGLE:
     return per_round[1], int(ROUNDS[1]) + 1  # the last recorded round
-  # Series and FedMIA: the mean of the two rounds (Eqs. 5 and 12).
+  # Series, FedMIA, LiRA: the mean of the two rounds (Eqs. 5 and 12).
   return (per_round[0] + per_round[1]) / 2, int(ROUNDS[1]) + 1
 
 

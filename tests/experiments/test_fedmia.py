@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from tests.experiments import cli
@@ -32,7 +33,15 @@ def test_results_schema_and_files(smoke):
   # Every (attack, scoring) of the main setting but RMIA under public_code (aligned only).
   assert {(p['params']['attack'], p['params']['nonmember_scoring']) for p in main} == {
       (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']} - {('rmia', 'public_code')}
-  assert {'lira_offline', 'lira_offline_fixed', 'rmia'} <= set(s['attacks'])
+  assert {'lira_offline', 'lira_offline_fixed', 'lira_online', 'lira_online_fixed',
+          'rmia'} <= set(s['attacks'])
+  # Only the main training scores online LiRA, so only it records IN models.
+  for path in (workdir / 'recorded').glob('*.npz'):
+    with np.load(path) as f:
+      main = 'beta-inf_defense-none' in path.name
+      assert ('loss_in' in f.files) == main, path.name
+      if main:
+        assert f['loss_in'].shape == (3, s['lira_in_models'], f['loss'].shape[2])
   defended = {(p['params']['defense'], p['params']['defense_param']) for p in points}
   for name, values in s['defenses'].items():
     for v in values:
@@ -61,7 +70,8 @@ def test_results_schema_and_files(smoke):
   table = (workdir / 'table1.md').read_text()
   assert '| Attack | TPR@0.1% FPR (aligned)' in table and "paper's ordering" in table
   for row in ('| FedMIA-II (leave-one-out filter) |', '| LiRA (offline) |',
-              '| LiRA (offline, fixed variance) |', '| RMIA (offline) |'):
+              '| LiRA (offline, fixed variance) |', '| LiRA (online) |',
+              '| LiRA (online, fixed variance) |', '| RMIA (offline) |'):
     assert row in table, row
   assert 'public code minus aligned, TPR@0.1% (points)' in table and 'distinct negatives' in table
   assert 'inflation' not in table.lower()
@@ -82,6 +92,10 @@ def test_resume_neither_retrains_nor_rescores(smoke):
     ('--config.fedmia.record_every=2', 'fedmia.record_every'),
     ('--config.fedmia.defenses.update_noise=(-0.1,)', 'fedmia.defenses.update_noise'),
     ('--config.fedmia.num_clients=2', 'fedmia.num_clients'),
+    ('--config.fedmia.lira_in_models=0', 'fedmia.lira_in_models'),
+    ('--config.fedmia.lira_in_models=1.5', 'fedmia.lira_in_models'),
+    ('--config.fedmia.lira_in_models=x', 'fedmia.lira_in_models'),
+    ('--config.fedmia.lira_in_models=1', 'fedmia.lira_in_models'),  # lira_online needs 2
 ])
 def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / 'never'
@@ -103,3 +117,37 @@ def test_figures_read_on_their_own(smoke, monkeypatch):
   assert set(found) == {'fedmia_noniid', 'fedmia_rounds', 'fedmia_clients_epochs',
                         'fedmia_defenses'}
   assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_path,
+                                                                           monkeypatch):
+  """A cached recording that lacks `loss_in` (or has another number of IN models) is never
+  scored by online LiRA: `recorded` trains again; without online attacks it is read."""
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import fedmia  # pylint: disable=g-import-not-at-top
+  from fl_privacy.report import ArtifactStore  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  tr = dict(model='mlp', beta=float('inf'), num_clients=4, local_epochs=1, defense='none',
+            defense_param=None, sweep='main')
+  artifacts = ArtifactStore(tmp_path, fedmia.RECORDED)
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
+  calls = []
+
+  def fake_record(config, state, key, tr, in_models=0):
+    calls.append(in_models)
+    return {'loss': np.ones((3, 4, 5), np.float32),
+            'loss_in': np.ones((3, in_models, 5), np.float32)}
+
+  monkeypatch.setattr(fedmia, 'record', fake_record)
+  rec = fedmia.recorded(config, {}, None, artifacts, tr)
+  assert calls == [4] and rec['loss_in'].shape == (3, 4, 5)
+  # Now stored with its IN models: read, not trained.
+  assert fedmia.recorded(config, {}, None, artifacts, tr)['loss_in'].shape == (3, 4, 5)
+  assert calls == [4]
+  config.fedmia.lira_in_models = 6  # another number of IN models: trained again
+  fedmia.recorded(config, {}, None, artifacts, tr)
+  assert calls == [4, 6]
+  config.fedmia.attacks = ('fedmia_ii',)  # no online attack: whatever is stored is read
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
+  assert 'loss_in' not in fedmia.recorded(config, {}, None, artifacts, tr)
+  assert calls == [4, 6]

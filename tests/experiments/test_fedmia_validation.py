@@ -29,7 +29,13 @@ def _config(**fields):
     ({'fedmia.num_clients': 2}, 'fedmia.num_clients'),
     ({'fedmia.client_counts': (5, 2)}, 'fedmia.client_counts'),
     ({'fedmia.attacks': ('fedmia_ii', 'lira')}, 'fedmia.attacks'),
-    ({'fedmia.attacks': ('lira_online',)}, 'fedmia.attacks'),  # not implemented
+    ({'fedmia.attacks': ('lira_online@paper',)}, 'fedmia.attacks'),
+    ({'fedmia.lira_in_models': 0}, 'fedmia.lira_in_models'),
+    ({'fedmia.lira_in_models': True}, 'fedmia.lira_in_models'),
+    # lira_online fits a per-query IN variance: one IN model is refused, where it is scored.
+    ({'fedmia.lira_in_models': 1}, 'fedmia.lira_in_models'),
+    ({'fedmia.lira_in_models': 1, 'fedmia.attacks': ('lira_online_fixed',),
+      'fedmia.sweep_attacks': ('lira_online',)}, 'fedmia.lira_in_models'),
     ({'fedmia.rmia_gamma': 0.0}, 'fedmia.rmia_gamma'),
     ({'fedmia.rmia_gamma': float('inf')}, 'fedmia.rmia_gamma'),
     ({'fedmia.rmia_a': 1.5}, 'fedmia.rmia_a'),
@@ -56,6 +62,18 @@ def test_bad_field_raises_config_error(fields, field):
   assert str(e.value).startswith(f'config.{field}:')
 
 
+@pytest.mark.parametrize('value', [1.5, 'x', None])
+def test_lira_in_models_of_another_type(value):
+  # The command line refuses these as flags (exit 2 naming the field, test_fedmia.py); a config
+  # built in code can still hold them.
+  config = digits.get_config('smoke')
+  with config.ignore_type():
+    config.fedmia.lira_in_models = value
+  with pytest.raises(validate.ConfigError) as e:
+    fedmia.validate_config(config)
+  assert e.value.field == 'fedmia.lira_in_models'
+
+
 def test_unknown_defense_name():
   config = digits.get_config('smoke')
   config.fedmia.defenses['tempering'] = (0.5,)
@@ -67,6 +85,9 @@ def test_unknown_defense_name():
 def test_default_configs_are_valid():
   for arg in (None, 'smoke'):
     fedmia.validate_config(digits.get_config(arg))
+  # One IN model is enough for the fixed variance alone.
+  fedmia.validate_config(_config(**{'fedmia.lira_in_models': 1,
+                                    'fedmia.attacks': ('lira_online_fixed', 'fedmia_ii')}))
 
 
 def test_new_attacks_scorings_and_rmia_fields():

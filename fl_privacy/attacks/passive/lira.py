@@ -13,8 +13,11 @@ of a query are the other clients' uploads of the same round.
   member, in [0, 1]. This is the per-round term FedMIA (`fedmia`) uses with other
   measurements.
 - Online (`online_scores`, Eq. (4) / Algorithm 1): log N(phi; mu_in, sigma_in^2) - log
-  N(phi; mu_out, sigma_out^2), given IN measurements (e.g. the server re-runs the target's
-  local steps from the global model with the query added).
+  N(phi; mu_out, sigma_out^2) per query and round, the IN measurements those of models the
+  server trains itself: it re-runs the protocol's local round from the global model w_t on
+  shadow sets of the clients' size from the data it holds with the query inserted
+  (`fl.shadow`; the recording's `loss_in` [R, M, Q], `in_measurements`), the OUT ones the
+  other clients' uploads, as offline.
 - `fixed_variance=True`: one sigma for all queries (pooled within-query variance), the variant
   the LiRA paper recommends with few shadow models (its "fixed variance", Sect. VI).
 
@@ -23,8 +26,11 @@ text); Eq. (4) is the Gaussian likelihood ratio and Algorithm 1 the attack with 
 lines.
 
 Rounds are combined by averaging the per-round scores (`combine_rounds`), as FedMIA's Eq. (12)
-(Zhu et al., CVPR 2025) combines its per-round Phi; for the online log likelihood ratio the
-average is the log likelihood ratio of independent rounds divided by R.
+(Zhu et al., CVPR 2025) combines its per-round Phi. The online per-round score is the log
+likelihood ratio itself, not a transform of it: the average of per-round log ratios is the
+log likelihood ratio of the R rounds taken as independent, divided by R (a monotone map of
+the joint test's statistic, so the ROC is the Neyman-Pearson one under that independence);
+a bounded transform such as Phi would weigh a round's strong evidence like a weak one's.
 
 Variance estimator: the unbiased sample variance (ddof 1) of the shadows of a query, or with
 `fixed_variance` the pooled sum of squared deviations from each query's own mean divided by
@@ -166,6 +172,20 @@ def online_scores(phi_target, phi_in, phi_out, fixed_variance: bool = False) -> 
     mu_in, var_in = _fit(phi_in, np.ones(phi_in.shape, bool), False)
     mu_out, var_out = _fit(phi_out, np.ones(phi_out.shape, bool), False)
   return _log_normal(x, mu_in, var_in) - _log_normal(x, mu_out, var_out)
+
+
+def in_measurements(recording: dict[str, np.ndarray]) -> np.ndarray:
+  """phi of every query under the server's IN models, [R, M, Q] (`logit_confidence` of
+  `loss_in`, as phi of the uploads is of `loss`, so both are clipped alike).
+
+  Raises:
+    ValueError: the recording has no `loss_in` (recorded without IN models; online LiRA
+      cannot be scored from it, re-record with `in_models` > 0).
+  """
+  if 'loss_in' not in recording:
+    raise ValueError('online LiRA needs the IN measurements `loss_in` of a recording made '
+                     'with in_models > 0 (fl.recording.train_recorded); this one has none')
+  return logit_confidence(recording['loss_in'])
 
 
 def _log_normal(x, mu, var):

@@ -21,12 +21,14 @@ Attacks (`ATTACKS`; higher score = member; query q, round t, target k):
 | `fedmia_ii` | the same with cos (FedMIA-II) |
 | `lira_offline` | (1/R) sum_t Phi((phi - mu_t) / sigma_t), phi the logit confidence of the true label, mu_t and sigma_t (per query) of the other clients (offline LiRA, `lira`) |
 | `lira_offline_fixed` | the same with one sigma_t per round pooled over the queries (LiRA's fixed variance) |
+| `lira_online` | (1/R) sum_t [log N(phi; mu_in,t, s_in,t^2) - log N(phi; mu_out,t, s_out,t^2)], IN: the server's re-runs of the round from w_t on shadow sets with the query (`fl.shadow`, `loss_in`), OUT: the other clients; per query (online LiRA, Eq. 4) |
+| `lira_online_fixed` | the same with one sigma_t per round pooled over the IN and OUT values of every query (LiRA's fixed variance) |
 | `rmia` | (1/R) sum_t Pr_z[LR_t(x, z) >= gamma] over the population z = the test rows, the other clients as reference models (offline RMIA, `rmia`; `rmia_gamma`, `rmia_a`) |
 
 `fedmia_*` use an outlier filter (`fedmia.FILTERS`): `fedmia_ii` the configured one (default
 `leave_one_out`), `fedmia_ii@paper` / `fedmia_ii@none` name one explicitly. LiRA and RMIA
-(`REFERENCE`) use no filter; online LiRA (IN models from re-running the target's local steps
-with the query added) is not an attack of this list.
+(`REFERENCE`) use no filter. Online LiRA (`ONLINE`) needs a recording with `loss_in` (IN
+measurements, `fl.recording`'s `in_models`) and refuses one without.
 
 Non-member scoring (`SCORINGS`):
 - `aligned`: a query keeps its identity across clients and rounds: its round scores are
@@ -39,7 +41,12 @@ Non-member scoring (`SCORINGS`):
   round); members stay aligned (the code keeps the target's training indices fixed). Averaging
   scores of different examples narrows the non-member distribution, which inflates TPR at low
   FPR; the pair of scorings measures by how much. LiRA's per-position Gaussian test is
-  FedMIA's and takes the permutation the same way. RMIA does not: its score compares the
+  FedMIA's and takes the permutation the same way. Online LiRA is scored aligned only: the
+  code has no IN models, so which example the IN values at a misaligned position belong to
+  would be our choice, not the code's, and both choices make artefacts (IN values following the
+  target's row: AUC 0.29, and 0.002 with the fixed variance, on the digits recording where
+  aligned gives 0.51-0.52; following the position's aligned query: the offline attacks'
+  inflation). RMIA does not take the permutation either: its score compares the
   target's ratio with a population (the test rows), not with the other clients' values at a
   position, so there is no position to misalign cleanly; RMIA is scored aligned only and
   refuses 'public_code' (`supports`). (Permuting only its reference marginal adds variance
@@ -63,13 +70,16 @@ BEST_ROUND = tuple(f'{a}_best_round' for a in SINGLE)
 SERIES = ('loss_series', 'avg_cosine')
 FEDMIA = ('fedmia_i', 'fedmia_ii')
 # The state of the art beside the paper's attacks: offline LiRA and RMIA.
-REFERENCE = ('lira_offline', 'lira_offline_fixed', 'rmia')
+# Online LiRA: IN models the server builds (`fl.shadow`), read from the recording's `loss_in`.
+ONLINE = ('lira_online', 'lira_online_fixed')
+REFERENCE = ('lira_offline', 'lira_offline_fixed') + ONLINE + ('rmia',)
 ATTACKS = SINGLE + BEST_ROUND + SERIES + FEDMIA + REFERENCE
 # Attacks that average their per-round scores over the recorded rounds.
 MULTI_ROUND = SERIES + FEDMIA + REFERENCE
 SCORINGS = ('aligned', 'public_code', 'public_code_2024')
 # (attack, scoring) pairs that are not scored (module docstring).
-UNSUPPORTED = frozenset({('rmia', 'public_code')})
+UNSUPPORTED = frozenset({('rmia', 'public_code'), ('lira_online', 'public_code'),
+                         ('lira_online_fixed', 'public_code')})
 # RMIA's threshold gamma and offline parameter a when the caller gives none (the RMIA
 # authors' configs use gamma = 2; a = 1 is their "unknown" default, Pr(x) = Pr_OUT(x)).
 RMIA_GAMMA = 2.0
@@ -79,7 +89,8 @@ RMIA_A = 1.0
 MEASUREMENT = {
     'blackbox_loss': 'loss', 'grad_cosine': 'cos', 'grad_diff': 'diff', 'grad_norm': 'grad_sq',
     'loss_series': 'loss', 'avg_cosine': 'cos', 'fedmia_i': 'loss', 'fedmia_ii': 'cos',
-    'lira_offline': 'phi', 'lira_offline_fixed': 'phi', 'rmia': 'loss',
+    'lira_offline': 'phi', 'lira_offline_fixed': 'phi', 'lira_online': 'phi',
+    'lira_online_fixed': 'phi', 'rmia': 'loss',
 }
 MEASUREMENT.update({f'{a}_best_round': MEASUREMENT[a] for a in SINGLE})
 
@@ -88,7 +99,8 @@ LABELS = {
     'blackbox_loss': 'Blackbox-Loss', 'grad_cosine': 'Grad-Cosine', 'grad_diff': 'Grad-Diff',
     'grad_norm': 'Grad-Norm', 'loss_series': 'Loss-Series', 'avg_cosine': 'Avg-Cosine',
     'fedmia_i': 'FedMIA-I', 'fedmia_ii': 'FedMIA-II', 'lira_offline': 'LiRA (offline)',
-    'lira_offline_fixed': 'LiRA (offline, fixed variance)', 'rmia': 'RMIA (offline)',
+    'lira_offline_fixed': 'LiRA (offline, fixed variance)', 'lira_online': 'LiRA (online)',
+    'lira_online_fixed': 'LiRA (online, fixed variance)', 'rmia': 'RMIA (offline)',
 }
 LABELS.update({f'{a}_best_round': f'{LABELS[a]} (best round, optimistic)' for a in SINGLE})
 
@@ -109,7 +121,8 @@ def parse(name: str, default_filter: str = 'leave_one_out') -> tuple[str, str | 
 
 
 def supports(name: str, scoring: str) -> bool:
-  """Whether attack `name` is scored under `scoring` (RMIA not under 'public_code')."""
+  """Whether attack `name` is scored under `scoring` (RMIA and online LiRA not under
+  'public_code')."""
   return (parse(name)[0], scoring) not in UNSUPPORTED
 
 
@@ -154,12 +167,15 @@ def target_views(owner: np.ndarray, target: int,
 def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: str,
                  outlier_filter: str | None = None, scoring: str = 'aligned',
                  rng: np.random.Generator | None = None, rmia_gamma: float = RMIA_GAMMA,
-                 rmia_a: float = RMIA_A) -> dict[str, Any]:
+                 rmia_a: float = RMIA_A, in_values: np.ndarray | None = None
+                 ) -> dict[str, Any]:
   """Per-round scores of one target's members and non-members.
 
   The per-round term of Eq. (5)/(12) of the FedMIA paper: for `kind='fedmia'` the round's
   Phi((M_target - mu_t) / sigma_t) (`fedmia.round_scores`), for 'lira' / 'lira_fixed' offline
   LiRA's Phi on the same columns (`lira.offline_scores`, per-query or fixed variance), for
+  'lira_online' / 'lira_online_fixed' online LiRA's log likelihood ratio (Eq. 4 of the LiRA
+  paper, `lira.online_scores`) with `in_values` as IN and the other clients as OUT, for
   'rmia' RMIA's pairwise test against the test rows (`rmia.pairwise_scores`), otherwise the
   target's own measurement (or the shared one when `values` has a single client row, as
   grad_sq).
@@ -169,11 +185,14 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
       negated loss for RMIA).
     owner: [Q] owning client of each query, -1 for test queries.
     target: the target client k.
-    kind: 'fedmia', 'lira', 'lira_fixed', 'rmia' or 'plain'.
+    kind: 'fedmia', 'lira', 'lira_fixed', 'lira_online', 'lira_online_fixed', 'rmia' or
+      'plain'.
     outlier_filter: FedMIA's filter (`fedmia.FILTERS`).
     scoring: one of `SCORINGS` (module docstring).
     rng: numpy Generator; needed for 'public_code'.
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
+    in_values: [R, M, Q] IN measurements (phi) of online LiRA (`lira.in_measurements`); at a
+      permuted position the target's query's (module docstring).
 
   Returns:
     dict with `scores` [R, n] (members first, then non-members in position order), `labels`
@@ -192,6 +211,12 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
   nonmember_owner = np.asarray(owner)[nonmembers]
   if kind != 'plain' and rows < 3:
     raise ValueError(f'{kind} needs at least 2 non-target clients')
+  if kind.startswith('lira_online') and in_values is None:
+    raise ValueError(f'{kind} needs in_values (IN measurements, `lira.in_measurements`)')
+  if kind in ONLINE and (kind, scoring) in UNSUPPORTED:
+    raise ValueError(f"online LiRA is scored aligned only (the public code has no IN models to "
+                     f"misalign); scoring={scoring!r} refused, use 'aligned' or "
+                     "'public_code_2024'")
   if kind == 'rmia':
     if ('rmia', scoring) in UNSUPPORTED:
       raise ValueError(f"RMIA is scored aligned only (no position to permute in its population "
@@ -223,6 +248,11 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
         owner_examined += int(owned.sum())
     elif kind in ('lira', 'lira_fixed'):
       out_scores[t] = lira.offline_scores(view, row, fixed_variance=kind == 'lira_fixed')
+    elif kind in ('lira_online', 'lira_online_fixed'):
+      # IN values follow the target's row: the query whose membership is tested there.
+      out_scores[t] = lira.online_scores(view[row], in_values[t][:, idx[row]],
+                                         np.delete(view, row, axis=0),
+                                         fixed_variance=kind == 'lira_online_fixed')
     elif kind == 'rmia':
       # values = -loss; r = log Pr(x | theta_target) - log Pr(x) of every column (aligned).
       ratio = view[row] - rmia.log_marginal(-np.delete(view, row, axis=0), rmia_a)
@@ -253,9 +283,10 @@ def pooled_round_scores(recording: dict[str, np.ndarray], owner: np.ndarray, att
   values = signed_measurement(recording, MEASUREMENT[base])
   num_clients = recording['loss'].shape[1]
   kind = {'lira_offline': 'lira', 'lira_offline_fixed': 'lira_fixed', 'rmia': 'rmia'}.get(
-      base, 'fedmia' if base in FEDMIA else 'plain')
+      base, base if base in ONLINE else 'fedmia' if base in FEDMIA else 'plain')
+  in_values = lira.in_measurements(recording) if base in ONLINE else None
   parts = [round_scores(values, owner, k, kind=kind, outlier_filter=filt, scoring=scoring,
-                        rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+                        rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a, in_values=in_values)
            for k in range(num_clients)]
   out = dict(scores=np.concatenate([p['scores'] for p in parts], axis=1),
              labels=np.concatenate([p['labels'] for p in parts]),
@@ -271,7 +302,8 @@ def combine_rounds(round_scores_: np.ndarray, attack: str, *, upto: int | None =
   """Final scores from per-round scores [R, N].
 
   Multi-round attacks (`MULTI_ROUND`: series, FedMIA, LiRA, RMIA; Eqs. 5 and 12) average
-  rounds 0 .. upto - 1 (all by default); single-round attacks take round `single_index`.
+  rounds 0 .. upto - 1 (online LiRA: the mean of per-round log likelihood ratios, the log
+  likelihood ratio of independent rounds divided by R) (all by default); single-round attacks take round `single_index`.
   """
   base, _ = parse(attack)
   if base in MULTI_ROUND:

@@ -1,0 +1,54 @@
+"""Online LiRA in the FedMIA pipeline: which trainings record IN models, and their config rule.
+
+`lira_online` / `lira_online_fixed` (`attacks.passive.scores.ONLINE`) read the recording's
+`loss_in` (`fl.recording`, `fl.shadow`): `fedmia.lira_in_models` IN models per query and
+recorded round, re-run by the server from w_t on shadow sets of the test split with the query
+inserted. A training records them only when one of its points scores an online attack (the
+main setting with `fedmia.attacks`, the sweeps with `fedmia.sweep_attacks`), so the other
+trainings cost nothing more and record what they did before. The re-run goes through the
+clients' own `local.client_update` with the training's hooks, so under a defense of the
+sweeps it is the defended protocol (noise drawn with the server's keys).
+
+A stored recording without `loss_in` (made before, or for attacks without it), or with another
+number of IN models, is `stale` for a training that needs them: the pipeline re-trains it
+(the other arrays come out bit for bit the same) rather than score online LiRA from nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_privacy import validate
+from fl_privacy.attacks.passive import scores as scores_lib
+
+# A per-query IN variance (lira_online) needs two IN models; the fixed variance pools.
+IN_MODELS = validate.number(1, integer=True)
+PER_QUERY_IN_MODELS = validate.number(
+    2, integer=True, words='lira_online fits a variance per query to the IN models')
+
+
+def online(attacks) -> bool:
+  """Whether any of `attacks` is online LiRA."""
+  return any(scores_lib.parse(a)[0] in scores_lib.ONLINE for a in attacks)
+
+
+def validate_config(config) -> None:
+  """`fedmia.lira_in_models`: an integer >= 1, >= 2 where `lira_online` is scored."""
+  validate.check_all(config, {'fedmia.lira_in_models': IN_MODELS})
+  s = config.fedmia
+  if any(scores_lib.parse(a)[0] == 'lira_online' for a in
+         tuple(s.attacks) + tuple(s.sweep_attacks)):
+    validate.check_all(config, {'fedmia.lira_in_models': PER_QUERY_IN_MODELS})
+
+
+def in_models(config, plan) -> int:
+  """IN models a training records: `fedmia.lira_in_models` if its attack plan (the pipeline's
+  (attack, scoring) pairs) scores online LiRA, else 0."""
+  return int(config.fedmia.lira_in_models) if online(a for a, _ in plan) else 0
+
+
+def stale(rec: dict[str, np.ndarray], num_models: int) -> bool:
+  """Whether a stored recording lacks the `num_models` IN models a training needs."""
+  if not num_models:
+    return False
+  return 'loss_in' not in rec or np.shape(rec['loss_in'])[1] != num_models
