@@ -284,3 +284,45 @@ def test_public_code_lira_keeps_members_and_uses_the_rng():
                           rng=np.random.default_rng(0))
     want = evaluate.score_metrics(public['scores'].mean(axis=0), public['labels'])
     assert m['auc'] == want['auc'] and m['tpr_at_fpr_1e-3'] == want['tpr_at_fpr_1e-3']
+
+
+def test_compare_is_the_paired_difference_of_what_evaluate_scores():
+  rng = np.random.default_rng(21)
+  rec, owner = _loss_recording(rng, num_rounds=3, shift=1.0)
+  rec = dict(rec, owner=owner)
+  kw = dict(rmia_gamma=1.5, rmia_a=0.4)
+  out = evaluate.compare(rec, 'fedmia_i', 'blackbox_loss', rng=np.random.default_rng(0),
+                         single_index=0, num_resamples=200, **kw)
+  a = evaluate.evaluate(rec, owner, 'fedmia_i', **kw)
+  b = evaluate.evaluate(rec, owner, 'blackbox_loss', single_index=0, **kw)
+  assert out['auc_a'] == pytest.approx(a['auc']) and out['auc_b'] == pytest.approx(b['auc'])
+  assert out['tpr_a'] == pytest.approx(a['tpr_at_fpr_1e-3'])
+  assert out['tpr_b'] == pytest.approx(b['tpr_at_fpr_1e-3'])
+  assert out['auc_diff'] == pytest.approx(a['auc'] - b['auc'])
+  # The multi-round mean beats one round here, and the paired interval says so.
+  assert out['auc_diff_low'] > 0
+  assert out['num_groups'] == owner.size and out['num_resamples'] == 200
+  # The single round is the one asked for, not the last.
+  last = evaluate.compare(rec, 'fedmia_i', 'blackbox_loss', rng=np.random.default_rng(0),
+                          num_resamples=200, **kw)
+  assert last['auc_b'] == pytest.approx(evaluate.evaluate(rec, owner, 'blackbox_loss', **kw)['auc'])
+  assert last['auc_b'] != pytest.approx(out['auc_b'])
+  # RMIA's options reach the scores, at 1% FPR too.
+  r = evaluate.compare(rec, 'rmia', 'rmia', rng=np.random.default_rng(1), fpr=0.01,
+                       num_resamples=50, **kw)
+  assert r['auc_a'] == pytest.approx(evaluate.evaluate(rec, owner, 'rmia', **kw)['auc'])
+  assert r['tpr_a'] == pytest.approx(evaluate.evaluate(rec, owner, 'rmia', **kw)['tpr_at_fpr_1e-2'])
+  assert r['auc_diff_low'] == r['auc_diff_high'] == 0.0
+  other = evaluate.compare(rec, 'rmia', 'rmia', rng=np.random.default_rng(1), num_resamples=50)
+  assert other['auc_a'] != pytest.approx(r['auc_a'])
+
+
+def test_final_scores_name_the_round_and_the_queries():
+  rng = np.random.default_rng(22)
+  rec, owner = _loss_recording(rng, num_rounds=3)
+  f = evaluate.final_scores(rec, owner, 'grad_cosine', single_index=1)
+  assert f['round'] == 2 and f['scores'].shape == f['labels'].shape == f['groups'].shape
+  np.testing.assert_array_equal(f['groups'], scores.pooled_queries(owner, 5))
+  assert evaluate.final_scores(rec, owner, 'loss_series')['round'] == 3
+  best = evaluate.final_scores(rec, owner, 'grad_cosine_best_round')
+  assert best['round'] == evaluate.evaluate(rec, owner, 'grad_cosine_best_round')['round']
