@@ -139,3 +139,62 @@ def test_upload_loss_gap_reads_the_last_round_and_only_clients_with_rows():
   want2 = np.mean([np.median(loss[-1, k, moved == -1]) - np.median(loss[-1, k, moved == k])
                    for k in (0, 1, 3)])
   assert got == pytest.approx(want2)
+
+
+def test_a_members_only_target_first_in_order_does_not_end_the_per_target_loop():
+  rec = _recording(seed=4)
+  f = evaluate.final_scores(rec, rec['owner'], 'loss_series')
+  target = f['target'].copy()
+  target[np.flatnonzero(f['labels'] == 1)[:2]] = -5  # sorts first, members only
+  m = evaluate.score_metrics(f['scores'], f['labels'], target)
+  aucs = [metrics.roc_auc(f['scores'][target == k], f['labels'][target == k]) for k in range(4)]
+  assert m['auc_target_min'] == pytest.approx(min(aucs))
+  assert m['auc_target_max'] == pytest.approx(max(aucs))
+
+
+def test_filters_reach_compare_and_recording_metrics():
+  rec = _recording(seed=5)
+  none = evaluate.evaluate(rec, rec['owner'], 'fedmia_ii', default_filter='none')['auc']
+  loo = evaluate.evaluate(rec, rec['owner'], 'fedmia_ii')['auc']
+  assert none != pytest.approx(loo)
+  c = evaluate.compare(rec, 'fedmia_ii', 'avg_cosine', rng=np.random.default_rng(0),
+                       default_filter='none', num_resamples=20)
+  assert c['auc_a'] == pytest.approx(none)
+  m = evaluate.recording_metrics(rec, 'fedmia_ii', scoring='aligned', single_round=15,
+                                 default_filter='none', rng=None)
+  assert m['auc'] == pytest.approx(none)
+
+
+@pytest.mark.parametrize('attack', ['loss_series', 'fedmia_ii', 'grad_cosine', 'rmia'])
+def test_rounds_curve_by_hand(attack):
+  rec = _recording(seed=6, num_rounds=3)
+  owner = rec['owner']
+  kw = dict(default_filter='none', rmia_gamma=1.5, rmia_a=0.5)
+  curve = evaluate.rounds_curve(rec, owner, attack, **kw)
+  pooled = scores.pooled_round_scores(rec, owner, attack, **kw)
+  per_round, labels = pooled['scores'], pooled['labels']
+  assert curve['round'] == [5, 10, 15]
+  for i in range(3):
+    final = per_round[:i + 1].mean(0) if attack != 'grad_cosine' else per_round[i]
+    assert curve['auc'][i] == pytest.approx(metrics.roc_auc(final, labels))
+    tpr = metrics.tpr_at_fpr(final, labels, 1e-3)
+    assert curve['tpr_at_fpr_1e-3'][i] == pytest.approx(tpr)
+    assert curve['tpr_at_fpr_1e-3_ci_low'][i] <= tpr <= curve['tpr_at_fpr_1e-3_ci_high'][i]
+  # The running mean differs from the last round alone, and the options reach the scores.
+  if attack != 'grad_cosine':
+    assert curve['auc'][2] != pytest.approx(metrics.roc_auc(per_round[2], labels))
+  other = evaluate.rounds_curve(rec, owner, attack, default_filter='leave_one_out')
+  if attack in ('fedmia_ii', 'rmia'):
+    assert other['auc'] != pytest.approx(curve['auc'])
+  # The scoring reaches the scores: public_code_2024 leaves the test rows out.
+  c24 = evaluate.rounds_curve(rec, owner, attack, scoring='public_code_2024', **kw)
+  assert c24['auc'] != pytest.approx(curve['auc'])
+
+
+def test_rounds_curve_public_code_uses_the_generator():
+  rec = _recording(seed=7)
+  a = evaluate.rounds_curve(rec, rec['owner'], 'loss_series', scoring='public_code',
+                            rng=np.random.default_rng(1))
+  b = evaluate.rounds_curve(rec, rec['owner'], 'loss_series', scoring='public_code',
+                            rng=np.random.default_rng(2))
+  assert a['auc'][1:] != pytest.approx(b['auc'][1:])
