@@ -9,7 +9,7 @@ models (`local`) and on the global model (`global`).
   python -m experiments.pastel                                   # digits, <= 5 min on 2 cores
   python -m experiments.pastel --config=configs/digits.py:smoke  # seconds (CI)
   python -m experiments.pastel --config=configs/cifar10.py       # ResNet-18-GN: GPU advised
-  python -m experiments.pastel --config.pastel.pastel_representation=gradient
+  python -m experiments.pastel --config.pastel.pastel_representations="('gradient',)"
 
 Writes, beside results.json (one point per defense, strength, optimizer, attack, target):
 `table.md` (defense x strength: accuracy, AUC local and global), `pastel_privacy_utility.png`,
