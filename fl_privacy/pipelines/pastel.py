@@ -40,7 +40,6 @@ from fl_privacy.attacks.passive import pastel as passive_pastel
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import registry as dp_rules
 from fl_privacy.defenses import pastel_training
-from fl_privacy.eval import auditing
 from fl_privacy.eval import utility
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
@@ -73,6 +72,10 @@ RULES = {
         f'a non-empty list of {pastel_lib.REPRESENTATIONS}', scalar=False),
     'pastel.per_client': validate.number(3, integer=True, optional=True),
     'pastel.replicates': validate.number(1, integer=True),
+    **{f'pastel.{f}': validate.positive_rule(True) for f in (
+        'local_epochs', 'batch_size', 'attack_steps', 'attack_hidden', 'feature_chunk_size')},
+    **{f'pastel.{f}': validate.positive_rule() for f in (
+        'learning_rate', 'ablation_learning_rate', 'attack_learning_rate', 'pastel_temperature')},
 }
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('PASTEL (attack AUC and accuracy: 95% intervals)', (
@@ -103,19 +106,14 @@ def validate_config(config) -> None:
   t = validate.positive(config, 'pastel.num_rounds', integer=True)
   r = validate.positive(config, 'pastel.record_every', integer=True)
   validate.require(t % r == 0, 'pastel.record_every', f'a divisor of num_rounds ({t})', r)
-  validate.positive(config, 'pastel.local_epochs', integer=True)
-  validate.positive(config, 'pastel.batch_size', integer=True)
   validate.one_of(config, 'pastel.optimizer', optimizers_lib.OPTIMIZERS)
-  validate.positive(config, 'pastel.learning_rate')
   validate.checked(config, 'pastel.ablation_optimizer', validate.Rule(
       f'None or one of {optimizers_lib.OPTIMIZERS}',
       lambda a: a in _NO_ABLATION or a in optimizers_lib.OPTIMIZERS))
-  validate.positive(config, 'pastel.ablation_learning_rate')
   validate.in_range(config, 'pastel.ablation_pastel_weight', 0.0, math.inf)
   validate.subset_of(config, 'pastel.defenses', DEFENSES)
   validate.check_all(config, RULES)
   validate.in_range(config, 'pastel.pastel_weights', 0.0, math.inf)
-  validate.positive(config, 'pastel.pastel_temperature')
   validate.in_range(config, 'pastel.validation_fraction', 0.0, 0.5, low_inclusive=False)
   # PASTEL's DP baselines read the defense registry's one rule of each field.
   validate.check_all(config, {'pastel.epsilons': dp_rules.each('epsilon'),
@@ -135,10 +133,6 @@ def validate_config(config) -> None:
   if set(attacks) & set(FEDMIA_ATTACKS):
     validate.require(k >= 3, 'pastel.num_clients',
                      '>= 3 with FedMIA attacks (each needs >= 2 other clients)', k)
-  validate.positive(config, 'pastel.attack_steps', integer=True)
-  validate.positive(config, 'pastel.attack_learning_rate')
-  validate.positive(config, 'pastel.attack_hidden', integer=True)
-  validate.positive(config, 'pastel.feature_chunk_size', integer=True)
 
 
 def make_model(config, num_classes: int):
@@ -254,24 +248,23 @@ def attack_plan(config) -> list[tuple[str, str]]:
 
 
 def point_metrics(config, replicas: list[dict], attack: str, target: str, key,
-                  tr_defense: str = 'none', tr_strength: float = 0.0) -> dict[str, float]:
+                  tr_defense: str = 'none', tr_strength: float = 0.0,
+                  reference: tuple | None = None) -> dict[str, float]:
   """One point's metrics, its attack's scores pooled over the replicates (`replicas`: each
-  `{'arrays', 'rows', 'members', 'ids', 'split'}`)."""
+  `{'arrays', 'rows', 'members', 'ids', 'split'}`); with `reference` (the undefended
+  trainings' (scores, labels) of the same attack) also the paired AUC change."""
   s = _s(config)
-  scores, labels, ids = passive_pastel.pooled_attack_scores(
-      replicas, attack, target, key, steps=int(s.attack_steps),
-      learning_rate=float(s.attack_learning_rate), hidden=int(s.attack_hidden))
+  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
+            hidden=int(s.attack_hidden))
+  scores, labels, ids = passive_pastel.pooled_attack_scores(replicas, attack, target, key, **kw)
   m = passive_pastel.attack_metrics(scores, labels, ids)
   m.update(utility.pooled_training_metrics([r['arrays'] for r in replicas]))
+  if reference is not None:
+    m.update(passive_pastel.auc_change(scores, labels, *reference))
   if tr_defense in DP_NAMES:
-    m.update(auditing.attack_bounds(scores, labels, float(s.dp_delta)))
-    decl = dp_accounting(config, replicas[0]['split'], tr_defense, tr_strength)
-    for k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling'):
-      m[k] = decl[k]
-    if decl['dp_adversary'] == 'aggregate' and target == 'local':
-      # The server reads each upload before DP-FedAvg adds its noise: no epsilon holds here.
-      m['dp_epsilon'] = math.nan
-      m['dp_epsilon_per_round'] = math.nan
+    m.update(passive_pastel.dp_metrics(
+        scores, labels, dp_accounting(config, replicas[0]['split'], tr_defense, tr_strength),
+        target, float(s.dp_delta)))
   return m
 
 
@@ -282,8 +275,7 @@ def point_params(tr: dict, attack: str, target: str) -> dict:
 
 
 def _replicates(config, state, key) -> list[dict]:
-  """Each replicate's data (`attacks.passive.pastel.replicate`, key fold_in(key, r)): the same
-  members and attack rows for every training."""
+  """Replicate r's data (`attacks.passive.pastel.replicate`, key fold_in(key, r)), shared."""
   if 'replicates' not in state:
     s = _s(config)
     state['replicates'] = [passive_pastel.replicate(
@@ -303,27 +295,35 @@ def trained(config, state, store, key, tr: dict, r: int = 0) -> dict[str, np.nda
     arrays = train(config, state, data, tr, jax.random.fold_in(key, r))
     arrays['num_test'] = len(state['test'])
     artifacts.save(dict(tr, replicate=r), arrays)
-  m = utility.training_metrics(arrays)
-  logging.info('pastel: %s replicate %d test accuracy %.4f, JSD %.4f', describe(tr), r,
-               m['accuracy'], m['jsd_last_round'])
+    logging.info('pastel: %s replicate %d test accuracy %.4f, JSD %.4f', describe(tr), r,
+                 int(arrays['test_correct']) / len(state['test']), arrays['jsd_last_round'])
   return arrays
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, target); a training's replicates are trained (or read) by the
-  first of its points the store lacks and dropped after its last."""
-  reps = _replicates(config, state, key)
-  points = []
+  """Every (training, attack, target); a training's replicates are read or trained by the first
+  of its points the store lacks and dropped after its last; `none`'s scores are kept."""
+  s, reps = _s(config), _replicates(config, state, key)
+  points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
+  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
+            hidden=int(s.attack_hidden))
   for tr in trainings(config):
     cache = {}
+    ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')
+    ref = ref if tr != ref and 'none' in s.defenses else None
 
-    def compute(tr, attack, target, cache=cache):
+    def compute(tr, attack, target, ref=ref, cache=cache):
+      load = lambda t: [dict(d, members=d['split']['members'],
+                             arrays=trained(config, state, store, key, t, r))
+                        for r, d in enumerate(reps)]
       if 'replicas' not in cache:
-        cache['replicas'] = [dict(d, members=d['split']['members'],
-                                  arrays=trained(config, state, store, key, tr, r))
-                             for r, d in enumerate(reps)]
+        cache['replicas'] = load(tr)
+      name = None if ref is None else (ref['optimizer'], attack, target)
+      if name is not None and name not in ref_scores:
+        ref_scores[name] = passive_pastel.pooled_attack_scores(load(ref), attack, target, key,
+                                                               **kw)[:2]
       return (point_metrics(config, cache['replicas'], attack, target, key, tr['defense'],
-                            tr['strength']),
+                            tr['strength'], ref_scores.get(name)),
               sum(len(d['rows'][target]['eval']) for d in reps))
 
     for attack, target in attack_plan(config):

@@ -66,7 +66,8 @@ def table_markdown(config, points: list[dict]) -> str:
            f'tau {s.pastel_temperature}; delta {s.dp_delta}, clip {s.clip_norm} (ldp), '
            f'update clip {s.update_clip_norm} (cdp, wdp). Accuracy: global model on the test '
            'split, % [95% Clopper-Pearson]; AUC: [95% DeLong]; attacks score the evaluation '
-           'half (n_pos = n_neg per cell below the table).', '']
+           f'half, pooled over {s.get("replicates", 1)} replicate(s) (n_pos = n_neg per cell '
+           'below the table).', '']
   header = ['Defense', 'Strength', 'Opt.', 'Test acc. %', 'Local acc. %', 'Gap']
   cols = []
   for a in attacks:
@@ -102,8 +103,24 @@ def table_markdown(config, points: list[dict]) -> str:
   lines.append('')
   for t, (npos, nneg) in counts.items():
     lines.append(f'- {t} target: {npos} members vs {nneg} non-members scored per cell.')
+  lines += ['', '## AUC change against `none` (same optimizer, same rows: 95% paired DeLong)', '',
+            '| ' + ' | '.join(header[:3] + header[6:6 + len(cols)]) + ' |',
+            '|' + '---|' * (3 + len(cols))]
+  for tr, cells in by.items():
+    if tr[0] == 'none':
+      continue
+    row = [tr[0], f'lambda {tr[1]:g} ({tr[3]})' if tr[0] == 'pastel' else f'eps {tr[1]:g}',
+           tr[2]]
+    row += [_signed(cells.get(c), 'attack_auc_minus_none') for c in cols]
+    lines.append('| ' + ' | '.join(row) + ' |')
   lines.append('')
   return '\n'.join(lines)
+
+
+def _signed(m: dict | None, name: str) -> str:
+  if m is None or name not in m or math.isnan(m[name]):
+    return '-'
+  return f'{m[name]:+.3f} [{m[name + "_ci_low"]:+.3f}, {m[name + "_ci_high"]:+.3f}]'
 
 
 def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_whitebox'):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from fl_privacy.attacks.passive import pastel
 
@@ -77,3 +78,19 @@ def test_pooled_scores_are_each_replicate_in_turn_and_one_attack_model_for_all()
   assert m['n_pos'] == m['n_neg'] == sum(len(r['rows']['global']['eval']) // 2 for r in reps)
   assert m['n_neg_distinct'] == len(np.unique(ids[lab == 0])) <= m['n_neg']
   assert m['attack_auc'] > 0.6  # members' losses are lower by 1 in every replicate
+
+
+def test_auc_change_is_paired_on_the_same_rows():
+  reps, ref = [_replica(0, 0.3)], [_replica(0, 1.0)]  # the same rows, a weaker signal
+  kw = dict(steps=30, learning_rate=1e-2, hidden=8)
+  s, lab, _ = pastel.pooled_attack_scores(reps, 'loss_threshold', 'global', jax.random.key(0),
+                                          **kw)
+  r, rl, _ = pastel.pooled_attack_scores(ref, 'loss_threshold', 'global', jax.random.key(0),
+                                         **kw)
+  m = pastel.auc_change(s, lab, r, rl)
+  want = pastel.attack_metrics(s, lab)['attack_auc'] - pastel.attack_metrics(r, lab)['attack_auc']
+  assert m['attack_auc_minus_none'] == pytest.approx(want, abs=1e-12)
+  assert m['attack_auc_minus_none_ci_low'] < want < m['attack_auc_minus_none_ci_high'] < 0
+  assert pastel.auc_change(r, rl, r, rl)['attack_auc_minus_none'] == 0.0
+  with pytest.raises(ValueError, match='other rows'):
+    pastel.auc_change(s, lab, r, 1 - rl)

@@ -42,6 +42,12 @@ def test_results_schema_and_files(smoke):
       assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
     assert m['n_pos'] == m['n_neg'] > 50
     assert 0 <= m['jsd_last_round'] <= math.log(2)
+    # Every defended training states its paired AUC change against `none` on the same rows.
+    if p['params']['defense'] == 'none':
+      assert 'attack_auc_minus_none' not in m
+    else:
+      assert (m['attack_auc_minus_none_ci_low'] <= m['attack_auc_minus_none'] <=
+              m['attack_auc_minus_none_ci_high'])
     if p['params']['defense'] == 'cdp':
       # DP-FedAvg: client level, replace-one, and only against readers of the aggregate, so
       # a row that attacks the uploads (target 'local') carries no epsilon.

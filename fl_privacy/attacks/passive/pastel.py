@@ -28,6 +28,8 @@ from fl_privacy.attacks.passive import whitebox
 from fl_privacy.defenses import dp as dp_lib
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import pastel_training
+from fl_privacy.eval import auditing
+from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
@@ -409,6 +411,33 @@ def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key
         np.concatenate(train_labels), cat(eval_feats), steps=int(steps),
         learning_rate=float(learning_rate), hidden=int(hidden))]
   return np.concatenate(scores), np.concatenate(labels), np.concatenate(ids)
+
+
+def auc_change(scores: np.ndarray, labels: np.ndarray, reference: np.ndarray,
+               reference_labels: np.ndarray) -> dict[str, float]:
+  """`attack_auc_minus_none` [95% paired DeLong interval]: the AUC of `scores` minus that of
+  `reference`, the same attack's scores of the same rows under the undefended trainings
+  (`eval.metrics.auc_difference_interval`). Every training of a replicate scores the same rows
+  in the same order (`pooled_attack_scores`), so the comparison is paired."""
+  if not np.array_equal(np.asarray(labels), np.asarray(reference_labels)):
+    raise ValueError('the reference scores other rows')
+  d, low, high = metrics_lib.auc_difference_interval(scores, reference, labels)
+  return {'attack_auc_minus_none': d, 'attack_auc_minus_none_ci_low': low,
+          'attack_auc_minus_none_ci_high': high}
+
+
+def dp_metrics(scores: np.ndarray, labels: np.ndarray, declaration: dict, target: str,
+               delta: float) -> dict:
+  """A DP baseline's point: the attack's own epsilon bounds (`auditing.attack_bounds`) and the
+  declaration's labels; on the `local` target an aggregate-only claim holds no epsilon (the
+  server reads each upload before DP-FedAvg adds its noise)."""
+  m = auditing.attack_bounds(scores, labels, float(delta))
+  for k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling'):
+    m[k] = declaration[k]
+  if declaration['dp_adversary'] == 'aggregate' and target == 'local':
+    m['dp_epsilon'] = math.nan
+    m['dp_epsilon_per_round'] = math.nan
+  return m
 
 
 def attack_metrics(scores: np.ndarray, labels: np.ndarray,
