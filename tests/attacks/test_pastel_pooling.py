@@ -193,3 +193,13 @@ def test_a_held_out_row_at_least_even_when_the_fraction_rounds_to_none():
   split = pastel.client_split(jax.random.key(0), 100, 30, 2, 0.01)
   assert [len(h) for h in split['heldout']] == [1, 1]
   assert [len(m) for m in split['members']] == [49, 49]
+
+
+def test_attack_scores_of_one_training_reads_its_members_for_fedmia():
+  rep = _fedmia_recording(_replica(0, 1.0), 0)
+  s, lab = pastel.attack_scores(rep['arrays'], rep['rows'], rep['members'], 'fedmia_ii',
+                                'local', jax.random.key(0), steps=1, learning_rate=1e-3,
+                                hidden=4)
+  want = pastel.fedmia_scores(rep['arrays'], rep['rows'], rep['members'], 'fedmia_ii')
+  np.testing.assert_array_equal(s, want[0])
+  np.testing.assert_array_equal(lab, want[1])
