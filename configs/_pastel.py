@@ -13,18 +13,40 @@ import ml_collections
 def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections.ConfigDict:
   """The `pastel` section for `dataset` (digits and npz: the digits defaults; cifar10).
 
-  `setting` (configs/_base.SETTINGS): not yet distinct for PASTEL; both settings are today's
-  well-generalising one (5 clients sharing the train split) until PASTEL's leaky setting lands.
+  Settings (`--config=configs/digits.py:setting=...`; configs/_base.SETTINGS), digits and npz:
+    leaky (default): K = 10 clients of 24 train rows (16 members + 8 held-out, one batch),
+      B = 8; the other 1,198 train rows join the 359 test rows as non-members. Little data
+      per client, so the undefended attacks are clearly above chance (test accuracy 0.92,
+      generalisation gap 8 points, loss-threshold AUC 0.69 on client models and 0.62 on the
+      global model, FedMIA-II 0.71). Chosen from a probe of training settings only (K, T, E;
+      docs/experiments/pastel.md). 10 replicates (160 members each) pool 800 + 800 scored
+      rows per target: AUC intervals of about +-0.03.
+    well_generalising: K = 5 clients sharing the whole train split (230 members + 57
+      held-out each), B = 32: test accuracy 0.97, attacks near chance (FedMIA 0.56). The test
+      split (359 rows) is the only non-member source, so each replicate scores 180 + 180
+      rows; 4 replicates pool 720 + 720 (the 359 test rows repeat across replicates).
+  Both: MLP(128, 64), T = 40, E = 2, AdaGrad lr 0.1. cifar10 runs its own setting whatever
+  `setting` is (it refuses the argument).
 
   Fields:
     model: 'mlp' (digits, npz) or any name of `fl_privacy.models.MODELS` ('resnet18_gn' for
       cifar10).
     mlp_hidden: hidden widths of the MLP (digits: (128, 64)).
-    num_clients: K, IID shards of the train split (digits 5; cifar10 10).
+    num_clients: K, IID shards of the train split (digits: leaky 10, well_generalising 5;
+      cifar10 10).
+    per_client: train rows per client (members + held-out); None shares the whole train
+      split. The train rows no client holds join the test split as non-members (rows no
+      training reads; `attacks.passive.pastel.client_split`).
+    replicates: R independent replicates (key fold_in(run_key, r)): each redraws shards,
+      held-out rows, attack rows, w_0 and client keys, and trains every defense; each point
+      pools its attack's scores over them (the white-box attack: one model trained on every
+      replicate's training half).
     num_rounds: T (digits 40).
     record_every: rounds between recorded snapshots (must divide T; digits 10).
     local_epochs: E (digits 2).
-    batch_size: B (digits 32); also |V|, the held-out batch of the regulariser.
+    batch_size: B (digits: leaky 8, well_generalising 32); also |V|, the held-out batch of the
+      regulariser, a fresh random batch of the client's held-out rows every local step; each
+      client must hold out >= B rows (else ConfigError on validation_fraction).
     optimizer: the clients' optimizer (paper: 'adagrad'), fresh each round.
     learning_rate: its step size (digits: AdaGrad 0.1, 0.97 test accuracy undefended).
     ablation_optimizer: a second optimizer for `none` and `pastel` (at
@@ -32,15 +54,16 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     ablation_learning_rate: its step size (momentum SGD 0.01, momentum 0.9).
     ablation_pastel_weight: lambda of the ablation's `pastel` training (1, the paper's Eq. 5).
     defenses: subset of ('none', 'pastel', 'wdp', 'ldp', 'cdp').
-    pastel_weights: lambdas >= 0 of `pastel` (digits (0.1, 1, 10)).
+    pastel_weights: lambdas >= 0 of `pastel` (digits (1, 10, 100)).
     pastel_layers: layer names the JS divergence is taken at; () = every Dense layer. A name
       the model lacks is rejected with the list of available names.
-    pastel_representation: 'activation' (softmax of layer outputs, default) or 'gradient'
-      (normalised |dCE/dW_l|, Sect. 2.1); see fl_privacy/defenses/pastel.py.
+    pastel_representations: readings of PASTEL trained, each at every lambda (a result param
+      `representation`): 'activation' (softmax of layer outputs) and 'gradient' (normalised
+      |dCE/dW_l|, Sect. 2.1); see fl_privacy/defenses/pastel.py. The ablation uses the first.
     pastel_temperature: tau of the 'activation' softmax.
-    validation_fraction: share of each client's shard held out for V, in (0, 0.5]; those rows
-      are neither members nor non-members in the attacks, and every defense trains on the
-      same members.
+    validation_fraction: share of each client's shard held out for V, in (0, 0.5] (leaky 1/3,
+      well_generalising 0.2); those rows are neither members nor non-members in the attacks,
+      and every defense trains on the same members.
     epsilons: target epsilons > 0 of each DP baseline (per round for 'wdp').
     dp_delta: delta of every DP baseline.
     clip_norm: per-example clip of 'ldp' (DP-SGD).
@@ -75,9 +98,9 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.ablation_learning_rate = 0.01
   s.ablation_pastel_weight = 1.0
   s.defenses = ('none', 'pastel', 'wdp', 'ldp', 'cdp')
-  s.pastel_weights = (0.1, 1.0, 10.0)
+  s.pastel_weights = (1.0, 10.0, 100.0)
   s.pastel_layers = ()
-  s.pastel_representation = 'activation'
+  s.pastel_representations = ('activation', 'gradient')
   s.pastel_temperature = 1.0
   s.validation_fraction = 0.2
   s.epsilons = (1.0, 4.0, 16.0)
@@ -93,6 +116,22 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.attack_learning_rate = 1e-3
   s.attack_hidden = 64
   s.feature_chunk_size = 256
+  s.per_client = None
+  s.replicates = 1
+  if dataset != 'cifar10' and setting == 'leaky':
+    # Little data per client (probed by training settings only, docs/experiments/pastel.md):
+    # 10 clients x (16 members + 8 held-out); the rest of the train split joins the
+    # non-members. 160 members per replicate: 10 replicates give 800 + 800 scored rows.
+    s.num_clients = 10
+    s.per_client = 24
+    s.validation_fraction = 1 / 3
+    s.batch_size = 8
+    s.replicates = 10
+  elif dataset != 'cifar10':
+    # The whole train split is members or held-out: the 359 test rows are the only
+    # non-members, 180 + 180 scored rows per replicate; 4 replicates give 720 + 720 (each test
+    # row scored under about two trainings: n_neg_distinct says how many are distinct).
+    s.replicates = 4
   if dataset == 'cifar10':
     # GPU advised; not run on the 2-core default machine (docs/experiments/pastel.md).
     s.model = 'resnet18_gn'
@@ -110,6 +149,7 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     s.local_epochs = 1
     s.defenses = ('none', 'pastel', 'cdp')
     s.pastel_weights = (1.0,)
+    s.replicates = 1
     s.epsilons = (4.0,)
     s.ablation_optimizer = 'none'
     s.attacks = ('nasr_whitebox', 'loss_threshold')

@@ -9,7 +9,7 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.ldp_audit --config=configs/digits.py
   python -m experiments.duplicates --config=configs/digits.py
   python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, docs/experiments/fedmia.md
-  python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 15 trainings
+  python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 18 trainings x 10 replicates
   python -m experiments.dp_audit --config=configs/digits.py   # every DP mechanism vs its claim
   python -m experiments.flower_audit --config=configs/digits.py  # a Flower deployment (extra [flower])
 

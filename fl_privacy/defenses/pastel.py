@@ -166,7 +166,11 @@ def gradient_distributions(loss_fn: Callable, variables: Any, x: jnp.ndarray,
               if getattr(path[-1], 'key', None) == 'kernel']
     a = jnp.abs(jnp.concatenate([leaf.reshape(-1) for leaf in leaves]))
     total = jnp.sum(a)
-    out[name] = jnp.where(total > 0, a / jnp.maximum(total, _TINY), 1.0 / a.size)
+    # Double where: the untaken branch a / total must have a finite gradient too, or the
+    # zero cotangent times d(a / t)/dt = -a / t^2 (0 / 0 once t^2 underflows) is NaN, and a
+    # batch the model fits exactly (zero CE gradient) would turn the whole update into NaN.
+    safe = jnp.where(total > 0, total, 1.0)
+    out[name] = jnp.where(total > 0, a / safe, 1.0 / a.size)
   return out
 
 

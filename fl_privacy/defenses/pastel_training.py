@@ -63,7 +63,7 @@ def regularised_layers(model, example_shape: Sequence[int], requested: tuple,
       has_kernel = any(getattr(p[-1], 'key', None) == 'kernel'
                        for p, _ in jax.tree_util.tree_flatten_with_path(sub)[0])
       validate.require(has_kernel, field,
-                       "layers with a kernel for pastel_representation 'gradient'", name)
+                       "layers with a kernel for pastel_representations 'gradient'", name)
   return layers
 
 

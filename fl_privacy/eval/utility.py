@@ -141,3 +141,19 @@ def training_metrics(arrays: dict) -> dict[str, float]:
                'jsd_last_round', 'upload_norm_median'):
     m[name] = float(arrays[name])
   return m
+
+
+def pooled_training_metrics(replicas: Sequence[dict]) -> dict[str, float]:
+  """`training_metrics` of replicate trainings pooled: counts summed (test accuracy is the
+  correct predictions of every replicate's model over all their test predictions, its
+  Clopper-Pearson interval over those), the diagnostics averaged over replicates."""
+  if len(replicas) == 1:
+    return training_metrics(replicas[0])
+  pooled = {name: sum(int(a[name]) for a in replicas)
+            for name in ('num_test', 'test_correct', 'member_correct', 'num_members')}
+  pooled['local_test_correct'] = np.concatenate(
+      [np.asarray(a['local_test_correct'], np.float64) * len(replicas) for a in replicas])
+  for name in ('dp_epsilon', 'dp_epsilon_per_round', 'noise_multiplier', 'clip_fraction',
+               'jsd_last_round', 'upload_norm_median'):
+    pooled[name] = float(np.mean([float(a[name]) for a in replicas]))
+  return training_metrics(pooled)

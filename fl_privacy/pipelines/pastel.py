@@ -3,23 +3,20 @@
 `python -m experiments.pastel` hands `prepare` and `sweep` to `experiments.common.main`; the
 script's docstring says how to run it and what it writes.
 
-Data. The train split is cut into K IID shards; each shard is split (seeded) into members (the
-rows every defense trains on) and a held-out part (`validation_fraction`) that only PASTEL
-reads, as its V batches; held-out rows are neither members nor non-members in any attack. The
-test split holds the non-members.
+Data. The train split is cut into K IID shards (`per_client` rows each, or all of it); each
+shard is split (seeded) into members (the rows every defense trains on) and a held-out part
+(`validation_fraction`, at least a batch) that only PASTEL reads, as its V batches, redrawn
+every local step; held-out rows are neither members nor non-members in any attack. The
+non-members are the test split and the train rows no client holds. `replicates` independent
+replicates (keys fold_in(run_key, r)) redraw all of it and every training; each point pools
+its attack's scores over them (`attacks.passive.pastel.pooled_attack_scores`).
 
-Trainings. One training per (defense, strength, optimizer): `none`; `pastel` at each lambda;
-`wdp`, `ldp`, `cdp` at each target epsilon (the registry's DP defenses, calibrated by
-`dp_accounting`); and `none` and `pastel` (lambda `ablation_pastel_weight`) with
-`ablation_optimizer`, which separates the regulariser from AdaGrad. Every training starts from
-the same w_0 with the same client keys (common random numbers) and is recorded by
-`attacks.passive.pastel.record` (segmented rounds of `defenses.pastel_training`); the arrays
-go to the artifact store (`<workdir>/trained/*.npz`), so re-scoring or resuming never retrains.
-
-Attacks and targets (`attacks.passive.pastel`): `local` (client k's uploaded model against a
-disjoint 1/K share of the test split, pooled over clients) and `global` (the global model
-against the test split); per target a seeded balanced half trains the white-box attack and the
-other half is scored by every attack. Each (training, attack, target) is one results point.
+Trainings. One training per (defense, strength, optimizer, representation) and replicate:
+`none`; `pastel` at each lambda and reading; `wdp`, `ldp`, `cdp` at each target epsilon
+(calibrated by `dp_accounting`); `none` and `pastel` with `ablation_optimizer`. Every training of
+a replicate starts from its w_0 with its client keys (common random numbers); the recorded
+arrays (`attacks.passive.pastel.record`) go to `<workdir>/trained/*.npz`, so re-scoring or
+resuming never retrains. Attacks and targets (`local`, `global`): `attacks.passive.pastel`.
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ import math
 import os
 
 from absl import logging
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -42,7 +40,6 @@ from fl_privacy.attacks.passive import pastel as passive_pastel
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import registry as dp_rules
 from fl_privacy.defenses import pastel_training
-from fl_privacy.eval import auditing
 from fl_privacy.eval import utility
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
@@ -70,12 +67,22 @@ RULES = {
         validate.Rule('', lambda n: isinstance(n, str)),
         'a list of layer names (() = every Dense layer)', scalar=False, nonempty=False),
     'pastel.attack_last_layer_grad': validate.BOOLEAN,
+    'pastel.pastel_representations': validate.items(
+        validate.Rule('', lambda r: r in pastel_lib.REPRESENTATIONS),
+        f'a non-empty list of {pastel_lib.REPRESENTATIONS}', scalar=False),
+    'pastel.per_client': validate.number(3, integer=True, optional=True),
+    'pastel.replicates': validate.number(1, integer=True),
+    **{f'pastel.{f}': validate.positive_rule(True) for f in (
+        'local_epochs', 'batch_size', 'attack_steps', 'attack_hidden', 'feature_chunk_size')},
+    **{f'pastel.{f}': validate.positive_rule() for f in (
+        'learning_rate', 'ablation_learning_rate', 'attack_learning_rate', 'pastel_temperature')},
 }
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('PASTEL (attack AUC and accuracy: 95% intervals)', (
     summary.param('defense'), summary.param('strength'), summary.param('optimizer'),
-    summary.param('attack'), summary.param('target'), summary.rate('attack_auc', 'AUC'),
-    summary.rate('tpr_at_fpr_1e-2', 'TPR@1%FPR'), summary.rate('accuracy', 'test acc.'),
+    summary.param('representation'), summary.param('attack'), summary.param('target'),
+    summary.rate('attack_auc', 'AUC'), summary.rate('tpr_at_fpr_1e-2', 'TPR@1%FPR'),
+    summary.rate('accuracy', 'test acc.'),
     summary.metric('dp_epsilon', 'DP eps', digits=2, nan='-'), summary.seconds()))
 
 
@@ -99,20 +106,14 @@ def validate_config(config) -> None:
   t = validate.positive(config, 'pastel.num_rounds', integer=True)
   r = validate.positive(config, 'pastel.record_every', integer=True)
   validate.require(t % r == 0, 'pastel.record_every', f'a divisor of num_rounds ({t})', r)
-  validate.positive(config, 'pastel.local_epochs', integer=True)
-  validate.positive(config, 'pastel.batch_size', integer=True)
   validate.one_of(config, 'pastel.optimizer', optimizers_lib.OPTIMIZERS)
-  validate.positive(config, 'pastel.learning_rate')
   validate.checked(config, 'pastel.ablation_optimizer', validate.Rule(
       f'None or one of {optimizers_lib.OPTIMIZERS}',
       lambda a: a in _NO_ABLATION or a in optimizers_lib.OPTIMIZERS))
-  validate.positive(config, 'pastel.ablation_learning_rate')
   validate.in_range(config, 'pastel.ablation_pastel_weight', 0.0, math.inf)
-  defenses = validate.subset_of(config, 'pastel.defenses', DEFENSES)
+  validate.subset_of(config, 'pastel.defenses', DEFENSES)
   validate.check_all(config, RULES)
   validate.in_range(config, 'pastel.pastel_weights', 0.0, math.inf)
-  validate.one_of(config, 'pastel.pastel_representation', pastel_lib.REPRESENTATIONS)
-  validate.positive(config, 'pastel.pastel_temperature')
   validate.in_range(config, 'pastel.validation_fraction', 0.0, 0.5, low_inclusive=False)
   # PASTEL's DP baselines read the defense registry's one rule of each field.
   validate.check_all(config, {'pastel.epsilons': dp_rules.each('epsilon'),
@@ -132,11 +133,6 @@ def validate_config(config) -> None:
   if set(attacks) & set(FEDMIA_ATTACKS):
     validate.require(k >= 3, 'pastel.num_clients',
                      '>= 3 with FedMIA attacks (each needs >= 2 other clients)', k)
-  validate.positive(config, 'pastel.attack_steps', integer=True)
-  validate.positive(config, 'pastel.attack_learning_rate')
-  validate.positive(config, 'pastel.attack_hidden', integer=True)
-  validate.positive(config, 'pastel.feature_chunk_size', integer=True)
-  del defenses
 
 
 def make_model(config, num_classes: int):
@@ -160,43 +156,41 @@ def prepare(config) -> dict:
                             'held-out row')
   data_lib.require_examples(config.data, "its 'test' split", len(test), 4 * k,
                             f'pastel.num_clients = {k} clients x 4 test non-members')
-  per_client = len(train) // k
-  held = int(round(s.validation_fraction * per_client))
-  validate.require(held >= 1 and per_client - held >= 2, 'pastel.num_clients',
-                   f'small enough that each of the {len(train)} // K train rows keeps >= 2 '
-                   'members and >= 1 held-out row', k)
-  validate.require(len(test) >= 4 * k, 'pastel.num_clients',
-                   f'<= {len(test) // 4} (each client needs >= 4 test non-members)', k)
+  # Shard sizes, each client's held-out rows >= a batch, the test share per client.
+  passive_pastel.check_shards(len(train), len(test), k, s.per_client,
+                              float(s.validation_fraction), int(s.batch_size))
   model = make_model(config, train.num_classes)
   memory.require_batch_fits('pastel.batch_size', int(s.batch_size), model, train.x.shape[1:], k)
-  layers = pastel_training.regularised_layers(model, train.x.shape[1:], tuple(s.pastel_layers),
-                                              s.pastel_representation, s.model)
+  for rep in s.pastel_representations:
+    layers = pastel_training.regularised_layers(model, train.x.shape[1:],
+                                                tuple(s.pastel_layers), rep, s.model)
   return dict(train=train, test=test, model=model, layers=layers,
               x_train=data_lib.to_float(train.x), x_test=data_lib.to_float(test.x))
 
 
 def trainings(config) -> list[dict]:
-  """Every (defense, strength, optimizer) trained, in sweep order."""
+  """Every (defense, strength, optimizer, representation) trained, in sweep order;
+  `representation` is PASTEL's reading ('-' for the trainings without the regulariser)."""
   s = _s(config)
+  tr = lambda d, v, r='-', o=s.optimizer: dict(defense=d, strength=float(v), optimizer=o,
+                                               representation=r)
+  reps = tuple(s.pastel_representations)
   out = []
   for d in s.defenses:
     if d == 'none':
-      out.append(dict(defense='none', strength=0.0, optimizer=s.optimizer))
-    elif d == 'pastel':
-      out += [dict(defense='pastel', strength=float(w), optimizer=s.optimizer)
-              for w in s.pastel_weights]
+      out.append(tr('none', 0.0))
     else:
-      out += [dict(defense=d, strength=float(e), optimizer=s.optimizer) for e in s.epsilons]
+      out += ([tr('pastel', w, r) for r in reps for w in s.pastel_weights] if d == 'pastel'
+              else [tr(d, e) for e in s.epsilons])
   ablation = _ablation(config)
   if ablation is not None and ablation != s.optimizer:
-    out.append(dict(defense='none', strength=0.0, optimizer=ablation))
-    out.append(dict(defense='pastel', strength=float(s.ablation_pastel_weight),
-                    optimizer=ablation))
+    out += [tr('none', 0.0, o=ablation), tr('pastel', s.ablation_pastel_weight, reps[0], ablation)]
   return out
 
 
 def describe(tr: dict) -> str:
-  return f'{tr["defense"]}({tr["strength"]:g}, {tr["optimizer"]})'
+  rep = '' if tr['representation'] == '-' else f', {tr["representation"]}'
+  return f'{tr["defense"]}({tr["strength"]:g}, {tr["optimizer"]}{rep})'
 
 
 def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> dict:
@@ -211,17 +205,20 @@ def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> d
       delta=float(s.dp_delta), experiment=NAME, prefix='pastel')
 
 
-def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np.ndarray]:
-  """One training (`attacks.passive.pastel.record`), with its DP info; arrays to store."""
+def train(config, state, data: dict, tr: dict, key) -> dict[str, np.ndarray]:
+  """One training of one replicate (`data`, key `key`; `attacks.passive.pastel.record`),
+  with its DP info; arrays to store."""
   s = _s(config)
-  model = state['model']
+  model, split = state['model'], data['split']
+  # The JS gap diagnostic's reading: the training's (the first for the unregularised ones).
+  reading = s.pastel_representations[0] if tr['representation'] == '-' else tr['representation']
   lr = s.learning_rate if tr['optimizer'] == s.optimizer else s.ablation_learning_rate
   opt = pastel_training.optimizer(tr['optimizer'], float(lr))
   factory, strength, info = pastel_training.setup(
       tr['defense'], tr['strength'],
       lambda: dp_accounting(config, split, tr['defense'], tr['strength']),
       apply_fn=model.apply, layers=tuple(state['layers']),
-      representation=s.pastel_representation, temperature=float(s.pastel_temperature),
+      representation=reading, temperature=float(s.pastel_temperature),
       batch_size=int(s.batch_size), clip_norm=float(s.clip_norm),
       update_clip_norm=float(s.update_clip_norm))
   x_train, y_train = state['x_train'], state['train'].y
@@ -233,12 +230,12 @@ def train(config, state, split: dict, rows: dict, tr: dict, key) -> dict[str, np
       num_rounds=int(s.num_rounds), record_every=int(s.record_every),
       attack_snapshots=int(s.attack_snapshots), x_train=x_train, y_train=y_train,
       x_test=state['x_test'], y_test=state['test'].y, members=split['members'],
-      heldout=split['heldout'], rows=rows,
+      heldout=split['heldout'], rows=data['rows'],
       need_fedmia=bool(set(s.attacks) & set(FEDMIA_ATTACKS)) and 'local' in s.targets,
       last_layer_grad=bool(s.attack_last_layer_grad), chunk_size=int(s.feature_chunk_size),
-      layers=state['layers'], representation=s.pastel_representation,
+      layers=state['layers'], representation=reading,
       temperature=float(s.pastel_temperature), defense=tr['defense'], clip_norm=s.clip_norm,
-      update_clip_norm=s.update_clip_norm)
+      update_clip_norm=s.update_clip_norm, x_out=data['x_out'], y_out=data['y_out'])
   out.update(info)
   return out
 
@@ -250,72 +247,84 @@ def attack_plan(config) -> list[tuple[str, str]]:
           if not (a in FEDMIA_ATTACKS and t != 'local')]
 
 
-def point_metrics(config, arrays: dict, rows: dict, split: dict, attack: str, target: str,
-                  key, tr_defense: str = 'none', tr_strength: float = 0.0) -> dict[str, float]:
+def point_metrics(config, replicas: list[dict], attack: str, target: str, key,
+                  tr_defense: str = 'none', tr_strength: float = 0.0,
+                  reference: tuple | None = None) -> dict[str, float]:
+  """One point's metrics, its attack's scores pooled over the replicates (`replicas`: each
+  `{'arrays', 'rows', 'members', 'ids', 'split'}`); with `reference` (the undefended
+  trainings' (scores, labels) of the same attack) also the paired AUC change."""
   s = _s(config)
-  scores, labels = passive_pastel.attack_scores(
-      arrays, rows, split['members'], attack, target, key, steps=int(s.attack_steps),
-      learning_rate=float(s.attack_learning_rate), hidden=int(s.attack_hidden))
-  m = passive_pastel.attack_metrics(scores, labels)
-  m.update(utility.training_metrics(arrays))
+  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
+            hidden=int(s.attack_hidden))
+  scores, labels, ids = passive_pastel.pooled_attack_scores(replicas, attack, target, key, **kw)
+  m = passive_pastel.attack_metrics(scores, labels, ids)
+  m.update(utility.pooled_training_metrics([r['arrays'] for r in replicas]))
+  if reference is not None:
+    m.update(passive_pastel.auc_change(scores, labels, *reference))
   if tr_defense in DP_NAMES:
-    m.update(auditing.attack_bounds(scores, labels, float(s.dp_delta)))
-    decl = dp_accounting(config, split, tr_defense, tr_strength)
-    for k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling'):
-      m[k] = decl[k]
-    if decl['dp_adversary'] == 'aggregate' and target == 'local':
-      # The server reads each upload before DP-FedAvg adds its noise: no epsilon holds here.
-      m['dp_epsilon'] = math.nan
-      m['dp_epsilon_per_round'] = math.nan
+    m.update(passive_pastel.dp_metrics(
+        scores, labels, dp_accounting(config, replicas[0]['split'], tr_defense, tr_strength),
+        target, float(s.dp_delta)))
   return m
 
 
 def point_params(tr: dict, attack: str, target: str) -> dict:
   return dict(defense=tr['defense'], strength=float(tr['strength']),
-              optimizer=tr['optimizer'], attack=attack, target=target)
+              optimizer=tr['optimizer'], representation=tr['representation'], attack=attack,
+              target=target)
 
 
-def _shared(config, state, key) -> tuple[dict, dict]:
-  """(split, rows) of the run: the same members and attack rows for every training."""
-  if 'split' not in state:
-    state['split'] = passive_pastel.client_split(
-        key, len(state['train']), len(state['test']), int(_s(config).num_clients),
-        float(_s(config).validation_fraction))
-    state['rows'] = passive_pastel.attack_rows(state['split']['members'],
-                                               state['split']['test_parts'],
-                                               len(state['test']), key)
-  return state['split'], state['rows']
+def _replicates(config, state, key) -> list[dict]:
+  """Replicate r's data (`attacks.passive.pastel.replicate`, key fold_in(key, r)), shared."""
+  if 'replicates' not in state:
+    s = _s(config)
+    state['replicates'] = [passive_pastel.replicate(
+        jax.random.fold_in(key, r), state['x_train'], state['train'].y, state['x_test'],
+        state['test'].y, int(s.num_clients), float(s.validation_fraction),
+        None if s.per_client is None else int(s.per_client)) for r in range(int(s.replicates))]
+  return state['replicates']
 
 
-def trained(config, state, store, key, tr: dict) -> dict[str, np.ndarray]:
-  """Training `tr`'s arrays: read from the artifacts, else trained and saved."""
-  split, rows = _shared(config, state, key)
+def trained(config, state, store, key, tr: dict, r: int = 0) -> dict[str, np.ndarray]:
+  """Replicate r of training `tr`: read from the artifacts, else trained and saved."""
+  data = _replicates(config, state, key)[r]
   artifacts = ArtifactStore(store.workdir, TRAINED)
-  arrays = artifacts.load(tr)
+  arrays = artifacts.load(dict(tr, replicate=r))
   if arrays is None:
-    logging.info('pastel: training %s', describe(tr))
-    arrays = train(config, state, split, rows, tr, key)
+    logging.info('pastel: training %s, replicate %d', describe(tr), r)
+    arrays = train(config, state, data, tr, jax.random.fold_in(key, r))
     arrays['num_test'] = len(state['test'])
-    artifacts.save(tr, arrays)
-  m = utility.training_metrics(arrays)
-  logging.info('pastel: %s test accuracy %.4f, JSD %.4f', describe(tr), m['accuracy'],
-               m['jsd_last_round'])
+    artifacts.save(dict(tr, replicate=r), arrays)
+    logging.info('pastel: %s replicate %d test accuracy %.4f, JSD %.4f', describe(tr), r,
+                 int(arrays['test_correct']) / len(state['test']), arrays['jsd_last_round'])
   return arrays
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, target); a training is trained (or read) by the first of its
-  points the store lacks and dropped after its last."""
-  split, rows = _shared(config, state, key)
-  points = []
+  """Every (training, attack, target); a training's replicates are read or trained by the first
+  of its points the store lacks and dropped after its last; `none`'s scores are kept."""
+  s, reps = _s(config), _replicates(config, state, key)
+  points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
+  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
+            hidden=int(s.attack_hidden))
   for tr in trainings(config):
     cache = {}
+    ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')
+    ref = ref if tr != ref and 'none' in s.defenses else None
 
-    def compute(tr, attack, target, cache=cache):
-      if 'arrays' not in cache:
-        cache['arrays'] = trained(config, state, store, key, tr)
-      return (point_metrics(config, cache['arrays'], rows, split, attack, target, key,
-                            tr['defense'], tr['strength']), len(rows[target]['eval']))
+    def compute(tr, attack, target, ref=ref, cache=cache):
+      load = lambda t: [dict(d, members=d['split']['members'],
+                             arrays=trained(config, state, store, key, t, r))
+                        for r, d in enumerate(reps)]
+      if 'replicas' not in cache:
+        cache['replicas'] = load(tr)
+      name = None if ref is None else (ref['optimizer'], attack, target)
+      if name is not None and name not in ref_scores:
+        ref_scores[name] = passive_pastel.pooled_attack_scores(load(ref), attack, target, key,
+                                                               **kw)[:2]
+      return (point_metrics(config, cache['replicas'], attack, target, key, tr['defense'],
+                            tr['strength'], ref_scores.get(name)),
+              sum(len(d['rows'][target]['eval']) for d in reps))
 
     for attack, target in attack_plan(config):
       points.append(base.Point(point_params(tr, attack, target),
@@ -325,9 +334,8 @@ def plan(config, state, store, key) -> list[base.Point]:
 
 
 def figures(config, state, store, key) -> None:
-  """table.md and the figures; the loss histograms read the undefended and PASTEL
-  trainings' global-model losses."""
-  _, rows = _shared(config, state, key)
+  """table.md and the figures (loss histograms: replicate 0's none and PASTEL global models)."""
+  rows = _replicates(config, state, key)[0]['rows']
   losses = {}
   for tr in trainings(config):
     if tr['defense'] in ('none', 'pastel'):

@@ -25,15 +25,16 @@ _ATTACK_LABELS = {'nasr_whitebox': 'Nasr white-box', 'loss_threshold': 'loss thr
 
 
 def _training(p: dict) -> tuple:
-  return (p['defense'], float(p['strength']), p['optimizer'])
+  return (p['defense'], float(p['strength']), p['optimizer'], p.get('representation', '-'))
 
 
 def _name(tr: tuple) -> str:
-  d, s, o = tr
+  d, s, o, r = tr
   if d == 'none':
     return f'none ({o})'
   sym = 'lambda' if d == 'pastel' else 'eps'
-  return f'{d} {sym}={s:g} ({o})'
+  reading = f', {r}' if d == 'pastel' else ''
+  return f'{d} {sym}={s:g} ({o}{reading})'
 
 
 def _by_training(points: list[dict]) -> dict[tuple, dict]:
@@ -61,11 +62,12 @@ def table_markdown(config, points: list[dict]) -> str:
   lines = [f'# PASTEL and DP baselines on {config.dataset}', '',
            f'K = {s.num_clients} clients, T = {s.num_rounds} rounds, E = {s.local_epochs}, '
            f'B = {s.batch_size}, {s.optimizer} lr {s.learning_rate}; PASTEL '
-           f'{s.pastel_representation} at layers {list(s.pastel_layers) or "every Dense"}, '
+           f'{"/".join(s.pastel_representations)} at layers {list(s.pastel_layers) or "every Dense"}, '
            f'tau {s.pastel_temperature}; delta {s.dp_delta}, clip {s.clip_norm} (ldp), '
            f'update clip {s.update_clip_norm} (cdp, wdp). Accuracy: global model on the test '
            'split, % [95% Clopper-Pearson]; AUC: [95% DeLong]; attacks score the evaluation '
-           'half (n_pos = n_neg per cell below the table).', '']
+           f'half, pooled over {s.get("replicates", 1)} replicate(s) (n_pos = n_neg per cell '
+           'below the table).', '']
   header = ['Defense', 'Strength', 'Opt.', 'Test acc. %', 'Local acc. %', 'Gap']
   cols = []
   for a in attacks:
@@ -80,7 +82,7 @@ def table_markdown(config, points: list[dict]) -> str:
   counts = {}
   for tr, cells in by.items():
     any_m = next(iter(cells.values()))
-    row = [tr[0], 'lambda ' + f'{tr[1]:g}' if tr[0] == 'pastel' else
+    row = [tr[0], f'lambda {tr[1]:g} ({tr[3]})' if tr[0] == 'pastel' else
            ('-' if tr[0] == 'none' else f'eps {tr[1]:g}'), tr[2],
            _cell(any_m, 'accuracy', 100, 1), f'{100 * any_m["local_accuracy_mean"]:.1f}',
            f'{100 * any_m["generalization_gap"]:.1f}']
@@ -101,8 +103,24 @@ def table_markdown(config, points: list[dict]) -> str:
   lines.append('')
   for t, (npos, nneg) in counts.items():
     lines.append(f'- {t} target: {npos} members vs {nneg} non-members scored per cell.')
+  lines += ['', '## AUC change against `none` (same optimizer, same rows: 95% paired DeLong)', '',
+            '| ' + ' | '.join(header[:3] + header[6:6 + len(cols)]) + ' |',
+            '|' + '---|' * (3 + len(cols))]
+  for tr, cells in by.items():
+    if tr[0] == 'none':
+      continue
+    row = [tr[0], f'lambda {tr[1]:g} ({tr[3]})' if tr[0] == 'pastel' else f'eps {tr[1]:g}',
+           tr[2]]
+    row += [_signed(cells.get(c), 'attack_auc_minus_none') for c in cols]
+    lines.append('| ' + ' | '.join(row) + ' |')
   lines.append('')
   return '\n'.join(lines)
+
+
+def _signed(m: dict | None, name: str) -> str:
+  if m is None or name not in m or math.isnan(m[name]):
+    return '-'
+  return f'{m[name]:+.3f} [{m[name + "_ci_low"]:+.3f}, {m[name + "_ci_high"]:+.3f}]'
 
 
 def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_whitebox'):
@@ -122,7 +140,8 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
         continue
       d = tr[0]
       ablation = tr[2] != config.pastel.optimizer
-      label = f'{d} ({tr[2]})' if ablation else d
+      name = f'{d} {tr[3]}' if d == 'pastel' else d
+      label = f'{name} ({tr[2]})' if ablation else name
       x, y = 100 * m['accuracy'], m['attack_auc']
       s = series.setdefault(label, dict(d=d, ablation=ablation, x=[], y=[], xerr=[[], []],
                                          yerr=[[], []]))
@@ -218,7 +237,7 @@ def loss_hist_figure(config, losses: dict):
                      np.log10(max(floor * 10, float(everything.max()))), 40)
   for ax, (name, v) in zip(axes[0], panels):
     for key, colour, label in (('member', 'tab:blue', 'members'),
-                               ('nonmember', 'tab:red', 'non-members (test)')):
+                               ('nonmember', 'tab:red', 'non-members')):
       vals = np.log10(np.maximum(np.asarray(v[key], np.float64), floor))
       ax.hist(vals, bins=bins, density=True, alpha=0.5, color=colour, label=label)
     ax.set_xlabel(f'log10 cross-entropy loss (nats; below {floor:g} drawn at {floor:g})')

@@ -178,3 +178,73 @@ def test_make_rejects_bad_arguments():
 def test_heldout_aux_pads_with_a_mask():
   aux = pastel.heldout_aux([np.ones((3, 2)), np.ones((5, 2))], [np.zeros(3), np.zeros(5)])
   assert aux['x'].shape == (2, 5, 2) and aux['mask'].sum(axis=1).tolist() == [3, 5]
+
+
+def _heldout_seen(key, batch_size=8):
+  """Held-out labels of V at each local step of one `fedavg` run (PASTEL's draw, recorded)."""
+  model, variables, x, y, _, _ = _mlp_setup(n=32)
+  loss_fn = losses.make_loss_fn(model.apply)
+  # 24 held-out rows labelled 0..23: a V of 8 of them names itself by its labels.
+  aux = {'x': jnp.zeros((24, x.shape[1])), 'y': jnp.arange(24), 'mask': jnp.ones(24)}
+  seen = []
+
+  def loss(k, lf, params, xb, yb, mask, aux):
+    _, vy, _ = pastel.draw_heldout(k, aux, batch_size)
+    jax.debug.callback(lambda v: seen.append(tuple(sorted(np.asarray(v).tolist()))), vy)
+    return lf(params, xb, yb, mask) if mask is not None else lf(params, xb, yb)
+
+  from fl_privacy.fl import client  # pylint: disable=g-import-not-at-top
+  local.fedavg(loss_fn, variables, x, y, key=key, optimizer=optimizers.make('adagrad', 0.1),
+               epochs=2, batch_size=batch_size, hooks=client.ClientHooks(loss=loss), aux=aux)
+  return seen
+
+
+def test_v_is_a_fresh_batch_every_step_and_the_same_key_gives_the_same_v():
+  # 2 epochs x 4 steps: the loss hook's step keys (fold_in of (epoch, step)) draw 8 distinct
+  # V batches of 8 rows out of 24; a batch repeating by chance has probability ~1e-5.
+  seen = _heldout_seen(jax.random.key(0))
+  assert len(seen) == 8 and all(len(set(v)) == 8 for v in seen)
+  assert len(set(seen)) == 8
+  assert _heldout_seen(jax.random.key(0)) == seen
+  assert _heldout_seen(jax.random.key(1)) != seen
+
+
+def test_gradient_reading_has_a_finite_gradient_where_the_model_fits_the_batch():
+  # Huge logits with the predicted labels: the CE gradient is exactly 0, P_l(X) uniform. The
+  # regulariser's gradient must stay finite (it was NaN: 0 x d(a / t)/dt at t = 0).
+  model = models.MLP(hidden=(4,), num_classes=3)
+  variables = jax.tree_util.tree_map(lambda a: 1e3 * a,
+                                     model.init(jax.random.key(0), jnp.ones((1, 2))))
+  x = 10.0 * jnp.ones((2, 2))
+  y = jnp.argmax(model.apply(variables, x), -1)
+  loss_fn = losses.make_loss_fn(model.apply)
+
+  def js(v):
+    p = pastel.gradient_distributions(loss_fn, v, x, y, None, ('fc1',))['fc1']
+    q = pastel.gradient_distributions(loss_fn, v, 0.5 * x, y, None, ('fc1',))['fc1']
+    return pastel.js_divergence(p, q)
+
+  grads = jax.grad(js)(variables)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
+
+
+@pytest.mark.parametrize('representation', pastel.REPRESENTATIONS)
+def test_each_reading_changes_training(representation):
+  """The regulariser is non-zero with a non-zero gradient, so lambda > 0 moves the model."""
+  model, variables, x, y, vx, vy = _mlp_setup(n=32)
+  loss_fn = losses.make_loss_fn(model.apply)
+  aux = {'x': vx, 'y': vy, 'mask': jnp.ones(vy.shape[0])}
+  reg = lambda v: pastel.regulariser(jax.random.key(0), model.apply, loss_fn, v, x[:8], y[:8],
+                                     None, aux, layers=('fc1', 'fc2', 'fc3'),
+                                     representation=representation, heldout_batch_size=8)
+  value, grads = jax.value_and_grad(reg)(variables)
+  assert float(value) > 0
+  assert sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads)) > 0
+  kw = dict(key=jax.random.key(3), optimizer=optimizers.make('adagrad', 0.1), epochs=1,
+            batch_size=8, aux=aux)
+  plain = local.fedavg(loss_fn, variables, x, y, **kw)
+  hooked = local.fedavg(loss_fn, variables, x, y, hooks=pastel.make(
+      model.apply, weight=10.0, layers=('fc1', 'fc2', 'fc3'), representation=representation,
+      heldout_batch_size=8), **kw)
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+             zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(hooked)))

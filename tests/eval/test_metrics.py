@@ -200,3 +200,32 @@ def test_auc_interval_edges():
   assert auc == 0.5 and low == high == 0.5
   with pytest.raises(ValueError):
     metrics.auc_interval([1, 2], [1, 1])
+
+
+def test_auc_difference_interval_is_delongs_paired_formula():
+  """Against brute-force structural components and var(A) + var(B) - 2 cov(A, B)."""
+  from scipy import stats as sstats  # pylint: disable=g-import-not-at-top
+  from fl_privacy.eval import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  labels = np.r_[np.ones(30), np.zeros(40)].astype(int)
+  a = rng.normal(size=70) + 0.8 * labels
+  b = a + rng.normal(scale=0.7, size=70)  # correlated with a: pairing narrows the interval
+  b[:5] = b[5]  # ties count one half
+
+  def comps(s):
+    pos, neg = s[labels == 1], s[labels == 0]
+    cmp = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    return cmp.mean(1), cmp.mean(0)
+
+  (a10, a01), (b10, b01) = comps(a), comps(b)
+  s10, s01 = np.cov(a10, b10), np.cov(a01, b01)
+  var = (s10[0, 0] + s10[1, 1] - 2 * s10[0, 1]) / 30 + (s01[0, 0] + s01[1, 1] - 2 * s01[0, 1]) / 40
+  d, lo, hi = metrics_lib.auc_difference_interval(a, b, labels)
+  assert d == pytest.approx(a10.mean() - b10.mean(), abs=1e-12)
+  half = sstats.norm.ppf(0.975) * np.sqrt(var)
+  assert (lo, hi) == (pytest.approx(d - half, abs=1e-12), pytest.approx(d + half, abs=1e-12))
+  # Narrower than the two separate intervals combined as if independent.
+  _, la, ha = metrics_lib.auc_interval(a, labels)
+  _, lb, hb = metrics_lib.auc_interval(b, labels)
+  assert hi - lo < np.hypot(ha - la, hb - lb)
+  assert metrics_lib.auc_difference_interval(a, a, labels) == (0.0, 0.0, 0.0)

@@ -24,11 +24,15 @@ def test_results_schema_and_files(smoke):
   workdir, results = smoke
   assert results['experiment'] == 'pastel'
   points = results['points']
-  trainings = {(p['params']['defense'], p['params']['strength']) for p in points}
-  assert trainings == {('none', 0.0), ('pastel', 1.0), ('cdp', 4.0)}
-  assert len(points) == 3 * 2 * 2  # trainings x attacks x targets
+  trainings = {(p['params']['defense'], p['params']['strength'],
+                p['params']['representation']) for p in points}
+  # Both readings of PASTEL are trained and each point says which.
+  assert trainings == {('none', 0.0, '-'), ('pastel', 1.0, 'activation'),
+                       ('pastel', 1.0, 'gradient'), ('cdp', 4.0, '-')}
+  assert len(points) == 4 * 2 * 2  # trainings x attacks x targets
   for p in points:
-    assert set(p['params']) == {'defense', 'strength', 'optimizer', 'attack', 'target'}
+    assert set(p['params']) == {'defense', 'strength', 'optimizer', 'representation', 'attack',
+                                'target'}
     # The DP declaration's labels are strings; every other metric is a number (NaN is
     # stored as the string 'nan').
     labels = {k: v for k, v in p['metrics'].items()
@@ -38,6 +42,12 @@ def test_results_schema_and_files(smoke):
       assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
     assert m['n_pos'] == m['n_neg'] > 50
     assert 0 <= m['jsd_last_round'] <= math.log(2)
+    # Every defended training states its paired AUC change against `none` on the same rows.
+    if p['params']['defense'] == 'none':
+      assert 'attack_auc_minus_none' not in m
+    else:
+      assert (m['attack_auc_minus_none_ci_low'] <= m['attack_auc_minus_none'] <=
+              m['attack_auc_minus_none_ci_high'])
     if p['params']['defense'] == 'cdp':
       # DP-FedAvg: client level, replace-one, and only against readers of the aggregate, so
       # a row that attacks the uploads (target 'local') carries no epsilon.
@@ -56,7 +66,7 @@ def test_results_schema_and_files(smoke):
   for name in ('results.csv', 'table.md', 'pastel_privacy_utility.png', 'pastel_auc.png',
                'pastel_loss_hist.png'):
     assert (workdir / name).exists(), name
-  assert len(list((workdir / 'trained').glob('*.npz'))) == 3
+  assert len(list((workdir / 'trained').glob('*.npz'))) == 4
   table = (workdir / 'table.md').read_text()
   assert '| Defense | Strength |' in table and 'AUC local' in table and 'AUC global' in table
 
@@ -83,7 +93,12 @@ def test_resume_keeps_points_without_retraining(smoke):
 @pytest.mark.parametrize('field,value', [
     ('pastel_weights', (-1.0,)),
     ('pastel_layers', ('fc9',)),
-    ('pastel_representation', 'logits'),
+    ('pastel_representations', ('logits',)),
+    ('pastel_representations', ()),
+    ('per_client', 2),
+    ('per_client', 1000),
+    ('replicates', 0),
+    ('validation_fraction', 0.1),
     ('optimizer', 'rmsprop'),
     ('ablation_optimizer', 'rmsprop'),
     ('attacks', ('shadow',)),
@@ -130,7 +145,42 @@ def test_fedmia_needs_three_clients():
     pastel.prepare(config)
 
 
+def test_heldout_rows_fewer_than_a_batch_are_refused_naming_both_fields():
+  from configs import digits
+  from fl_privacy import validate
+  from fl_privacy.pipelines import pastel
+  config = digits.get_config()  # leaky: 24 rows per client, B = 8
+  config.pastel.validation_fraction = 0.25  # 6 held-out rows < B = 8
+  with pytest.raises(validate.ConfigError) as e:
+    pastel.prepare(config)
+  assert str(e.value).startswith('config.pastel.validation_fraction: ')
+  assert 'pastel.batch_size = 8' in str(e.value) and '= 6)' in str(e.value)
+  config.pastel.batch_size = 6
+  pastel.validate_config(config)
+  assert pastel.prepare(config)['layers'] == ('fc1', 'fc2', 'fc3')
+
+
+def test_both_readings_at_every_lambda_and_replicates_in_both_settings():
+  from configs import digits
+  from fl_privacy.pipelines import pastel
+  for setting in ('leaky', 'well_generalising'):
+    config = digits.get_config(f'setting={setting}')
+    s = config.pastel
+    assert max(s.pastel_weights) >= 100 and s.replicates >= 1
+    got = [(t['strength'], t['representation']) for t in pastel.trainings(config)
+           if t['defense'] == 'pastel' and t['optimizer'] == s.optimizer]
+    assert got == [(float(w), r) for r in ('activation', 'gradient') for w in s.pastel_weights]
+    if setting == 'leaky':
+      # Little data per client: 16 members + 8 held-out (one batch) each; the other train rows
+      # join the non-members.
+      assert (s.num_clients, s.per_client, s.batch_size) == (10, 24, 8)
+      assert round(s.validation_fraction * s.per_client) == s.batch_size
+    else:
+      assert (s.num_clients, s.per_client) == (5, None)
+
+
 @pytest.mark.parametrize('override,field', [
+    ('--config.pastel.validation_fraction=0.25', 'pastel.validation_fraction'),
     ('--config.pastel.pastel_weights=(-1.0,)', 'pastel.pastel_weights'),
     ("--config.pastel.pastel_layers=('fc9',)", 'pastel.pastel_layers'),
 ])

@@ -21,12 +21,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import validate
 from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.attacks.passive import whitebox
 from fl_privacy.defenses import dp as dp_lib
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import pastel_training
+from fl_privacy.eval import auditing
+from fl_privacy.eval import metrics as metrics_lib
 from fl_privacy.eval import utility
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
@@ -47,17 +50,53 @@ def least_per_client(validation_fraction: float) -> int:
   return n
 
 
+def check_shards(num_train: int, num_test: int, num_clients: int, per_client: int | None,
+                 validation_fraction: float, batch_size: int, prefix: str = 'pastel') -> None:
+  """Raises `validate.ConfigError` unless every client keeps >= 2 members, holds out at least
+  a batch (V is a batch of held-out rows redrawn every step: fewer rows than a batch would
+  make V the same set at every step) and gets >= 4 test non-members."""
+  k = int(num_clients)
+  if per_client is not None:
+    validate.require(k * int(per_client) <= num_train, f'{prefix}.per_client',
+                     f'<= {num_train // k} (num_clients = {k} clients share {num_train} '
+                     'train rows)', per_client)
+  rows = num_train // k if per_client is None else int(per_client)
+  held = int(round(validation_fraction * rows))
+  validate.require(held >= 1 and rows - held >= 2, f'{prefix}.num_clients',
+                   f'small enough that each of the {num_train} // K train rows keeps >= 2 '
+                   'members and >= 1 held-out row', k)
+  validate.require(held >= int(batch_size), f'{prefix}.validation_fraction',
+                   f'large enough that each client holds out >= {prefix}.batch_size = '
+                   f'{int(batch_size)} rows (validation_fraction x {rows} rows per client = '
+                   f'{held})', validation_fraction)
+  validate.require(num_test >= 4 * k, f'{prefix}.num_clients',
+                   f'<= {num_test // 4} (each client needs >= 4 test non-members)', k)
+
+
 def client_split(key, num_train: int, num_test: int, num_clients: int,
-                 validation_fraction: float) -> dict[str, list[np.ndarray]]:
-  """Client shards, members / held-out per client, and the test split shared out to clients.
+                 validation_fraction: float, per_client: int | None = None
+                 ) -> dict[str, list[np.ndarray] | np.ndarray]:
+  """Client shards, members / held-out per client, and the non-member pool shared out to clients.
 
   Depends only on the run key (never on the defense): every training sees the same members.
+  Non-members are the test split and the train rows no client holds (with `per_client`, the
+  rest of the train split): rows no training reads, drawn from the same distribution. The pool
+  indexes `nonmember_pool`'s concatenation: test row i is pool row i, unused train row j is
+  pool row num_test + (its position in `unused`).
+
+  Args:
+    key: The replicate's key.
+    num_train, num_test: Sizes of the splits.
+    num_clients: K.
+    validation_fraction: Share of each shard held out as PASTEL's V.
+    per_client: Train rows per client (members + held-out); None shares the whole split.
 
   Returns:
-    dict of `members`, `heldout` (train indices per client) and `test_parts` (test indices per
-    client), each a list of sorted index arrays.
+    dict of `members`, `heldout` (train indices per client), `unused` (train indices no client
+    holds, sorted) and `test_parts` (non-member pool indices per client), index arrays.
   """
-  shards = data_lib.iid_partition(point_key(key, {'role': 'partition'}), num_train, num_clients)
+  shards = data_lib.iid_partition(point_key(key, {'role': 'partition'}), num_train, num_clients,
+                                  per_client=per_client)
   members, heldout = [], []
   for i, shard in enumerate(shards):
     rng = data_lib.rng_from_key(point_key(key, {'role': 'heldout', 'client': i}))
@@ -65,18 +104,50 @@ def client_split(key, num_train: int, num_test: int, num_clients: int,
     h = max(1, int(round(validation_fraction * len(shard))))
     heldout.append(np.sort(perm[:h]))
     members.append(np.sort(perm[h:]))
+  unused = np.setdiff1d(np.arange(num_train), np.concatenate(shards))
   rng = data_lib.rng_from_key(point_key(key, {'role': 'test_parts'}))
-  test_parts = [np.sort(p) for p in np.array_split(rng.permutation(num_test), num_clients)]
-  return dict(members=members, heldout=heldout, test_parts=test_parts)
+  num_out = num_test + len(unused)
+  test_parts = [np.sort(p) for p in np.array_split(rng.permutation(num_out), num_clients)]
+  return dict(members=members, heldout=heldout, unused=unused, test_parts=test_parts)
+
+
+def nonmember_pool(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+                   y_test: np.ndarray, unused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(x, y) of the non-member pool: the test split, then the unused train rows."""
+  if len(unused) == 0:
+    return x_test, y_test
+  return (np.concatenate([x_test, x_train[unused]]), np.r_[y_test, y_train[unused]])
+
+
+def identities(rows: dict, num_train: int, num_test: int,
+               unused: np.ndarray) -> dict[str, np.ndarray]:
+  """Each row's example, the same in every replicate: train row j -> j, test row i ->
+  num_train + i (a pool row is its test or unused train row).
+
+  The same digit scored under two replicate trainings is one example: what the distinct
+  negatives behind a low-FPR TPR count.
+  """
+  out = {}
+  for target, r in rows.items():
+    ex, member = np.asarray(r['example'], np.int64), r['labels'] == 1
+    ids = ex.copy()
+    pool = ex[~member]
+    in_test = pool < num_test
+    ids[~member] = num_train + pool  # test rows
+    ids[np.flatnonzero(~member)[~in_test]] = np.asarray(unused, np.int64)[
+        pool[~in_test] - num_test]
+    out[target] = ids
+  return out
 
 
 def attack_rows(members: Sequence[np.ndarray], test_parts: Sequence[np.ndarray], num_test: int,
                 key) -> dict:
   """Rows of each target and their seeded balanced halves (the same for every training).
 
-  Global rows: every client's members (client order), then the whole test split. Local rows:
-  for each client k, k's members then its test share. Each row's `example` indexes the train
-  (members) or test (non-members) split.
+  Global rows: every client's members (client order), then the whole non-member pool
+  (`num_test` rows: the test split and the unused train rows, `client_split`). Local rows:
+  for each client k, k's members then its pool share. Each row's `example` indexes the train
+  split (members) or the pool (non-members).
 
   Returns:
     {target: {'labels', 'client', 'example', 'train' (row indices), 'eval' (row indices)}}.
@@ -112,6 +183,25 @@ def attack_rows(members: Sequence[np.ndarray], test_parts: Sequence[np.ndarray],
   return out
 
 
+def replicate(key, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+              y_test: np.ndarray, num_clients: int, validation_fraction: float,
+              per_client: int | None = None) -> dict:
+  """One replicate's data, shared by every training of it: `client_split`, `attack_rows` on
+  the non-member pool, the rows' `identities`, and the pool's `x_out`, `y_out`.
+
+  Args:
+    key: The replicate's key (`jax.random.fold_in(run_key, r)`).
+    x_train, y_train, x_test, y_test: The splits (float inputs).
+    num_clients, validation_fraction, per_client: As in `client_split`.
+  """
+  n_train, n_test = len(y_train), len(y_test)
+  split = client_split(key, n_train, n_test, num_clients, validation_fraction, per_client)
+  x_out, y_out = nonmember_pool(x_train, y_train, x_test, y_test, split['unused'])
+  rows = attack_rows(split['members'], split['test_parts'], len(y_out), key)
+  return dict(split=split, rows=rows, x_out=x_out, y_out=y_out,
+              ids=identities(rows, n_train, n_test, split['unused']))
+
+
 @functools.lru_cache(maxsize=None)
 def feature_fn(apply_fn, last_layer):
   """`whitebox.make_feature_fn`, cached: one jitted program per model, shared by trainings."""
@@ -128,7 +218,8 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
            members: Sequence[np.ndarray], heldout: Sequence[np.ndarray], rows: dict,
            need_fedmia: bool, last_layer_grad: bool, chunk_size: int, layers: tuple,
            representation: str, temperature: float, defense: str, clip_norm: float,
-           update_clip_norm: float) -> dict[str, Any]:
+           update_clip_norm: float, x_out: np.ndarray | None = None,
+           y_out: np.ndarray | None = None) -> dict[str, Any]:
   """One training from `params` (w_0): rounds in segments; what the attacks read, recorded.
 
   Args:
@@ -141,6 +232,8 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
     last_layer_grad: add the white-box group `last_layer_grad`.
     layers, representation, temperature: PASTEL's JS gap measured at the end (diagnostic).
     defense, clip_norm, update_clip_norm: which clipping `clip_fraction` reports.
+    x_out, y_out: the non-member pool (`nonmember_pool`; default the test split, which alone
+      gives the test accuracy).
 
   Returns:
     Arrays for the artifact store: white-box features `global/<group>` and `local/<group>`
@@ -148,6 +241,7 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
     `fm_rounds`; `test_accuracy_rounds` [R]; the final model's test, member and per-client
     local counts; the internal gap `jsd_last_round`; `clip_fraction`, `upload_norm_median`.
   """
+  x_out, y_out = (x_test, y_test) if x_out is None else (x_out, y_out)
   static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
                 batch_size=int(batch_size), hook_factory=factory)
   recorded = pastel_training.recorded_rounds(int(num_rounds), int(record_every))
@@ -157,8 +251,8 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
   g_rows, l_rows = rows['global'], rows['local']
   last_locals = []
   all_members = np.concatenate(members)
-  gx = np.concatenate([x_train[all_members], x_test])
-  gy = np.r_[y_train[all_members], y_test]
+  gx = np.concatenate([x_train[all_members], x_out])
+  gy = np.r_[y_train[all_members], y_out]
   g_snaps, l_snaps, fm, acc_rounds, upload_norms = [], [], [], [], []
   for r, new_params, params, uploads in pastel_training.run_segments(
       params, clients, key, strength, recorded, **static):
@@ -177,8 +271,8 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
         sel = l_rows['client'] == i
         ex = l_rows['example'][sel]
         is_member = l_rows['labels'][sel] == 1
-        xs = np.concatenate([x_train[ex[is_member]], x_test[ex[~is_member]]])
-        ys = np.r_[y_train[ex[is_member]], y_test[ex[~is_member]]]
+        xs = np.concatenate([x_train[ex[is_member]], x_out[ex[~is_member]]])
+        ys = np.r_[y_train[ex[is_member]], y_out[ex[~is_member]]]
         parts.append(whitebox.features(fn, local, xs, ys, chunk_size=chunk))
       l_snaps.append({g: np.concatenate([p[g] for p in parts]) for g in parts[0]})
     if r == recorded[-1]:
@@ -222,13 +316,13 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
 
 
 def fedmia_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray],
-                  attack: str) -> tuple[np.ndarray, np.ndarray]:
+                  attack: str, with_rows: bool = False) -> tuple[np.ndarray, ...]:
   """FedMIA-I / -II (aligned, leave-one-out filter) on the local target's evaluation rows.
 
   Queries are the global rows (members of every client, then the test split); for target k,
   `scores.pooled_round_scores` ranks k's members against every other query; only k's
   evaluation-half members and test share are kept, so FedMIA scores the same rows as the
-  other attacks.
+  other attacks. With `with_rows`, also each score's local row (index into `rows['local']`).
   """
   recording = {n: arrays[f'fm_{n}'] for n in _MEASUREMENTS}
   recording['rounds'] = arrays['fm_rounds']
@@ -254,48 +348,112 @@ def fedmia_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray],
       q = int(np.flatnonzero((g['client'] == k) & (g['example'] == ex) & (g['labels'] == 1))[0])
     else:
       q = n_members + ex
-    wanted[(k, q)] = int(loc['labels'][r])
+    wanted[(k, q)] = int(r)
   keep = np.array([(int(k), int(q)) in wanted for k, q in zip(target_ids, query_ids)])
-  labels = np.array([wanted[(int(k), int(q))] for k, q in zip(target_ids[keep],
-                                                               query_ids[keep])])
+  kept_rows = np.array([wanted[(int(k), int(q))] for k, q in zip(target_ids[keep],
+                                                                 query_ids[keep])], np.int64)
+  labels = loc['labels'][kept_rows].astype(np.int64)
   assert np.array_equal(labels, pooled['labels'][keep])
-  return final[keep], labels
+  return (final[keep], labels, kept_rows) if with_rows else (final[keep], labels)
 
 
 def attack_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray], attack: str,
                   target: str, key, *, steps: int, learning_rate: float,
                   hidden: int) -> tuple[np.ndarray, np.ndarray]:
-  """(scores, labels) of `attack` on `target`'s evaluation half.
+  """(scores, labels) of `attack` on `target`'s evaluation half (one training).
 
   `steps`, `learning_rate`, `hidden`: the white-box attack's training (`nasr_whitebox`).
   """
-  r = rows[target]
-  if attack in FEDMIA_ATTACKS:
-    return fedmia_scores(arrays, rows, members, attack)
-  prefix = f'{target}/'
-  feats = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-  labels = r['labels'][r['eval']]
-  if attack == 'loss_threshold':
-    return whitebox.loss_scores({'loss': feats['loss'][r['eval']]}), labels
-  scores = whitebox.train_and_score(
-      point_key(key, {'role': 'attack', 'target': target}),
-      {g: v[r['train']] for g, v in feats.items()}, r['labels'][r['train']],
-      {g: v[r['eval']] for g, v in feats.items()}, steps=int(steps),
-      learning_rate=float(learning_rate), hidden=int(hidden))
+  replica = dict(arrays=arrays, rows=rows, members=members,
+                 ids={target: np.arange(len(rows[target]['labels']))})
+  scores, labels, _ = pooled_attack_scores([replica], attack, target, key, steps=steps,
+                                           learning_rate=learning_rate, hidden=hidden)
   return scores, labels
 
 
-def attack_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key, *,
+                         steps: int, learning_rate: float, hidden: int
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(scores, labels, example ids) of `attack` on `target`, pooled over replicate trainings.
+
+  Each replica is one training of the same defense under its own replicate key: `{'arrays',
+  'rows' (`attack_rows`), 'members', 'ids' (`identities`)}`. The loss threshold and FedMIA
+  score each replica's evaluation half; the white-box attack is ONE model trained on the
+  training halves of every replica (the attacker's known pairs: as many as the scored pairs,
+  and no (training, row) it scores) and scores every evaluation half. With one replica this
+  is the per-training attack of Nasr et al.'s supervised setting.
+  """
+  scores, labels, ids = [], [], []
+  train_feats, train_labels, eval_feats = [], [], []
+  prefix = f'{target}/'
+  for rep in replicas:
+    r = rep['rows'][target]
+    if attack in FEDMIA_ATTACKS:
+      s, lab, kept = fedmia_scores(rep['arrays'], rep['rows'], rep['members'], attack,
+                                   with_rows=True)
+      scores.append(s)
+      labels.append(lab)
+      ids.append(rep['ids'][target][kept])
+      continue
+    feats = {k[len(prefix):]: v for k, v in rep['arrays'].items() if k.startswith(prefix)}
+    labels.append(r['labels'][r['eval']])
+    ids.append(rep['ids'][target][r['eval']])
+    if attack == 'loss_threshold':
+      scores.append(whitebox.loss_scores({'loss': feats['loss'][r['eval']]}))
+    else:
+      train_feats.append({g: v[r['train']] for g, v in feats.items()})
+      train_labels.append(r['labels'][r['train']])
+      eval_feats.append({g: v[r['eval']] for g, v in feats.items()})
+  if attack == 'nasr_whitebox':
+    cat = lambda parts: {g: np.concatenate([p[g] for p in parts]) for g in parts[0]}
+    scores = [whitebox.train_and_score(
+        point_key(key, {'role': 'attack', 'target': target}), cat(train_feats),
+        np.concatenate(train_labels), cat(eval_feats), steps=int(steps),
+        learning_rate=float(learning_rate), hidden=int(hidden))]
+  return np.concatenate(scores), np.concatenate(labels), np.concatenate(ids)
+
+
+def auc_change(scores: np.ndarray, labels: np.ndarray, reference: np.ndarray,
+               reference_labels: np.ndarray) -> dict[str, float]:
+  """`attack_auc_minus_none` [95% paired DeLong interval]: the AUC of `scores` minus that of
+  `reference`, the same attack's scores of the same rows under the undefended trainings
+  (`eval.metrics.auc_difference_interval`). Every training of a replicate scores the same rows
+  in the same order (`pooled_attack_scores`), so the comparison is paired."""
+  if not np.array_equal(np.asarray(labels), np.asarray(reference_labels)):
+    raise ValueError('the reference scores other rows')
+  d, low, high = metrics_lib.auc_difference_interval(scores, reference, labels)
+  return {'attack_auc_minus_none': d, 'attack_auc_minus_none_ci_low': low,
+          'attack_auc_minus_none_ci_high': high}
+
+
+def dp_metrics(scores: np.ndarray, labels: np.ndarray, declaration: dict, target: str,
+               delta: float) -> dict:
+  """A DP baseline's point: the attack's own epsilon bounds (`auditing.attack_bounds`) and the
+  declaration's labels; on the `local` target an aggregate-only claim holds no epsilon (the
+  server reads each upload before DP-FedAvg adds its noise)."""
+  m = auditing.attack_bounds(scores, labels, float(delta))
+  for k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling'):
+    m[k] = declaration[k]
+  if declaration['dp_adversary'] == 'aggregate' and target == 'local':
+    m['dp_epsilon'] = math.nan
+    m['dp_epsilon_per_round'] = math.nan
+  return m
+
+
+def attack_metrics(scores: np.ndarray, labels: np.ndarray,
+                   groups: np.ndarray | None = None) -> dict[str, float]:
   """`evaluate.score_metrics` under PASTEL's names: `attack_auc` (+ DeLong interval),
   `log_auc`, `tpr_at_fpr_1e-2` / `1e-3` (+ Clopper-Pearson) with the distinct negatives behind
-  each threshold (`_distinct_negatives`; every scored row is its own example), `n_pos`,
-  `n_neg`."""
+  each threshold (`groups`: each row's example, `identities`; None = every scored row its own
+  example), `n_pos`, `n_neg`, `n_neg_distinct`."""
   labels = np.asarray(labels)
-  base = evaluate_lib.score_metrics(scores, labels, groups=np.arange(labels.size))
+  groups = np.arange(labels.size) if groups is None else np.asarray(groups)
+  base = evaluate_lib.score_metrics(scores, labels, groups=groups)
   m = {'attack_auc': base['auc'], 'attack_auc_ci_low': base['auc_ci_low'],
        'attack_auc_ci_high': base['auc_ci_high'], 'log_auc': base['log_auc']}
   for name in ('tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
     for suffix in ('', '_ci_low', '_ci_high', '_distinct_negatives'):
       m[name + suffix] = base[name + suffix]
   m['n_pos'], m['n_neg'] = base['n_pos'], base['n_neg']
+  m['n_neg_distinct'] = base['n_neg_distinct']
   return m
