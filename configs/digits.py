@@ -9,9 +9,14 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.ldp_audit --config=configs/digits.py
   python -m experiments.duplicates --config=configs/digits.py
   python -m experiments.fedmia --config=configs/digits.py     # FedMIA: 32 trainings, docs/experiments/fedmia.md
+  python -m experiments.fedmia --config=configs/digits.py:setting=well_generalising  # the second setting
   python -m experiments.pastel --config=configs/digits.py     # PASTEL vs DP: 18 trainings x 10 replicates
   python -m experiments.dp_audit --config=configs/digits.py   # every DP mechanism vs its claim
   python -m experiments.flower_audit --config=configs/digits.py  # a Flower deployment (extra [flower])
+
+Arguments after `:` (comma-separated): `smoke`, and `setting=leaky|well_generalising` (FedMIA
+and PASTEL: little data per client, the default, or the whole train split over fewer clients;
+configs/_fedmia.py and configs/_pastel.py say what each gives).
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
 `dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`, `flower_audit` (each documented in configs/_<experiment>.py, with the
