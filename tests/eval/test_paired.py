@@ -125,3 +125,42 @@ def test_the_kernel_and_the_entry_weights_give_the_same_aucs(monkeypatch):
   by_entries = paired.resampled_auc(scores, labels, groups, counts)
   np.testing.assert_allclose(by_kernel, by_entries, rtol=0, atol=1e-12, equal_nan=True)
   assert np.isnan(by_kernel).sum() == np.isnan(by_entries).sum()
+
+
+def test_more_resamples_than_groups_and_a_single_member_weight(monkeypatch):
+  rng = np.random.default_rng(8)
+  scores = rng.normal(size=12)
+  labels = np.r_[1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0]
+  groups = np.arange(12) // 3  # 4 groups, each one member and two non-members
+  counts = bootstrap.resample_counts(4, 40, rng)  # B = 40 > G = 4
+  counts[0] = [1, 0, 0, 0]  # one member of weight 1: a finite AUC
+  want = []
+  for b in range(40):
+    w = counts[b][groups]
+    keep = w > 0
+    want.append(skm.roc_auc_score(labels[keep], scores[keep], sample_weight=w[keep]))
+  np.testing.assert_allclose(paired.resampled_auc(scores, labels, groups, counts), want,
+                             atol=1e-12)
+  monkeypatch.setattr(paired, 'KERNEL_ELEMENTS', 0)
+  monkeypatch.setattr(paired, 'CHUNK_ELEMENTS', 24)  # two resamples per chunk
+  np.testing.assert_allclose(paired.resampled_auc(scores, labels, groups, counts), want,
+                             atol=1e-12)
+
+
+def test_the_interval_is_the_central_percentiles_of_the_shared_resamples():
+  rng = np.random.default_rng(9)
+  a, b, y, groups = _pooled(rng, num_queries=120, shift_a=1.0, shift_b=0.8)
+  out = paired.compare(a, b, y, groups, rng=np.random.default_rng(10), fpr=0.05,
+                       num_resamples=300, confidence=0.8)
+  counts = bootstrap.resample_counts(120, 300, np.random.default_rng(10))
+  auc = (paired.resampled_auc(a, y, groups, counts) -
+         paired.resampled_auc(b, y, groups, counts))
+  tpr = (bootstrap.resampled_tpr_at_fpr(a, y, groups, 0.05, counts) -
+         bootstrap.resampled_tpr_at_fpr(b, y, groups, 0.05, counts))
+  assert (out['auc_diff_low'], out['auc_diff_high']) == pytest.approx(
+      tuple(np.quantile(auc, [0.1, 0.9])))
+  assert (out['tpr_diff_low'], out['tpr_diff_high']) == pytest.approx(
+      tuple(np.quantile(tpr, [0.1, 0.9])))
+  assert out['tpr_a'] == pytest.approx(metrics.tpr_at_fpr(a, y, 0.05))
+  one = paired.compare(a, b, y, groups, rng=np.random.default_rng(10), num_resamples=1)
+  assert one['num_resamples'] == 1 and one['auc_diff_low'] == one['auc_diff_high']
