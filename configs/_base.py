@@ -82,7 +82,7 @@ def parse_arg(arg: str | None,
   >>> parse_arg('smok')
   Traceback (most recent call last):
   ...
-  configs._base.ConfigArgError: --config=FILE:smok: must be one of smoke[=True|False], path=FILE, data_dir=DIR (got 'smok')
+  configs._base.ConfigArgError: --config=FILE:smok: must be one of smoke[=True|False], path=FILE, data_dir=DIR, setting=leaky|well_generalising (got 'smok')
   """
   if allowed is None:
     allowed = ARGS

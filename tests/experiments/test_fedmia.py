@@ -30,9 +30,12 @@ def test_results_schema_and_files(smoke):
   s = results['config']['fedmia']
   main = [p for p in points if p['params']['defense'] == 'none' and
           p['params']['beta'] == 'inf']
-  # Every (attack, scoring) of the main setting but RMIA under public_code (aligned only).
+  # Every (attack, scoring) of the main setting but RMIA and online LiRA under public_code
+  # (aligned only).
   assert {(p['params']['attack'], p['params']['nonmember_scoring']) for p in main} == {
-      (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']} - {('rmia', 'public_code')}
+      (a, sc) for a in s['attacks'] for sc in s['nonmember_scoring']} - {
+          ('rmia', 'public_code'), ('lira_online', 'public_code'),
+          ('lira_online_fixed', 'public_code')}
   assert {'lira_offline', 'lira_offline_fixed', 'lira_online', 'lira_online_fixed',
           'rmia'} <= set(s['attacks'])
   # Only the main training scores online LiRA, so only it records IN models.
