@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from sklearn.metrics import roc_auc_score
 
 from fl_privacy import models
@@ -66,3 +67,43 @@ def test_attack_learns_a_signal_and_not_noise():
   # The loss threshold reads the last snapshot's loss.
   f = {'loss': np.array([[[3.0], [1.0]], [[0.0], [2.0]]])}
   np.testing.assert_array_equal(whitebox.loss_scores(f), [-1.0, -2.0])
+
+
+def test_last_layer_is_the_last_dense_of_three():
+  model = models.MLP(hidden=(8, 5), num_classes=3)
+  v = model.init(jax.random.key(2), jnp.zeros((1, 4)))
+  assert list(v['params']) == ['fc1', 'fc2', 'fc3']
+  assert whitebox.last_layer_name(v) == 'fc3'
+  with pytest.raises(ValueError, match='no Dense layer'):
+    whitebox.last_layer_name({'params': {'norm': {'scale': jnp.ones(3)}}})
+
+
+def test_one_example_and_two_of_each_class_are_enough():
+  model = models.MLP(hidden=(4,), num_classes=2)
+  v = model.init(jax.random.key(3), jnp.zeros((1, 3)))
+  fn = whitebox.make_feature_fn(model.apply)
+  f = whitebox.features(fn, v, np.ones((1, 3), np.float32), np.array([1]))
+  assert f['loss'].shape == (1, 1) and f['output'].dtype == np.float32
+  tp, tn, ep, en = whitebox.balanced_halves(np.random.default_rng(0), 2, 2)
+  assert (len(tp), len(tn), len(ep), len(en)) == (1, 1, 1, 1)
+
+
+def test_standardise_by_hand():
+  standardise = whitebox._standardise  # pylint: disable=protected-access
+  train = np.array([[1.0, 5.0, 2.0], [3.0, 5.0, 4.0], [5.0, 5.0, 9.0]])
+  other = np.array([[2.0, 6.0, 0.0]])
+  a, b = standardise(train, other)
+  mean, std = train.mean(0), train.std(0)
+  std[1] = 1.0  # a constant column is only centred
+  np.testing.assert_allclose(a, (train - mean) / std)
+  np.testing.assert_allclose(b, [[(2 - 3) / std[0], 1.0, (0 - 5) / std[2]]])
+  # A spread above 1e-6 is scaled; one of exactly 1e-6 is only centred.
+  np.testing.assert_allclose(standardise(np.array([[0.0], [4e-6]]), np.zeros((1, 1)))[0],
+                             [[-1.0], [1.0]])
+  np.testing.assert_allclose(standardise(np.array([[0.0], [2e-6]]), np.zeros((1, 1)))[0],
+                             [[-1e-6], [1e-6]], rtol=1e-6)
+
+
+def test_loss_scores_read_the_last_snapshot():
+  feats = {'loss': np.array([[[0.1], [0.5], [0.9]], [[0.2], [0.3], [0.4]]])}
+  np.testing.assert_allclose(whitebox.loss_scores(feats), [-0.9, -0.4])

@@ -31,10 +31,6 @@ from fl_privacy.fl import losses
 GROUPS = ('output', 'label', 'loss', 'grad_norms', 'last_layer_grad')
 
 
-def _tensor_paths(params: Any) -> list[tuple]:
-  return [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-
-
 def last_layer_name(variables: Any) -> str:
   """The last top-level layer with a 2-D kernel (the classifier of the fl-privacy models)."""
   names = [n for n, sub in variables['params'].items()
