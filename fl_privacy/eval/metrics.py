@@ -157,6 +157,20 @@ def delong_components(scores, labels) -> tuple[np.ndarray, np.ndarray]:
   return v10, v01
 
 
+def _delong_half_width(v10: np.ndarray, v01: np.ndarray, confidence: float
+                       ) -> tuple[float, float]:
+  """(mean of V10, z * sd) from structural components (of one AUC, or of a paired difference):
+  variance var(V10) / n_pos + var(V01) / n_neg (sample variances, ddof 1; a single component
+  adds nothing), z the normal quantile of (1 + confidence) / 2."""
+  var = 0.0
+  if v10.size > 1:
+    var += float(np.var(v10, ddof=1)) / v10.size
+  if v01.size > 1:
+    var += float(np.var(v01, ddof=1)) / v01.size
+  z = float(np.sqrt(2.0) * special.erfinv(confidence))
+  return float(np.mean(v10)), z * math.sqrt(max(var, 0.0))
+
+
 def auc_interval(scores, labels, confidence: float = 0.95) -> tuple[float, float, float]:
   """ROC AUC with DeLong's asymptotic interval (DeLong, DeLong and Clarke-Pearson, 1988).
 
@@ -176,15 +190,7 @@ def auc_interval(scores, labels, confidence: float = 0.95) -> tuple[float, float
   """
   if not 0.0 < confidence < 1.0:
     raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
-  v10, v01 = delong_components(scores, labels)
-  auc = float(np.mean(v10))
-  var = 0.0
-  if v10.size > 1:
-    var += float(np.var(v10, ddof=1)) / v10.size
-  if v01.size > 1:
-    var += float(np.var(v01, ddof=1)) / v01.size
-  z = float(np.sqrt(2.0) * special.erfinv(confidence))
-  half = z * math.sqrt(max(var, 0.0))
+  auc, half = _delong_half_width(*delong_components(scores, labels), confidence)
   return auc, max(0.0, auc - half), min(1.0, auc + half)
 
 
@@ -203,14 +209,7 @@ def auc_difference_interval(scores_a, scores_b, labels, confidence: float = 0.95
     raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
   a10, a01 = delong_components(scores_a, labels)
   b10, b01 = delong_components(scores_b, labels)
-  d10, d01 = a10 - b10, a01 - b01
-  diff = float(np.mean(d10))
-  var = 0.0
-  if d10.size > 1:
-    var += float(np.var(d10, ddof=1)) / d10.size
-  if d01.size > 1:
-    var += float(np.var(d01, ddof=1)) / d01.size
-  half = float(np.sqrt(2.0) * special.erfinv(confidence)) * math.sqrt(max(var, 0.0))
+  diff, half = _delong_half_width(a10 - b10, a01 - b01, confidence)
   return diff, max(-1.0, diff - half), min(1.0, diff + half)
 
 
