@@ -24,10 +24,28 @@ from fl_privacy.eval import metrics
 CHUNK_ELEMENTS = 1 << 22
 
 
-def _group_index(groups) -> tuple[np.ndarray, int]:
+def group_index(groups) -> tuple[np.ndarray, int]:
   """Group ids -> (index 0 .. G - 1 of each entry, G)."""
   _, index = np.unique(np.asarray(groups).reshape(-1), return_inverse=True)
   return index.reshape(-1), int(index.max()) + 1 if index.size else 0
+
+
+def resample_inputs(scores, labels, groups, counts
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
+  """Checked flat arrays of a resampled statistic: (scores float64, labels bool, group index
+  0 .. G - 1 of each entry, G, counts [B, G]); ValueError on differing lengths, counts not
+  [B, G], or NaN scores."""
+  s = np.asarray(scores, np.float64).reshape(-1)
+  y = np.asarray(labels).reshape(-1).astype(bool)
+  index, num_groups = group_index(groups)
+  counts = np.asarray(counts)
+  if s.shape != y.shape or s.shape != index.shape:
+    raise ValueError(f'scores {s.shape}, labels {y.shape} and groups {index.shape} differ')
+  if counts.ndim != 2 or counts.shape[1] != num_groups:
+    raise ValueError(f'counts must be [B, {num_groups}] (got {counts.shape})')
+  if np.isnan(s).any():
+    raise ValueError('scores contain NaN')
+  return s, y, index, num_groups, counts
 
 
 def resampled_tpr_at_fpr(scores, labels, groups, fpr, counts) -> np.ndarray:
@@ -49,19 +67,10 @@ def resampled_tpr_at_fpr(scores, labels, groups, fpr, counts) -> np.ndarray:
   Returns:
     [B] TPRs ([F, B] for F target FPRs).
   """
-  s = np.asarray(scores, np.float64).reshape(-1)
-  y = np.asarray(labels).reshape(-1).astype(bool)
-  index, num_groups = _group_index(groups)
-  counts = np.asarray(counts)
   fprs = np.atleast_1d(np.asarray(fpr, np.float64))
-  if s.shape != y.shape or s.shape != index.shape:
-    raise ValueError(f'scores {s.shape}, labels {y.shape} and groups {index.shape} differ')
-  if counts.ndim != 2 or counts.shape[1] != num_groups:
-    raise ValueError(f'counts must be [B, {num_groups}] (got {counts.shape})')
   if fprs.ndim != 1 or not ((0.0 <= fprs) & (fprs <= 1.0)).all():
     raise ValueError(f'fpr must be in [0, 1] (got {fpr})')
-  if np.isnan(s).any():
-    raise ValueError('scores contain NaN')
+  s, y, index, num_groups, counts = resample_inputs(scores, labels, groups, counts)
   order = np.argsort(-s, kind='mergesort')
   s, y, index = s[order], y[order], index[order]
   last_of_run = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
@@ -119,7 +128,7 @@ def resample_counts(num_groups: int, num_resamples: int,
 
   The multinomial(G, 1/G) counts, drawn as G uniform indices per resample and counted (faster
   than `rng.multinomial` with G categories). Column g is the group of sorted id g
-  (`_group_index`).
+  (`group_index`).
   """
   draws = rng.integers(0, num_groups, size=(num_resamples, num_groups))
   draws += num_groups * np.arange(num_resamples)[:, None]
@@ -152,7 +161,7 @@ def tpr_at_fpr_interval(scores, labels, groups, fpr, *, rng: np.random.Generator
     raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
   if num_resamples < 1:
     raise ValueError(f'num_resamples must be positive (got {num_resamples})')
-  counts = resample_counts(_group_index(groups)[1], num_resamples, rng)
+  counts = resample_counts(group_index(groups)[1], num_resamples, rng)
   all_tprs = np.atleast_2d(resampled_tpr_at_fpr(scores, labels, groups, fpr, counts))
   out = []
   tail = (1.0 - confidence) / 2.0

@@ -39,16 +39,7 @@ def resampled_auc(scores, labels, groups, counts) -> np.ndarray:
   Returns:
     [B] AUCs; NaN where a resample has no member or no non-member.
   """
-  s = np.asarray(scores, np.float64).reshape(-1)
-  y = np.asarray(labels).reshape(-1).astype(bool)
-  index, num_groups = bootstrap._group_index(groups)  # pylint: disable=protected-access
-  counts = np.asarray(counts)
-  if s.shape != y.shape or s.shape != index.shape:
-    raise ValueError(f'scores {s.shape}, labels {y.shape} and groups {index.shape} differ')
-  if counts.ndim != 2 or counts.shape[1] != num_groups:
-    raise ValueError(f'counts must be [B, {num_groups}] (got {counts.shape})')
-  if np.isnan(s).any():
-    raise ValueError('scores contain NaN')
+  s, y, index, num_groups, counts = bootstrap.resample_inputs(scores, labels, groups, counts)
   if y.sum() * num_groups <= KERNEL_ELEMENTS:
     return _auc_by_groups(s, y, index, num_groups, counts)
   order = np.argsort(s, kind='mergesort')
@@ -134,7 +125,7 @@ def compare(scores_a, scores_b, labels, groups, *, rng: np.random.Generator,
   a, b = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
   if a.shape != b.shape:
     raise ValueError(f'scores_a {a.shape} and scores_b {b.shape} differ')
-  num_groups = bootstrap._group_index(groups)[1]  # pylint: disable=protected-access
+  num_groups = bootstrap.group_index(groups)[1]
   counts = bootstrap.resample_counts(num_groups, num_resamples, rng)
   auc_diffs = resampled_auc(a, labels, groups, counts) - resampled_auc(b, labels, groups, counts)
   tpr_diffs = (bootstrap.resampled_tpr_at_fpr(a, labels, groups, fpr, counts) -
