@@ -33,9 +33,8 @@ _COLOURS = {'blackbox_loss': 'tab:gray', 'grad_cosine': 'tab:olive', 'grad_diff'
             'lira_online_fixed': 'magenta', 'rmia': 'darkgoldenrod'}
 
 
-def attack_options(config) -> dict:
-  """RMIA's threshold and offline parameter from the config (`scores.pooled_round_scores`)."""
-  return dict(rmia_gamma=float(config.fedmia.rmia_gamma), rmia_a=float(config.fedmia.rmia_a))
+# RMIA's threshold and offline parameter from the config: one definition for the tables too.
+attack_options = fedmia_tables.attack_options
 
 
 def _colour(attack: str) -> str:

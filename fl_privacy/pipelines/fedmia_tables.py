@@ -121,6 +121,11 @@ def _ordering_lines(idx, config, model) -> list[str]:
   return lines
 
 
+def attack_options(config) -> dict:
+  """RMIA's threshold and offline parameter from the config (`scores.pooled_round_scores`)."""
+  return dict(rmia_gamma=float(config.fedmia.rmia_gamma), rmia_a=float(config.fedmia.rmia_a))
+
+
 def claims(config, key, records: dict) -> dict[str, list[dict]]:
   """Paired comparisons on the main recordings: {model: [{winner, loser, ...}]}.
 
@@ -140,8 +145,7 @@ def claims(config, key, records: dict) -> dict[str, list[dict]]:
                                                    'model': model}))
         result = evaluate_lib.compare(
             rec, winner, loser, rng=rng, single_index=single, default_filter=s.outlier_filter,
-            num_resamples=int(s.bootstrap_resamples), rmia_gamma=float(s.rmia_gamma),
-            rmia_a=float(s.rmia_a))
+            num_resamples=int(s.bootstrap_resamples), **attack_options(config))
         rows.append(dict(winner=winner, loser=loser, **result))
     out[model] = rows
   return out
