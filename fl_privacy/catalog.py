@@ -64,6 +64,8 @@ EXPERIMENTS: dict[str, Experiment] = _entries(
     Experiment('dp_audit', 'dp_audit', 'fl_privacy.pipelines.dp_audit'),
     # Needs the optional extra `pip install -e '.[flower]'` (experiments.common.run says so).
     Experiment('flower_audit', 'flower_audit', 'fl_privacy.flower.pipeline', adversary='server'),
+    # Audits each DP defense against the adversary its own declaration names.
+    Experiment('training_audit', 'training_audit', 'fl_privacy.pipelines.training_audit'),
     Experiment('toy_game', 'toy', 'fl_privacy.pipelines.toy_game',
                default_config='configs/toy.py'),
 )

@@ -122,6 +122,27 @@ def participants(key, round_index, num_clients: int, fraction: float) -> jnp.nda
   return jnp.zeros(num_clients, bool).at[chosen].set(True)
 
 
+class Injected(NamedTuple):
+  """Clients whose raw update the caller fixes: the canary clients of a training audit.
+
+  Injected client j (global index K + j) takes part in the round loop like any client: it is
+  drawn by `participants` among all K + J clients, its update goes through the protocol's
+  `upload` hook with its own key (`client.upload_key(client_key(key, t, K + j))`, aux None),
+  the server weighs it by `sizes[j]` and its `aggregate` hook sees it, and `observe` sees its
+  upload. Only its local training is replaced: its update before the upload hook is
+  `deltas[j]`, every round (Andrew et al., "One-shot Empirical Privacy Estimation for Federated
+  Learning", ICLR 2024, arXiv:2302.03098, Sect. 3: a canary client's update is a fixed
+  direction).
+
+  Attributes:
+    deltas: pytree like the parameters with leading axis J.
+    sizes: [J] the example counts the injected clients report (FedAvg's weights n_j; 0 keeps
+      a client out of every weighted mean and of DP-FedAvg's participants).
+  """
+  deltas: Any
+  sizes: Any
+
+
 class RoundsLog(NamedTuple):
   """What `run` returns beside the final parameters.
 
@@ -147,7 +168,7 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
         observe: Callable[..., Any] | None = None,
         reduce: Callable[[Any, Any, Any, Any], Any] | None = None, init: Any = None,
         evaluate: Callable[[Any], Any] | None = None,
-        first_round: int = 0) -> tuple[Any, RoundsLog]:
+        first_round: int = 0, injected: Injected | None = None) -> tuple[Any, RoundsLog]:
   """Runs rounds first_round .. first_round + num_rounds - 1 of FedAvg with hooks.
 
   Args:
@@ -172,6 +193,8 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     evaluate: `evaluate(params) -> pytree` of the new global model after every round (e.g.
       test accuracy); stacked over rounds.
     first_round: Global index of the first round, so that a run in segments equals one run.
+    injected: `Injected` clients K .. K + J - 1 (a training audit's canary clients), or None.
+      `observe`'s and `reduce`'s client axis and `participants` then have K + J entries.
 
   Returns:
     (w_{first_round + T}, `RoundsLog`).
@@ -188,7 +211,12 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
       raise ValueError('observe without reduce needs `init` shaped like one round of '
                        'observations')
   sizes = clients.sizes()
-  ids = jnp.arange(num_clients)
+  num_injected = 0
+  if injected is not None:
+    num_injected = int(jnp.shape(injected.sizes)[0])
+    sizes = jnp.concatenate([sizes, jnp.asarray(injected.sizes, sizes.dtype)])
+  total = num_clients + num_injected
+  ids = jnp.arange(total)
   per_round_optimizer = not isinstance(optimizer, optax.GradientTransformation)
 
   def one_round(carry, t):
@@ -204,9 +232,15 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     in_axes = (0, 0, None if clients.mask is None else 0,
                None if clients.aux is None else 0, 0)
     uploads = jax.vmap(one_client, in_axes=in_axes)(clients.x, clients.y, clients.mask,
-                                                    clients.aux, ids)
-    part = (participants(key, t, num_clients, participation) if participation < 1
-            else jnp.ones(num_clients, bool))
+                                                    clients.aux, ids[:num_clients])
+    if injected is not None:
+      injected_uploads = jax.vmap(
+          lambda d, j: hooks.upload(client.upload_key(client_key(key, t, j)), d, None))(
+              injected.deltas, ids[num_clients:])
+      uploads = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]),
+                                       uploads, injected_uploads)
+    part = (participants(key, t, total, participation) if participation < 1
+            else jnp.ones(total, bool))
     weights = sizes * part.astype(sizes.dtype)
     if hooks.aggregate is None:
       mean_update = aggregate.weighted_mean(uploads, weights)

@@ -9,8 +9,9 @@ from configs import _base
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
 SECTIONS = {
-    'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit'),
-    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit'),
+    'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit',
+               'training_audit'),
+    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'training_audit'),
     'mnist': ('dishonest', 'ldp_audit'),
     'fashion_mnist': ('ldp_audit',),
     'svhn_cropped': ('ldp_audit',),
@@ -70,7 +71,7 @@ def test_python_m_configs_lists_every_config_and_its_sections():
   assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
   digits = listing.describe('digits')
   assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                'dp_audit', 'flower_audit']
+                                'dp_audit', 'flower_audit', 'training_audit']
   assert 'dishonest_mia' in digits['experiments']
   one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
                        text=True, timeout=120, check=False)

@@ -208,6 +208,8 @@ _BAD_FIELD = {
     'pastel': ('--config.pastel.pastel_weights=(1e999,)', 'config.pastel.pastel_weights'),
     'toy_game': ('--config.toy.p=(1.5,)', 'config.toy.p'),
     'flower_audit': ('--config.flower_audit.num_clients=2', 'config.flower_audit.num_clients'),
+    'training_audit': ('--config.training_audit.per_client=100000',
+                       'config.training_audit.per_client'),
 }
 
 

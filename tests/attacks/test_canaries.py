@@ -1,0 +1,294 @@
+"""Canaries inside the training that runs (`attacks.audit.canaries`, `fl.rounds.Injected`)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax import flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from scipy import stats as sp_stats
+
+from fl_privacy import models
+from fl_privacy.attacks.audit import canaries
+from fl_privacy.defenses import dp
+from fl_privacy.eval import auditing
+from fl_privacy.fl import client as client_lib
+from fl_privacy.fl import local
+from fl_privacy.fl import losses
+from fl_privacy.fl import rounds
+
+DIM_IN, CLASSES = 6, 3
+
+
+def _model():
+  model = models.MLP(hidden=(4,), num_classes=CLASSES)
+  params = model.init(jax.random.key(0), jnp.zeros((1, DIM_IN)))
+  return model, params
+
+
+def _clients(k=3, n=8, seed=0):
+  rng = np.random.default_rng(seed)
+  return rounds.ClientData(x=rng.normal(size=(k, n, DIM_IN)).astype(np.float32),
+                           y=rng.integers(0, CLASSES, (k, n)).astype(np.int32))
+
+
+def _run(model, params, clients, hooks, injected=None, participation=1.0, observe=None,
+         reduce=None, init=None):
+  return rounds.run(losses.make_loss_fn(model.apply), params, clients, key=jax.random.key(1),
+                    num_rounds=3, optimizer=optax.sgd(0.1), epochs=1, batch_size=4,
+                    hooks=hooks, participation=participation, injected=injected,
+                    observe=observe, reduce=reduce, init=init)
+
+
+# --------------------------------------------------------------------- the round loop ---
+
+
+def test_injected_clients_reporting_no_examples_leave_the_training_unchanged():
+  model, params = _model()
+  flat, unravel = flatten_util.ravel_pytree(params)
+  deltas = jax.vmap(unravel)(jnp.ones((5, flat.shape[0])))
+  plain, _ = _run(model, params, _clients(), None)
+  idle, _ = _run(model, params, _clients(), None,
+                 injected=rounds.Injected(deltas=deltas, sizes=jnp.zeros(5)))
+  for a, b in zip(jax.tree_util.tree_leaves(plain), jax.tree_util.tree_leaves(idle)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+
+
+def test_injected_update_enters_the_weighted_mean_with_its_size():
+  model, params = _model()
+  flat, unravel = flatten_util.ravel_pytree(params)
+  zero_clients = _clients()
+  # Real clients with a learning rate of 0 upload zeros, so w_T - w_0 is the canaries' part.
+  run = lambda inj: rounds.run(
+      losses.make_loss_fn(model.apply), params, zero_clients, key=jax.random.key(1),
+      num_rounds=2, optimizer=optax.sgd(0.0), epochs=1, batch_size=4, injected=inj)[0]
+  v = np.zeros(flat.shape[0], np.float32)
+  v[3] = 1.0
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(jnp.asarray(v[None])), sizes=jnp.asarray([8.0]))
+  final = flatten_util.ravel_pytree(run(inj))[0]
+  # Weight 8 against 3 x 8: each round moves coordinate 3 by -1/4.
+  np.testing.assert_allclose(np.asarray(final - flat)[3], -0.5, rtol=1e-6)
+  np.testing.assert_allclose(np.delete(np.asarray(final - flat), 3), 0.0, atol=1e-7)
+
+
+def test_injected_uploads_go_through_the_upload_hook_with_their_own_keys():
+  model, params = _model()
+  flat, unravel = flatten_util.ravel_pytree(params)
+  j = 400
+  dirs = canaries.directions(jax.random.key(2), j, flat.shape[0], 'random')
+  world = canaries.coins(jax.random.key(3), j)
+  inj = canaries.injected_clients(dirs, world, unravel, norm=2.0, relation='replace_one',
+                                  size=8.0)
+  hooks = client_lib.ClientHooks(upload=dp.update_dp_hook(1.0, 0.5))
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  d = jnp.asarray(dirs)
+
+  def observe(k, t, i, gp, upload):
+    del k, t, gp
+    return ravel(upload) @ d[jnp.clip(i - 3, 0, j - 1)]
+
+  def reduce(state, t, seen, part):
+    return state.at[t].set(seen[3:])
+
+  _, log = _run(model, params, _clients(), hooks, injected=inj, observe=observe,
+                reduce=reduce, init=jnp.zeros((3, j)))
+  seen = np.asarray(log.observed)
+  sign = np.where(world, 1.0, -1.0)
+  resid = seen - sign[None] * 1.0          # clipped to C = 1, noise N(0, 0.5^2)
+  # Noise of std 0.5 around the clipped canary: a KS test, and fresh noise every round.
+  assert sp_stats.kstest(resid.ravel() / 0.5, 'norm').pvalue > 1e-3
+  assert np.abs(np.corrcoef(resid[0], resid[1])[0, 1]) < 4 / math.sqrt(j)
+
+
+def test_participation_is_drawn_over_real_and_injected_clients():
+  model, params = _model()
+  flat, unravel = flatten_util.ravel_pytree(params)
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(jnp.zeros((7, flat.shape[0]))),
+                        sizes=jnp.ones(7))
+  _, log = _run(model, params, _clients(), None, injected=inj, participation=0.5)
+  parts = np.asarray(log.participants)
+  assert parts.shape == (3, 10)
+  assert np.all(parts.sum(axis=1) == 5)
+
+
+# ------------------------------------------------------------------------- canaries ---
+
+
+def test_coins_are_fair_independent_of_their_number_and_keyed():
+  c = canaries.coins(jax.random.key(0), 20_000)
+  np.testing.assert_array_equal(canaries.coins(jax.random.key(0), 50), c[:50])
+  lo, hi = sp_stats.binomtest(int(c.sum()), c.size).proportion_ci(0.999)
+  assert lo < 0.5 < hi
+  assert not np.array_equal(canaries.coins(jax.random.key(1), 50), c[:50])
+
+
+def test_directions_are_unit_and_dirac_ones_distinct():
+  r = canaries.directions(jax.random.key(0), 50, 30, 'random')
+  np.testing.assert_allclose(np.linalg.norm(r, axis=1), 1.0, rtol=1e-5)
+  d = canaries.directions(jax.random.key(0), 30, 30, 'dirac')
+  np.testing.assert_array_equal(d.sum(axis=0), np.ones(30))
+  with pytest.raises(ValueError, match='need as many coordinates'):
+    canaries.directions(jax.random.key(0), 31, 30, 'dirac')
+  with pytest.raises(ValueError, match='direction must be'):
+    canaries.directions(jax.random.key(0), 3, 30, 'gaussian')
+
+
+def test_injected_clients_signs_and_sizes_follow_the_relation():
+  flat = jnp.zeros(4)
+  unravel = lambda v: v
+  dirs = np.eye(4, dtype=np.float32)[:3]
+  world = np.array([True, False, True])
+  rep = canaries.injected_clients(dirs, world, unravel, norm=2.0, relation='replace_one',
+                                  size=5.0)
+  np.testing.assert_allclose(np.asarray(rep.deltas)[:, :3], np.diag([2.0, -2.0, 2.0]))
+  np.testing.assert_allclose(rep.sizes, [5.0, 5.0, 5.0])
+  add = canaries.injected_clients(dirs, world, unravel, norm=2.0, relation='add_remove',
+                                  size=5.0)
+  np.testing.assert_allclose(np.asarray(add.deltas)[:, :3], np.diag([2.0, 2.0, 2.0]))
+  np.testing.assert_allclose(add.sizes, [5.0, 0.0, 5.0])
+  del flat
+
+
+def test_place_examples_masks_out_canaries_under_add_remove_only():
+  clients = _clients(k=3, n=4)
+  x = np.full((5, DIM_IN), 7.0, np.float32)
+  y = np.arange(5, dtype=np.int32)
+  world = np.array([True, False, True, True, False])
+  ex = canaries.place_examples(clients, x, y, world, 'add_remove')
+  np.testing.assert_array_equal(ex.owner, [0, 1, 2, 0, 1])
+  np.testing.assert_array_equal(ex.row, [4, 4, 4, 5, 5])
+  mask = np.asarray(ex.clients.mask)
+  assert mask.shape == (3, 6)
+  np.testing.assert_array_equal(mask[:, :4], 1.0)
+  np.testing.assert_array_equal(mask[ex.owner, ex.row], world.astype(np.float32))
+  np.testing.assert_array_equal(np.asarray(ex.clients.y)[ex.owner, ex.row], y)
+  assert mask[2, 5] == 0.0     # an unused slot is padding
+  rep = canaries.place_examples(clients, x, y, world, 'replace_one')
+  np.testing.assert_array_equal(np.asarray(rep.clients.mask)[rep.owner, rep.row], 1.0)
+
+
+def test_gradient_canary_rows_have_the_dirac_gradient_and_real_rows_their_own():
+  model, params = _model()
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  loss_fn = losses.make_loss_fn(model.apply)
+  coords = np.array([5, 11])
+  hook = canaries.gradient_canary_loss(client_lib.IDENTITY.loss, CLASSES, coords,
+                                       np.array([1.0, -1.0], np.float32), 3.0, ravel)
+  x = np.random.default_rng(0).normal(size=(3, DIM_IN)).astype(np.float32)
+  y = np.array([CLASSES + 1, 2, CLASSES], np.int32)
+  one = lambda i: ravel(jax.grad(lambda p: hook(None, loss_fn, p, x[i:i + 1], y[i:i + 1],
+                                                jnp.ones(1), None))(params))
+  g_canary = np.asarray(one(0))
+  expect = np.zeros_like(g_canary)
+  expect[11] = -3.0
+  np.testing.assert_allclose(g_canary, expect, atol=1e-7)
+  g_first = np.asarray(one(2))
+  assert g_first[5] == pytest.approx(3.0) and np.count_nonzero(g_first) == 1
+  g_real = np.asarray(one(1))
+  plain = np.asarray(ravel(jax.grad(lambda p: loss_fn(p, x[1:2], y[1:2]))(params)))
+  np.testing.assert_allclose(g_real, plain, rtol=1e-6, atol=1e-7)
+
+
+def test_dp_sgd_clips_the_gradient_canary_to_the_clip_norm():
+  model, params = _model()
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  loss_fn = losses.make_loss_fn(model.apply)
+  hook = canaries.gradient_canary_loss(client_lib.IDENTITY.loss, CLASSES, np.array([2]),
+                                       np.array([1.0], np.float32), 5.0, ravel)
+  hooks = client_lib.ClientHooks(loss=hook, grad=dp.dp_sgd_hook(1.0, 0.0))
+  x = np.zeros((1, DIM_IN), np.float32)
+  y = np.array([CLASSES], np.int32)
+  new = local.fedavg(loss_fn, params, x, y, key=jax.random.key(0), optimizer=optax.sgd(1.0),
+                     epochs=1, batch_size=1, hooks=hooks, mask=jnp.ones(1))
+  delta = np.asarray(ravel(params) - ravel(new))
+  expect = np.zeros_like(delta)
+  expect[2] = 1.0                      # the Dirac of norm 5, clipped to C = 1, one step of lr 1
+  np.testing.assert_allclose(delta, expect, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- scores ---
+
+
+def test_mixture_llr_is_linear_at_full_participation_and_odd():
+  x = jnp.linspace(-3, 3, 7)
+  np.testing.assert_allclose(canaries.mixture_llr(x[:, None], 1.0, 0.5, 2.0),
+                             2 * x * 0.5 / 4.0, rtol=1e-5, atol=1e-6)
+  a = canaries.mixture_llr(x[:, None], 0.3, 1.0, 1.0)
+  np.testing.assert_allclose(a, -a[::-1], rtol=1e-5, atol=1e-6)
+  assert np.all(np.diff(np.asarray(a)) > 0)
+
+
+def test_threat_scores_read_what_each_adversary_sees():
+  sc = canaries.Scores(uploads=np.array([1.0, 2.0]),
+                       aggregates=np.array([[0.1, 0.2], [0.3, 0.4]]),
+                       known=np.array([[1.0, 0.0], [0.0, 2.0]]), participants=np.array([10, 20]),
+                       last=np.array([5.0, 6.0]), test_accuracy=0.5)
+  np.testing.assert_allclose(canaries.threat_scores(sc, 'all_iterates', 'server',
+                                                    participation=1.0), [1.0, 2.0])
+  np.testing.assert_allclose(canaries.threat_scores(sc, 'last_iterate', 'aggregate',
+                                                    participation=1.0), [5.0, 6.0])
+  np.testing.assert_allclose(canaries.threat_scores(sc, 'all_iterates', 'aggregate',
+                                                    participation=1.0), [0.4, 0.6])
+  # k_t x aggregate - known: (1 - 1) + (6 - 0), (2 - 0) + (8 - 2)
+  np.testing.assert_allclose(canaries.threat_scores(sc, 'all_iterates', 'aggregate',
+                                                    participation=1.0, known=True), [6.0, 8.0])
+  with pytest.raises(ValueError, match='threat must be'):
+    canaries.threat_scores(sc, 'first_iterate', 'server', participation=1.0)
+
+
+# ----------------------------------------------------------------------- statistics ---
+
+
+def test_counted_bounds_follow_the_curve_and_independence():
+  assert canaries.counted_bounds('update_dp', False) == ('epsilon_one_run',
+                                                         'epsilon_one_run_fdp')
+  assert canaries.counted_bounds('update_dp', True) == ('epsilon_one_run', 'epsilon_one_run_fdp',
+                                                        'epsilon_cp', 'epsilon_gdp')
+  assert canaries.counted_bounds('ldp_sgd', True) == ('epsilon_one_run', 'epsilon_cp')
+  assert canaries.counted_bounds('dp_sgd_poisson', False) == ('epsilon_one_run',)
+  assert canaries.counted_bounds('central_dp_without_replacement', True) == (
+      'epsilon_one_run', 'epsilon_cp')
+
+
+def test_gaussian_fit_recovers_mu_and_its_epsilon():
+  rng = np.random.default_rng(0)
+  mu, eps = canaries.gaussian_fit_epsilon(rng.normal(1.5, 2.0, 40_000),
+                                          rng.normal(0.0, 2.0, 40_000), 1e-5)
+  assert mu == pytest.approx(0.75, abs=4 * math.sqrt(2 / 40_000) * 1.1)
+  assert eps == pytest.approx(auditing.gdp_epsilon(mu, 1e-5))
+
+
+def test_audit_flags_a_mechanism_above_its_claim_and_not_one_below():
+  rng = np.random.default_rng(0)
+  world = rng.random(20_000) < 0.5
+  # mu = 2: epsilon about 8.6 at delta 1e-5.
+  strong = rng.normal(size=world.size) + 2.0 * world
+  m = canaries.audit(strong, world, 'update_dp', 2.0, delta=1e-5, confidence=0.95,
+                     independent=True)
+  assert m['privacy_violation'] == 1.0 and m['best_bound'] > 2.0
+  assert m['bound_confidence'] == pytest.approx(1 - 0.05 / 4)
+  assert m['n_in'] + m['n_out'] == 20_000 == m['num_canaries']
+  null = rng.normal(size=world.size)
+  m0 = canaries.audit(null, world, 'update_dp', 0.5, delta=1e-5, confidence=0.95,
+                      independent=True)
+  assert m0['privacy_violation'] == 0.0
+  with pytest.raises(ValueError, match='two canaries in each world'):
+    canaries.audit(null[:3], np.array([True, False, False]), 'update_dp', 1.0, delta=1e-5,
+                   confidence=0.95)
+
+
+def test_audit_verdict_holds_its_family_wise_level_under_the_null():
+  # 60 null audits at a tiny claim: a verdict at family-wise 95% may fire in at most a
+  # few of them (Binomial(60, 0.05) exceeds 9 with probability < 3e-3).
+  rng = np.random.default_rng(1)
+  fired = 0
+  for _ in range(60):
+    world = rng.random(400) < 0.5
+    m = canaries.audit(rng.normal(size=400), world, 'update_dp', 1e-3, delta=1e-5,
+                       confidence=0.95, independent=True)
+    fired += int(m['privacy_violation'])
+  assert fired <= 9
