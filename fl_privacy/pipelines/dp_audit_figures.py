@@ -67,15 +67,32 @@ def claims_figure(stored: list[dict], workdir: str) -> str | None:
   return path
 
 
+def declaration_from_metrics(mechanism: str, claimed_epsilon: float,
+                             metrics: dict) -> accounting.Declaration:
+  """The declaration a stored point was audited against (from its `dp_*` metrics).
+
+  Here, not in the pipeline, so that the figures read stored points without importing
+  `pipelines.dp_audit` (which imports this module).
+  """
+  del mechanism
+  pure = metrics.get('ldp_epsilon_per_report')
+  return accounting.Declaration(
+      metrics['dp_mechanism'], metrics['dp_unit'], metrics['dp_relation'],
+      metrics['dp_adversary'], metrics['dp_sampling'], float(metrics['dp_sensitivity']),
+      int(metrics['dp_compositions']), float(metrics['dp_sampling_rate']),
+      population=metrics.get('dp_population'), sample_size=metrics.get('dp_sample_size'),
+      pure_epsilon=None if pure is None else float(pure),
+      note=f'as audited at claimed epsilon {claimed_epsilon:g}')
+
+
 def profile_figure(point: dict, workdir: str, delta: float) -> str:
   """The point's empirical delta(eps) lower bound against the accountant's profile."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
   m = point['metrics']
   mech, claim = point['params']['mechanism'], float(point['params']['claimed_epsilon'])
   eps = np.asarray(m['profile_epsilons'], np.float64)
   emp = np.asarray([_finite(v) for v in m['profile_delta_lower']])
-  decl = dp_audit.declaration_from_metrics(mech, claim, m)
+  decl = declaration_from_metrics(mech, claim, m)
   z = _finite(m['noise_multiplier'])
   acc = np.asarray([accounting.delta_for(decl, z, epsilon_=float(e)) for e in eps])
   fig, ax = plt.subplots(figsize=(5.2, 3.8))
