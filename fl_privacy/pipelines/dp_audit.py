@@ -264,9 +264,14 @@ def _report_violation(config, params: dict, metrics) -> None:
   if float(metrics.get('privacy_violation', 0.0)) > 0:
     logging.error(
         'PRIVACY VIOLATION: %s claims epsilon %.3g (delta %.3g) but the audit certifies '
-        'more: best %.0f%% lower bound %.3f (%s)', params['mechanism'],
-        params['claimed_epsilon'], config.dp_audit.delta, 100 * config.dp_audit.confidence,
-        float(metrics['best_bound']),
+        'more: lower bound %.3f at family-wise confidence %g%% (the largest counted bound, '
+        'each at %.4g%%, rule %s); each bound at %g%%: %s', params['mechanism'],
+        params['claimed_epsilon'], config.dp_audit.delta, float(metrics['best_bound']),
+        # A point stored before the family-wise verdict has no verdict_* fields: NaN / 'none'.
+        100 * float(metrics.get('verdict_confidence', 'nan')),
+        100 * float(metrics.get('verdict_bound_confidence', 'nan')),
+        metrics.get('verdict_rule', 'none'),
+        100 * config.dp_audit.confidence,
         ', '.join(f'{k} {float(metrics[k]):.3f}' for k in BOUNDS if k in metrics))
 
 

@@ -171,8 +171,9 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     default_filter: FedMIA's filter when the name gives none.
     rng: numpy Generator (public_code draws); when given, a child Generator spawned from it
       (`Generator.spawn`, which leaves its stream as it is) draws the bootstrap resamples.
-    audit_delta: when given (a DP defense's delta), also the attack's own empirical epsilon
-      lower bounds at that delta (`eval.auditing.attack_bounds`).
+    audit_delta: when given (a DP defense's delta), also the attack's strength in epsilon
+      units at that delta (`eval.auditing.attack_bounds`: an estimate, not a certified bound,
+      since the entries of one training are dependent).
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
     num_resamples: resamples of the query-cluster bootstrap.
 
