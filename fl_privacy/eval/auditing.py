@@ -33,7 +33,7 @@ from scipy import stats as sps
 
 from fl_privacy.eval import stats
 
-THRESHOLD_STRATEGIES = ('bonferroni', 'split')
+THRESHOLD_STRATEGIES = ('split', 'bonferroni', 'explicit')
 
 
 def _library():
@@ -70,7 +70,8 @@ def _check_audit_confidence(confidence: float) -> float:
   return confidence
 
 
-def _strategy(name: str, split_fraction: float, seed: int | None):
+def _strategy(name: str, split_fraction: float, seed: int | None,
+              threshold: float | None = None):
   """The library's threshold strategy for `name` (see `audit_scores`)."""
   if name not in THRESHOLD_STRATEGIES:
     raise ValueError(
@@ -78,6 +79,11 @@ def _strategy(name: str, split_fraction: float, seed: int | None):
   auditing = _library()
   if name == 'bonferroni':
     return auditing.Bonferroni()
+  if name == 'explicit':
+    if threshold is None or not math.isfinite(float(threshold)):
+      raise ValueError("threshold_strategy 'explicit' needs a finite threshold "
+                       f'(got {threshold})')
+    return auditing.Explicit(float(threshold))
   if not 0.0 < split_fraction < 1.0:
     raise ValueError(f'split_fraction must be in (0, 1) (got {split_fraction})')
   return auditing.Split(threshold_estimation_frac=float(split_fraction),
@@ -125,15 +131,17 @@ def split_possible(n_in: int, n_out: int, split_fraction: float = 0.5) -> bool:
 
 def one_run_trials(n_in: int, n_out: int, threshold_strategy: str,
                    split_fraction: float = 0.5) -> int:
-  """m, the trials the one-run bounds count: all of them under `'bonferroni'`,
-  the bounding part under `'split'` (the library keeps int(n x fraction) of
-  each side to choose the threshold and bounds on the rest)."""
-  if threshold_strategy == 'bonferroni':
+  """m, the trials the one-run bounds count: all of them under `'bonferroni'`
+  and `'explicit'`, the bounding part under `'split'` (the library keeps
+  int(n x fraction) of each side to choose the threshold and bounds on the
+  rest)."""
+  if threshold_strategy != 'split':
     return int(n_in) + int(n_out)
   return sum(int(n) - int(int(n) * float(split_fraction)) for n in (n_in, n_out))
 
 
-def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
+def gdp_mu_lower_bound(auditor, significance: float, delta: float,
+                       threshold: float | None = None) -> float:
   """Lower bound on the Gaussian-DP mu from the ROC (Nasr et al., USENIX Sec. 2023).
 
   The GDP audit of "Tight Auditing of Differentially Private Machine Learning"
@@ -152,12 +160,17 @@ def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
   distributions get epsilons of 2-6 at delta = 1e-5. Upstream fixed this
   (google-deepmind/jax_privacy commit aab3e1c: keep the forward rule, clamp at
   0); this function computes the fixed bound from the auditor's own frontier
-  counts, so once a release has the fix the two agree exactly.
+  counts, so once a release has the fix the two agree when the library is
+  handed `_bonferroni_significance` (its family is the frontier).
+
+  With `threshold` (fixed before the data, e.g. 1 for 0/1 guesses) only that
+  threshold is tested, its two rates at significance / 2 each.
 
   Args:
     auditor: a `jax_privacy.auditing.CanaryScoreAuditor`.
     significance: 1 - confidence, in (0, 0.5).
     delta: thresholds with an upper bound >= 1 - delta are ignored.
+    threshold: test only "score >= threshold" (None: every threshold).
 
   Returns:
     mu_lb >= 0: with probability >= 1 - significance the mechanism is not
@@ -169,6 +182,12 @@ def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
   tn_counts = np.asarray(auditor._tn_counts)  # pylint: disable=protected-access
   n_pos, n_neg = fn_counts[-1], tn_counts[-1]
   each = significance / (2 * threshold_family(n_pos, n_neg))
+  if threshold is not None:
+    in_scores = auditor._in_canary_scores  # pylint: disable=protected-access
+    out_scores = auditor._out_canary_scores  # pylint: disable=protected-access
+    fn_counts = np.array([np.sum(in_scores < threshold)])
+    tn_counts = np.array([np.sum(out_scores < threshold)])
+    each = significance / 2
   # The upper end of a two-sided interval at 1 - 2 * each is the one-sided
   # upper bound at 1 - each.
   fnr_ub = stats.clopper_pearson_arrays(fn_counts, n_pos, 1 - 2 * each)[1]
@@ -198,6 +217,7 @@ def audit_scores(in_scores, out_scores, *, delta: float,
                  confidence: float = 0.95,
                  threshold_strategy: str = 'split',
                  split_fraction: float = 0.5, seed: int | None = 0,
+                 threshold: float | None = None,
                  fdp: bool = True, bootstrap: int = 0,
                  raw_min_count: int = 50) -> dict[str, float]:
   """Epsilon lower bounds of a membership distinguisher, on jax-privacy.
@@ -217,21 +237,23 @@ def audit_scores(in_scores, out_scores, *, delta: float,
     random `split_fraction` of each side and bounds on the rest (`seed`);
     `'bonferroni'` tests every threshold at significance / (n + 1), n =
     n_in + n_out (`threshold_family`: fixed by the design, unlike the size of
-    the ROC frontier jax-privacy 2.0.0 divides by; see the module docstring).
+    the ROC frontier jax-privacy 2.0.0 divides by; see the module docstring);
+    `'explicit'` tests the one `threshold` given, fixed before the data (0/1
+    guesses: 1), at the full significance.
   - `gdp_mu`: lower bound on mu if the mechanism is mu-GDP (Nasr et al.,
     "Tight Auditing of Differentially Private Machine Learning", USENIX
-    Security 2023, arXiv:2302.07956); see `gdp_mu_lower_bound`. Always
-    Bonferroni over the 2 (n + 1) rates of every threshold;
-    `threshold_strategy` does not apply. `epsilon_gdp` is the epsilon of
-    `gdp_mu`-GDP at `delta`: a lower bound on epsilon only for mechanisms whose
-    trade-off curve is Gaussian (e.g. Gaussian noise); for others (randomized
+    Security 2023, arXiv:2302.07956); see `gdp_mu_lower_bound`. Bonferroni
+    over the 2 (n + 1) rates of every threshold under `'split'` and
+    `'bonferroni'`; the one threshold under `'explicit'`. `epsilon_gdp` is the
+    epsilon of `gdp_mu`-GDP at `delta`: a lower bound on epsilon only for
+    mechanisms whose trade-off curve is Gaussian (e.g. Gaussian noise); for others (randomized
     response) it may exceed the true epsilon, while `gdp_mu` stays valid as
     "not mu-GDP below gdp_mu".
   - `epsilon_one_run`: the one-run audit of Steinke, Nasr & Jagielski
     ("Privacy Auditing with One (1) Training Run", NeurIPS 2023,
     arXiv:2305.08846, Theorem 3.1), one-sided guesses (k_- = 0):
-    the m trials it counts (`one_run_trials`: all n under `'bonferroni'`, the
-    bounding part under `'split'`) are the canaries; the guess set is the
+    the m trials it counts (`one_run_trials`: all n under `'bonferroni'` and
+    `'explicit'`, the bounding part under `'split'`) are the canaries; the guess set is the
     canaries scoring >= t, guessed IN; the others abstain. `epsilon_one_run_fdp`
     is the f-DP refinement of Mahloujifar et al. (arXiv:2410.22235), testing
     Gaussian trade-off curves: like `epsilon_gdp`, a lower bound for
@@ -243,8 +265,9 @@ def audit_scores(in_scores, out_scores, *, delta: float,
     (with n_in > n_out, guessing IN everywhere already "certifies" epsilon > 0).
     Both depend on m and delta, not only on the scores: the theorem's p-value
     is beta + alpha x 2 m delta (alpha <= 1, small at a confident guess), and
-    it must fall below the level of each test (1 - confidence under `'split'`,
-    (1 - confidence) / (n + 1) under `'bonferroni'`). `one_run_delta_term` =
+    it must fall below the level of each test (1 - confidence under `'split'`
+    and `'explicit'`, (1 - confidence) / (n + 1) under `'bonferroni'`).
+    `one_run_delta_term` =
     2 m delta reports that factor. Measured on one set of Gaussian scores
     (shift 0.864, 200,000 trials; CP 2.06 at delta 1e-5): `'split'` (m =
     100,000, 2 m delta = 2) gives 2.03 at delta 1e-5 and 2.15 at 1e-7;
@@ -258,11 +281,12 @@ def audit_scores(in_scores, out_scores, *, delta: float,
     out_scores: 1-D scores of the trials without it (OUT).
     delta: the delta of the (epsilon, delta) bounds, in (0, 1).
     confidence: in (0.5, 1): the library's significance is 1 - confidence.
-    threshold_strategy: `'split'` (default) or `'bonferroni'` (for `epsilon_cp`
-      and the one-run bounds).
+    threshold_strategy: `'split'` (default), `'bonferroni'` (for `epsilon_cp`
+      and the one-run bounds) or `'explicit'` (for every bound).
     split_fraction: the share of each side used to choose the threshold
       (`'split'` only).
     seed: seed of the split and of the bootstrap (None: non-deterministic).
+    threshold: the threshold of `'explicit'` (required there, ignored else).
     fdp: compute `epsilon_one_run_fdp` (NaN when False). The library's f-DP
       search loops in Python over the correct guesses at every step of a root
       search: about 0.5 s for 1,000 trials, most of the call.
@@ -279,8 +303,9 @@ def audit_scores(in_scores, out_scores, *, delta: float,
     Flat floats: `epsilon_cp`, `gdp_mu`, `epsilon_gdp`, `epsilon_one_run`,
     `epsilon_one_run_fdp`, `one_run_delta_term` (2 m delta), and the settings
     `audit_delta`, `audit_confidence`, `audit_threshold_strategy` (the name, a
-    str), `audit_threshold_family` (n + 1, the Bonferroni family of `gdp_mu`,
-    and of `epsilon_cp` and the one-run bounds under `'bonferroni'`), `n_in`,
+    str), `audit_threshold_family` (n + 1, the Bonferroni family of `gdp_mu`
+    except under `'explicit'`, and of `epsilon_cp` and the one-run bounds under
+    `'bonferroni'`), `n_in`,
     `n_out`; with `bootstrap` > 0 also `epsilon_raw`, `epsilon_raw_ci_low`,
     `epsilon_raw_ci_high`, `audit_bootstrap`.
 
@@ -292,7 +317,7 @@ def audit_scores(in_scores, out_scores, *, delta: float,
   out_scores = _check_scores(out_scores, 'out_scores')
   delta = _check_delta(delta)
   confidence = _check_audit_confidence(confidence)
-  strategy = _strategy(threshold_strategy, split_fraction, seed)
+  strategy = _strategy(threshold_strategy, split_fraction, seed, threshold)
   bootstrap = int(bootstrap)
   if bootstrap < 0:
     raise ValueError(f'bootstrap must be >= 0 (got {bootstrap})')
@@ -305,7 +330,9 @@ def audit_scores(in_scores, out_scores, *, delta: float,
   significance = 1.0 - confidence
 
   auditor = _library().CanaryScoreAuditor(in_scores, out_scores)
-  mu = gdp_mu_lower_bound(auditor, significance, delta)
+  mu = gdp_mu_lower_bound(
+      auditor, significance, delta,
+      threshold if threshold_strategy == 'explicit' else None)
   # Under 'bonferroni' the library divides by its frontier's size; hand it the
   # significance that makes its per-threshold level significance / (n + 1).
   searched = (_bonferroni_significance(auditor, significance)

@@ -1,8 +1,9 @@
 """Figures of the DP audit (`fl_privacy.pipelines.dp_audit`).
 
 - `fig_dp_audit_claims.png`: claimed vs empirical epsilon, one series per mechanism, one
-  panel per lower bound (Clopper-Pearson, GDP, best of all), with the line y = x: a point
-  above it is a privacy violation, a point on it a tight audit.
+  panel per lower bound (Clopper-Pearson and GDP at 95% each, and the verdict's best counted
+  bound at family-wise 95%, `dp_canary.claim_metrics`), with the line y = x: a point above
+  it in the last panel is a privacy violation, a point on it a tight audit.
 - `fig_dp_audit_profile.png`: the empirical lower bound of the privacy profile delta(eps) of
   one point (`dp_audit.profile_mechanism` at `dp_audit.profile_epsilon`) against the
   accountant's profile of the same declaration and noise multiplier
@@ -18,9 +19,9 @@ import numpy as np
 from fl_privacy import accounting
 from fl_privacy.report import figures
 
-_PANELS = (('epsilon_cp', 'Clopper-Pearson bound'),
-           ('epsilon_gdp_if_gaussian', 'GDP bound (Gaussian curves only)'),
-           ('best_bound', 'best counted bound'))
+_PANELS = (('epsilon_cp', 'Clopper-Pearson bound (95%)'),
+           ('epsilon_gdp_if_gaussian', 'GDP bound (95%, Gaussian curves only)'),
+           ('best_bound', 'best counted bound (family-wise 95%)'))
 
 
 def _finite(v) -> float:
