@@ -449,3 +449,41 @@ def test_one_run_bound_depends_on_m_delta_against_the_level_of_each_test():
   assert big['one_run_delta_term'] == pytest.approx(2.0)
   assert 0.0 < big['epsilon_one_run'] < small['epsilon_one_run'] - 0.5
   assert big['epsilon_cp'] == pytest.approx(small['epsilon_cp'], rel=0.05)
+
+
+# --- 'explicit': one threshold fixed before the data -------------------------------------
+
+
+def test_explicit_threshold_is_the_library_explicit_at_full_significance():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(16)
+  bits = rng.random(600) < 0.5
+  guesses = np.where(rng.random(600) < 0.2, ~bits, bits).astype(float)  # 0/1 guesses
+  a, b = guesses[bits], guesses[~bits]
+  got = auditing.audit_scores(a, b, delta=1e-5, confidence=0.9, fdp=False,
+                              threshold_strategy='explicit', threshold=1.0)
+  auditor = library.CanaryScoreAuditor(a, b)
+  one = library.Explicit(1.0)
+  assert got['epsilon_cp'] == pytest.approx(
+      auditor.epsilon_clopper_pearson(0.1, 1e-5, threshold_strategy=one), rel=1e-12)
+  assert got['epsilon_one_run'] == pytest.approx(
+      auditor.epsilon_one_run(0.1, 1e-5, threshold_strategy=one), rel=1e-9)
+  assert got['epsilon_cp'] > 0 and got['one_run_delta_term'] == pytest.approx(2 * 600 * 1e-5)
+  # GDP at that one threshold: its two rates at 0.05 each (no family).
+  fn, fp = int(np.sum(a < 1)), int(np.sum(b >= 1))
+  fnr_ub = sps.beta.ppf(0.95, fn + 1, a.size - fn)
+  fpr_ub = sps.beta.ppf(0.95, fp + 1, b.size - fp)
+  assert got['gdp_mu'] == pytest.approx(sps.norm.isf(fpr_ub) - sps.norm.ppf(fnr_ub),
+                                        rel=1e-9)
+  # Tighter than any data-chosen threshold on the same guesses.
+  for strategy in ('split', 'bonferroni'):
+    other = auditing.audit_scores(a, b, delta=1e-5, confidence=0.9, fdp=False,
+                                  threshold_strategy=strategy)
+    assert other['epsilon_cp'] < got['epsilon_cp'] and other['gdp_mu'] < got['gdp_mu']
+
+
+@pytest.mark.parametrize('threshold', [None, math.inf, math.nan])
+def test_explicit_needs_a_finite_threshold(threshold):
+  with pytest.raises(ValueError, match=r"'explicit' needs a finite threshold"):
+    auditing.audit_scores([1.0, 0.0], [0.0, 0.0], delta=1e-5,
+                          threshold_strategy='explicit', threshold=threshold)
