@@ -228,7 +228,8 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
     single_round: the 1-based recorded round single-round attacks use.
     dp_metrics: the defense's DP metrics (`dp_epsilon`, ...), copied in.
     dp_delta: the DP defense's delta: when `dp_metrics` declare a DP unit (`dp_unit`), the
-      attack's own empirical epsilon bounds at it too (`evaluate`'s `audit_delta`).
+      attack's epsilon-unit estimates at it too (`evaluate`'s `audit_delta`; not certified
+      bounds, see `eval.auditing.attack_bounds`).
 
   Returns:
     `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson
