@@ -18,7 +18,7 @@ which of them bound the mechanism's epsilon.
 The verdict (`privacy_violation`, `best_bound`) takes the largest of k counted bounds, so each
 is computed at confidence 1 - (1 - c) / k (Bonferroni over the counted bounds, fixed by the
 mechanism before the games are played): the verdict then holds at family-wise confidence c.
-The maximum of k bounds each at c would hold only at about 1 - k (1 - c) (0.80 for four 95%
+The maximum of k bounds each at c is guaranteed only at 1 - k (1 - c) (0.80 for four 95%
 bounds). The per-bound values at c are reported beside it.
 """
 
@@ -244,8 +244,8 @@ def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
   `verdict_bound_confidence` = 1 - (1 - confidence) / k for the k = len(`counted_bounds`)
   bounds it takes the largest of (Bonferroni; the same games and the same threshold split),
   stored as `verdict_<bound>`; `best_bound` is their largest and `privacy_violation` is 1
-  when it exceeds the claim. Without the correction, the largest of four 95% bounds would
-  exceed the truth with probability up to about 20%.
+  when it exceeds the claim. Without the correction, the largest of four 95% bounds could
+  exceed the truth with probability up to 20%.
 
   Args:
     in_scores, out_scores: the games' scores in the canary's in and out worlds.
