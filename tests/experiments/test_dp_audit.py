@@ -297,3 +297,16 @@ def test_figures_module_does_not_import_the_pipeline():
       imported |= {f'{node.module}.{a.name}' for a in node.names}
   assert 'fl_privacy.pipelines.dp_audit' not in imported, imported
   assert imported  # the walk saw the module's imports
+
+
+def test_too_few_games_for_the_split_name_num_trials():
+  import jax  # pylint: disable=g-import-not-at-top
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
+  from fl_privacy.validate import ConfigError  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  config.dp_audit.num_trials = 3   # at most one game in one of the worlds
+  with pytest.raises(ConfigError) as err:
+    dp_audit.audit_point(config, {'mechanism': 'gaussian', 'claimed_epsilon': 1.0},
+                         jax.random.key(0), {})
+  assert err.value.field == 'dp_audit.num_trials'
