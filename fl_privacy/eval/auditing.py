@@ -9,6 +9,17 @@ Scores: one per trial (canary); `in_scores` are the trials where the canary was
 present (IN, the positive world), `out_scores` those where it was absent; a
 higher score means "more likely IN" (negate a loss first).
 
+Choosing the threshold from the data needs a correction fixed before the data
+are seen. jax-privacy 2.0.0's `Bonferroni()` divides the significance by the
+number of thresholds on the ROC's Pareto frontier, a number the data choose
+(152 of 200,000 thresholds in one of our runs), so its family is not a valid
+Bonferroni family. Here `'bonferroni'` divides by n + 1, n = n_in + n_out (every
+threshold at which the counts can change: the distinct scores and +inf, at most
+n + 1), through the library's own code path (see `_bonferroni_significance`);
+the frontier only saves work, since the largest bound over any subset of
+simultaneously valid bounds is valid. The default is `'split'` (choose the
+threshold on one part, bound on the other), which needs no correction.
+
 `import jax_privacy` pulls in its whole package (about 1.6 s on top of
 `fl_privacy.eval`), so it is imported inside the functions that need it.
 """
@@ -22,7 +33,7 @@ from scipy import stats as sps
 
 from fl_privacy.eval import stats
 
-THRESHOLD_STRATEGIES = ('bonferroni', 'split')
+THRESHOLD_STRATEGIES = ('split', 'bonferroni', 'explicit')
 
 
 def _library():
@@ -59,7 +70,8 @@ def _check_audit_confidence(confidence: float) -> float:
   return confidence
 
 
-def _strategy(name: str, split_fraction: float, seed: int | None):
+def _strategy(name: str, split_fraction: float, seed: int | None,
+              threshold: float | None = None):
   """The library's threshold strategy for `name` (see `audit_scores`)."""
   if name not in THRESHOLD_STRATEGIES:
     raise ValueError(
@@ -67,22 +79,80 @@ def _strategy(name: str, split_fraction: float, seed: int | None):
   auditing = _library()
   if name == 'bonferroni':
     return auditing.Bonferroni()
+  if name == 'explicit':
+    if threshold is None or not math.isfinite(float(threshold)):
+      raise ValueError("threshold_strategy 'explicit' needs a finite threshold "
+                       f'(got {threshold})')
+    return auditing.Explicit(float(threshold))
   if not 0.0 < split_fraction < 1.0:
     raise ValueError(f'split_fraction must be in (0, 1) (got {split_fraction})')
   return auditing.Split(threshold_estimation_frac=float(split_fraction),
                         seed=seed)
 
 
-def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
+def threshold_family(n_in: int, n_out: int) -> int:
+  """The Bonferroni family of a threshold search: n + 1 thresholds, n = n_in + n_out.
+
+  The decision "score >= t" changes its counts only at the scores, so the
+  distinct scores and +inf (at most n + 1 thresholds) are every test there is.
+  The size depends on the design (how many trials), not on the scores, so it
+  is fixed before they are seen, as a Bonferroni family must be.
+  """
+  return int(n_in) + int(n_out) + 1
+
+
+def _frontier_size(auditor) -> int:
+  # The number of thresholds jax-privacy 2.0.0's `Bonferroni()` divides by: the
+  # ROC's Pareto frontier (`CanaryScoreAuditor._fn_counts`, private).
+  return len(auditor._fn_counts)  # pylint: disable=protected-access
+
+
+def _bonferroni_significance(auditor, significance: float) -> float:
+  """The significance to hand the library's `Bonferroni()` so that it tests each
+  threshold at significance / `threshold_family` (n + 1), not / the frontier.
+
+  The library's Bonferroni searches the frontier's thresholds at significance /
+  (frontier size). Passing significance x (frontier size) / (n + 1) makes
+  that significance / (n + 1): the library's own search, at the level of the
+  fixed family. The frontier has at most n + 1 points, so the value passed is
+  at most `significance` and inside the library's checks.
+  """
+  n_in = auditor._in_canary_scores.size  # pylint: disable=protected-access
+  n_out = auditor._out_canary_scores.size  # pylint: disable=protected-access
+  return significance * _frontier_size(auditor) / threshold_family(n_in, n_out)
+
+
+def split_possible(n_in: int, n_out: int, split_fraction: float = 0.5) -> bool:
+  """Whether `'split'` leaves scores of both sides in both parts (the library
+  keeps int(n x fraction) of each side to choose the threshold)."""
+  return all(0 < int(int(n) * float(split_fraction)) < int(n)
+             for n in (n_in, n_out))
+
+
+def one_run_trials(n_in: int, n_out: int, threshold_strategy: str,
+                   split_fraction: float = 0.5) -> int:
+  """m, the trials the one-run bounds count: all of them under `'bonferroni'`
+  and `'explicit'`, the bounding part under `'split'` (the library keeps
+  int(n x fraction) of each side to choose the threshold and bounds on the
+  rest)."""
+  if threshold_strategy != 'split':
+    return int(n_in) + int(n_out)
+  return sum(int(n) - int(int(n) * float(split_fraction)) for n in (n_in, n_out))
+
+
+def gdp_mu_lower_bound(auditor, significance: float, delta: float,
+                       threshold: float | None = None) -> float:
   """Lower bound on the Gaussian-DP mu from the ROC (Nasr et al., USENIX Sec. 2023).
 
   The GDP audit of "Tight Auditing of Differentially Private Machine Learning"
-  (arXiv:2302.07956): at every threshold t of the ROC's frontier, one-sided
-  Clopper-Pearson upper bounds on FPR(t) and FNR(t) (Bonferroni over the
-  2 x (number of thresholds) rates, as the library does) give, by Eq. 6 of Dong
-  et al. (arXiv:1905.02383), mu >= Phi^-1(1 - FPR) - Phi^-1(FNR). The bound is
-  the largest such value (0 when none is positive); thresholds where either
-  upper bound reaches 1 - delta are skipped, as in the library.
+  (arXiv:2302.07956): at every threshold t, one-sided Clopper-Pearson upper
+  bounds on FPR(t) and FNR(t) give, by Eq. 6 of Dong et al. (arXiv:1905.02383),
+  mu >= Phi^-1(1 - FPR) - Phi^-1(FNR). The Bonferroni family is the
+  2 x `threshold_family` (n + 1 thresholds) rates, fixed before the data (the
+  library divides by 2 x its frontier's size, which the data choose); the
+  search runs over the frontier's thresholds, a subset of that family. The
+  bound is the largest such value (0 when none is positive); thresholds where
+  either upper bound reaches 1 - delta are skipped, as in the library.
 
   Why not `CanaryScoreAuditor.epsilon_from_gdp`: in jax-privacy 2.0.0 it takes
   the largest |mu| over thresholds, so a threshold where FPR + FNR > 1 (upper
@@ -90,12 +160,17 @@ def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
   distributions get epsilons of 2-6 at delta = 1e-5. Upstream fixed this
   (google-deepmind/jax_privacy commit aab3e1c: keep the forward rule, clamp at
   0); this function computes the fixed bound from the auditor's own frontier
-  counts, so once a release has the fix the two agree exactly.
+  counts, so once a release has the fix the two agree when the library is
+  handed `_bonferroni_significance` (its family is the frontier).
+
+  With `threshold` (fixed before the data, e.g. 1 for 0/1 guesses) only that
+  threshold is tested, its two rates at significance / 2 each.
 
   Args:
     auditor: a `jax_privacy.auditing.CanaryScoreAuditor`.
     significance: 1 - confidence, in (0, 0.5).
     delta: thresholds with an upper bound >= 1 - delta are ignored.
+    threshold: test only "score >= threshold" (None: every threshold).
 
   Returns:
     mu_lb >= 0: with probability >= 1 - significance the mechanism is not
@@ -106,7 +181,13 @@ def gdp_mu_lower_bound(auditor, significance: float, delta: float) -> float:
   fn_counts = np.asarray(auditor._fn_counts)  # pylint: disable=protected-access
   tn_counts = np.asarray(auditor._tn_counts)  # pylint: disable=protected-access
   n_pos, n_neg = fn_counts[-1], tn_counts[-1]
-  each = significance / (2 * len(fn_counts))
+  each = significance / (2 * threshold_family(n_pos, n_neg))
+  if threshold is not None:
+    in_scores = auditor._in_canary_scores  # pylint: disable=protected-access
+    out_scores = auditor._out_canary_scores  # pylint: disable=protected-access
+    fn_counts = np.array([np.sum(in_scores < threshold)])
+    tn_counts = np.array([np.sum(out_scores < threshold)])
+    each = significance / 2
   # The upper end of a two-sided interval at 1 - 2 * each is the one-sided
   # upper bound at 1 - each.
   fnr_ub = stats.clopper_pearson_arrays(fn_counts, n_pos, 1 - 2 * each)[1]
@@ -134,8 +215,9 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
 def audit_scores(in_scores, out_scores, *, delta: float,
                  confidence: float = 0.95,
-                 threshold_strategy: str = 'bonferroni',
+                 threshold_strategy: str = 'split',
                  split_fraction: float = 0.5, seed: int | None = 0,
+                 threshold: float | None = None,
                  fdp: bool = True, bootstrap: int = 0,
                  raw_min_count: int = 50) -> dict[str, float]:
   """Epsilon lower bounds of a membership distinguisher, on jax-privacy.
@@ -143,27 +225,35 @@ def audit_scores(in_scores, out_scores, *, delta: float,
   Every epsilon returned is a LOWER bound on the epsilon (at `delta`) of the
   mechanism that produced the scores: it exceeds the true value with
   probability at most `1 - confidence` (each bound separately; they are not
-  simultaneous). The distinguisher is "score >= t means IN" (one-sided).
+  simultaneous: a verdict on the largest of k of them needs each at
+  1 - (1 - confidence) / k, as `attacks.audit.dp_canary.claim_metrics` does).
+  The distinguisher is "score >= t means IN" (one-sided).
 
   - `epsilon_cp`: Clopper-Pearson bound on (epsilon, delta)-DP from the
     rates at a threshold (Jagielski et al., arXiv:2006.07709; Nasr et al.,
     arXiv:2101.04535; the library's `epsilon_clopper_pearson`):
     epsilon >= log((TPR_lb - delta) / FPR_ub).
-    The threshold is chosen validly: `'bonferroni'` divides the significance
-    among all thresholds of the ROC frontier, `'split'` picks the threshold on
-    a random `split_fraction` of each side and bounds on the rest (`seed`).
+    The threshold is chosen validly: `'split'` (the default) picks it on a
+    random `split_fraction` of each side and bounds on the rest (`seed`);
+    `'bonferroni'` tests every threshold at significance / (n + 1), n =
+    n_in + n_out (`threshold_family`: fixed by the design, unlike the size of
+    the ROC frontier jax-privacy 2.0.0 divides by; see the module docstring);
+    `'explicit'` tests the one `threshold` given, fixed before the data (0/1
+    guesses: 1), at the full significance.
   - `gdp_mu`: lower bound on mu if the mechanism is mu-GDP (Nasr et al.,
     "Tight Auditing of Differentially Private Machine Learning", USENIX
-    Security 2023, arXiv:2302.07956); see `gdp_mu_lower_bound`. Its own
-    Bonferroni correction over thresholds; `threshold_strategy` does not
-    apply. `epsilon_gdp` is the epsilon of `gdp_mu`-GDP at `delta`: a lower
-    bound on epsilon only for mechanisms whose trade-off curve is Gaussian
-    (e.g. Gaussian noise); for others (randomized response) it may exceed the
-    true epsilon, while `gdp_mu` stays valid as "not mu-GDP below gdp_mu".
+    Security 2023, arXiv:2302.07956); see `gdp_mu_lower_bound`. Bonferroni
+    over the 2 (n + 1) rates of every threshold under `'split'` and
+    `'bonferroni'`; the one threshold under `'explicit'`. `epsilon_gdp` is the
+    epsilon of `gdp_mu`-GDP at `delta`: a lower bound on epsilon only for
+    mechanisms whose trade-off curve is Gaussian (e.g. Gaussian noise); for others (randomized
+    response) it may exceed the true epsilon, while `gdp_mu` stays valid as
+    "not mu-GDP below gdp_mu".
   - `epsilon_one_run`: the one-run audit of Steinke, Nasr & Jagielski
     ("Privacy Auditing with One (1) Training Run", NeurIPS 2023,
     arXiv:2305.08846, Theorem 3.1), one-sided guesses (k_- = 0):
-    the m = n_in + n_out canaries are the trials; the guess set is the
+    the m trials it counts (`one_run_trials`: all n under `'bonferroni'` and
+    `'explicit'`, the bounding part under `'split'`) are the canaries; the guess set is the
     canaries scoring >= t, guessed IN; the others abstain. `epsilon_one_run_fdp`
     is the f-DP refinement of Mahloujifar et al. (arXiv:2410.22235), testing
     Gaussian trade-off curves: like `epsilon_gdp`, a lower bound for
@@ -173,20 +263,30 @@ def audit_scores(in_scores, out_scores, *, delta: float,
     it assumes every trial's IN/OUT bit is an independent fair coin. A design
     with fixed or unequal numbers of IN and OUT trials breaks that assumption
     (with n_in > n_out, guessing IN everywhere already "certifies" epsilon > 0).
-    The delta term of the p-value grows as 2 m delta, so both are 0 once delta
-    nears 1 / (2 m) (e.g. 20,000 trials at delta = 1e-3). Both use
-    `threshold_strategy`.
+    Both depend on m and delta, not only on the scores: the theorem's p-value
+    is beta + alpha x 2 m delta (alpha <= 1, small at a confident guess), and
+    it must fall below the level of each test (1 - confidence under `'split'`
+    and `'explicit'`, (1 - confidence) / (n + 1) under `'bonferroni'`).
+    `one_run_delta_term` =
+    2 m delta reports that factor. Measured on one set of Gaussian scores
+    (shift 0.864, 200,000 trials; CP 2.06 at delta 1e-5): `'split'` (m =
+    100,000, 2 m delta = 2) gives 2.03 at delta 1e-5 and 2.15 at 1e-7;
+    jax-privacy's frontier Bonferroni gave 0.41 and 2.12; the fixed n + 1
+    family gives 0 down to delta 1e-7 (0.06 at 1e-8). A low one-run bound at
+    large m delta is this price for allowing m canaries in one run, not a
+    property of the mechanism.
 
   Args:
     in_scores: 1-D scores of the trials with the canary (IN).
     out_scores: 1-D scores of the trials without it (OUT).
     delta: the delta of the (epsilon, delta) bounds, in (0, 1).
     confidence: in (0.5, 1): the library's significance is 1 - confidence.
-    threshold_strategy: `'bonferroni'` or `'split'` (for `epsilon_cp` and the
-      one-run bounds).
+    threshold_strategy: `'split'` (default), `'bonferroni'` (for `epsilon_cp`
+      and the one-run bounds) or `'explicit'` (for every bound).
     split_fraction: the share of each side used to choose the threshold
       (`'split'` only).
     seed: seed of the split and of the bootstrap (None: non-deterministic).
+    threshold: the threshold of `'explicit'` (required there, ignored else).
     fdp: compute `epsilon_one_run_fdp` (NaN when False). The library's f-DP
       search loops in Python over the correct guesses at every step of a root
       search: about 0.5 s for 1,000 trials, most of the call.
@@ -201,9 +301,12 @@ def audit_scores(in_scores, out_scores, *, delta: float,
 
   Returns:
     Flat floats: `epsilon_cp`, `gdp_mu`, `epsilon_gdp`, `epsilon_one_run`,
-    `epsilon_one_run_fdp`, and the settings `audit_delta`, `audit_confidence`,
-    `audit_threshold_strategy` (the name, a str), `n_in`, `n_out`; with
-    `bootstrap` > 0 also `epsilon_raw`, `epsilon_raw_ci_low`,
+    `epsilon_one_run_fdp`, `one_run_delta_term` (2 m delta), and the settings
+    `audit_delta`, `audit_confidence`, `audit_threshold_strategy` (the name, a
+    str), `audit_threshold_family` (n + 1, the Bonferroni family of `gdp_mu`
+    except under `'explicit'`, and of `epsilon_cp` and the one-run bounds under
+    `'bonferroni'`), `n_in`,
+    `n_out`; with `bootstrap` > 0 also `epsilon_raw`, `epsilon_raw_ci_low`,
     `epsilon_raw_ci_high`, `audit_bootstrap`.
 
   Raises:
@@ -214,29 +317,46 @@ def audit_scores(in_scores, out_scores, *, delta: float,
   out_scores = _check_scores(out_scores, 'out_scores')
   delta = _check_delta(delta)
   confidence = _check_audit_confidence(confidence)
-  strategy = _strategy(threshold_strategy, split_fraction, seed)
+  strategy = _strategy(threshold_strategy, split_fraction, seed, threshold)
   bootstrap = int(bootstrap)
   if bootstrap < 0:
     raise ValueError(f'bootstrap must be >= 0 (got {bootstrap})')
+  if threshold_strategy == 'split' and not split_possible(
+      in_scores.size, out_scores.size, split_fraction):
+    raise ValueError(
+        f"threshold_strategy 'split' (fraction {split_fraction}) needs scores of "
+        f'each side in both parts (got {in_scores.size} IN, {out_scores.size} '
+        "OUT); use 'bonferroni' for so few trials")
   significance = 1.0 - confidence
 
   auditor = _library().CanaryScoreAuditor(in_scores, out_scores)
-  mu = gdp_mu_lower_bound(auditor, significance, delta)
+  mu = gdp_mu_lower_bound(
+      auditor, significance, delta,
+      threshold if threshold_strategy == 'explicit' else None)
+  # Under 'bonferroni' the library divides by its frontier's size; hand it the
+  # significance that makes its per-threshold level significance / (n + 1).
+  searched = (_bonferroni_significance(auditor, significance)
+              if threshold_strategy == 'bonferroni' else significance)
   one_run_fdp = math.nan
   if fdp:
     one_run_fdp = float(auditor.epsilon_one_run_fdp(
-        significance, delta, threshold_strategy=strategy))
+        searched, delta, threshold_strategy=strategy))
+  m = one_run_trials(in_scores.size, out_scores.size, threshold_strategy,
+                     split_fraction)
   result = {
       'epsilon_cp': float(auditor.epsilon_clopper_pearson(
-          significance, delta, threshold_strategy=strategy)),
+          searched, delta, threshold_strategy=strategy)),
       'gdp_mu': mu,
       'epsilon_gdp': gdp_epsilon(mu, delta),
       'epsilon_one_run': float(auditor.epsilon_one_run(
-          significance, delta, threshold_strategy=strategy)),
+          searched, delta, threshold_strategy=strategy)),
       'epsilon_one_run_fdp': one_run_fdp,
+      'one_run_delta_term': 2.0 * m * delta,
       'audit_delta': delta,
       'audit_confidence': confidence,
       'audit_threshold_strategy': threshold_strategy,
+      'audit_threshold_family': threshold_family(in_scores.size,
+                                                 out_scores.size),
       'n_in': int(in_scores.size),
       'n_out': int(out_scores.size),
   }
@@ -266,7 +386,8 @@ def privacy_profile(in_scores, out_scores, epsilons, *,
   jax-privacy offers epsilon(delta) but not delta(epsilon), so the rates come
   from `stats`: one-sided Clopper-Pearson upper bounds on FPR(t) and FNR(t)
   at every threshold t in (the distinct scores, +inf), with a Bonferroni
-  correction over the 2 x (number of thresholds) rates. All bounds then hold
+  correction over the 2 (n + 1) rates of `threshold_family` (fixed by n =
+  n_in + n_out, not by how many distinct scores the data have). All bounds then hold
   together with probability >= `confidence`, so the whole returned curve is
   below the true profile simultaneously for every epsilon.
 
@@ -293,7 +414,8 @@ def privacy_profile(in_scores, out_scores, epsilons, *,
   fn = np.searchsorted(np.sort(in_scores), thresholds, side='left')
   fp = out_scores.size - np.searchsorted(np.sort(out_scores), thresholds,
                                          side='left')
-  each = (1.0 - confidence) / (2 * thresholds.size)
+  each = (1.0 - confidence) / (2 * threshold_family(in_scores.size,
+                                                    out_scores.size))
   fnr_ub = stats.clopper_pearson_arrays(fn, in_scores.size, 1 - 2 * each)[1]
   fpr_ub = stats.clopper_pearson_arrays(fp, out_scores.size, 1 - 2 * each)[1]
   scale = np.exp(epsilons)[..., None]
@@ -305,18 +427,23 @@ def privacy_profile(in_scores, out_scores, epsilons, *,
 
 def attack_bounds(scores, labels, delta: float, *, confidence: float = 0.95
                   ) -> dict[str, float]:
-  """A membership attack's own empirical epsilon lower bounds, to set beside a DP claim.
+  """A membership attack's strength in epsilon units: an ESTIMATE, not a certified bound.
 
   `audit_scores` on members (label 1, IN) vs non-members (OUT), without the slow f-DP
-  search: `attack_epsilon_cp` ((epsilon, delta) Clopper-Pearson with a valid threshold
-  choice) and `attack_gdp_mu`. They certify the mechanism's epsilon only as far as
-  membership was a random draw (IID shards, a random test split, a fair coin per game);
-  with fixed data they measure the attack in epsilon units. NaN when a score is not finite
-  or a side is empty.
+  search: `attack_epsilon_cp` (the (epsilon, delta) Clopper-Pearson formula with a valid
+  threshold choice) and `attack_gdp_mu`. Clopper-Pearson and the GDP bound treat the entries
+  as independent trials; the members and non-members of ONE training are not (they share
+  the one model every score is read from), so these numbers certify nothing about the
+  mechanism's epsilon. Only the one-run bound (Steinke, Nasr & Jagielski, "Privacy Auditing
+  with One (1) Training Run", NeurIPS 2023, arXiv:2305.08846) applies to the entries of one
+  training, and only with membership an independent fair coin per entry. Read them as the
+  attack's strength on the scale of a claimed epsilon, an estimate beside the DP claim. NaN
+  when a score is not finite or a side has fewer than 2 entries (`audit_scores`' default
+  `'split'` needs one of each side in both halves).
   """
   scores = np.asarray(scores, np.float64)
   labels = np.asarray(labels).astype(bool)
-  if not (np.all(np.isfinite(scores)) and labels.any() and (~labels).any()):
+  if not (np.all(np.isfinite(scores)) and split_possible(labels.sum(), (~labels).sum())):
     return {'attack_epsilon_cp': math.nan, 'attack_gdp_mu': math.nan}
   b = audit_scores(scores[labels], scores[~labels], delta=delta, confidence=confidence,
                    fdp=False)

@@ -1,8 +1,9 @@
 """Figures of the DP audit (`fl_privacy.pipelines.dp_audit`).
 
 - `fig_dp_audit_claims.png`: claimed vs empirical epsilon, one series per mechanism, one
-  panel per lower bound (Clopper-Pearson, GDP, best of all), with the line y = x: a point
-  above it is a privacy violation, a point on it a tight audit.
+  panel per lower bound (Clopper-Pearson and GDP at 95% each, and the verdict's best counted
+  bound at family-wise 95%, `dp_canary.claim_metrics`), with the line y = x: a point above
+  it in the last panel is a privacy violation, a point on it a tight audit.
 - `fig_dp_audit_profile.png`: the empirical lower bound of the privacy profile delta(eps) of
   one point (`dp_audit.profile_mechanism` at `dp_audit.profile_epsilon`) against the
   accountant's profile of the same declaration and noise multiplier
@@ -18,9 +19,9 @@ import numpy as np
 from fl_privacy import accounting
 from fl_privacy.report import figures
 
-_PANELS = (('epsilon_cp', 'Clopper-Pearson bound'),
-           ('epsilon_gdp_if_gaussian', 'GDP bound (Gaussian curves only)'),
-           ('best_bound', 'best counted bound'))
+_PANELS = (('epsilon_cp', 'Clopper-Pearson bound (95%)'),
+           ('epsilon_gdp_if_gaussian', 'GDP bound (95%, Gaussian curves only)'),
+           ('best_bound', 'best counted bound (family-wise 95%)'))
 
 
 def _finite(v) -> float:
@@ -67,15 +68,32 @@ def claims_figure(stored: list[dict], workdir: str) -> str | None:
   return path
 
 
+def declaration_from_metrics(mechanism: str, claimed_epsilon: float,
+                             metrics: dict) -> accounting.Declaration:
+  """The declaration a stored point was audited against (from its `dp_*` metrics).
+
+  Here, not in the pipeline, so that the figures read stored points without importing
+  `pipelines.dp_audit` (which imports this module).
+  """
+  del mechanism
+  pure = metrics.get('ldp_epsilon_per_report')
+  return accounting.Declaration(
+      metrics['dp_mechanism'], metrics['dp_unit'], metrics['dp_relation'],
+      metrics['dp_adversary'], metrics['dp_sampling'], float(metrics['dp_sensitivity']),
+      int(metrics['dp_compositions']), float(metrics['dp_sampling_rate']),
+      population=metrics.get('dp_population'), sample_size=metrics.get('dp_sample_size'),
+      pure_epsilon=None if pure is None else float(pure),
+      note=f'as audited at claimed epsilon {claimed_epsilon:g}')
+
+
 def profile_figure(point: dict, workdir: str, delta: float) -> str:
   """The point's empirical delta(eps) lower bound against the accountant's profile."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
   m = point['metrics']
   mech, claim = point['params']['mechanism'], float(point['params']['claimed_epsilon'])
   eps = np.asarray(m['profile_epsilons'], np.float64)
   emp = np.asarray([_finite(v) for v in m['profile_delta_lower']])
-  decl = dp_audit.declaration_from_metrics(mech, claim, m)
+  decl = declaration_from_metrics(mech, claim, m)
   z = _finite(m['noise_multiplier'])
   acc = np.asarray([accounting.delta_for(decl, z, epsilon_=float(e)) for e in eps])
   fig, ax = plt.subplots(figsize=(5.2, 3.8))

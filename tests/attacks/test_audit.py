@@ -326,3 +326,22 @@ def test_projected_proposition_1_at_the_paper_dimension():
                            jnp.float32(1.0), jnp.float32(d)),
                      claimed_epsilon=eps, progress=False)
   assert m['acc_ci_low'] <= m['acc_bound'] <= m['acc_ci_high']
+
+
+def test_summarize_auditor_bounds_test_the_guess_itself():
+  # The guesses are 0/1, so the one informative threshold (guess = IN) is fixed before
+  # the data: `'explicit'` at 1, every trial, no correction and no split.
+  from fl_privacy.eval import auditing  # pylint: disable=g-import-not-at-top
+  b = np.array([0] * 300 + [1] * 300)
+  guess = np.array([1] * 30 + [0] * 270 + [0] * 60 + [1] * 240)
+  m = game.summarize(b, guess, claimed_epsilon=1.0, audit_delta=1e-5)
+  want = auditing.audit_scores(np.ones(240).tolist() + [0.0] * 60, [1.0] * 30 + [0.0] * 270,
+                               delta=1e-5, fdp=False, threshold_strategy='explicit',
+                               threshold=1.0)
+  for k in ('epsilon_cp', 'gdp_mu', 'epsilon_gdp', 'epsilon_one_run'):
+    assert m[k] == pytest.approx(want[k], rel=1e-12), k
+  split = auditing.audit_scores(np.ones(240).tolist() + [0.0] * 60,
+                                [1.0] * 30 + [0.0] * 270, delta=1e-5, fdp=False)
+  assert m['epsilon_cp'] > split['epsilon_cp'] > 0
+  # The (eps, delta) Clopper-Pearson form of eps_emp_lower: close to it at tiny delta.
+  assert m['epsilon_cp'] == pytest.approx(m['eps_emp_lower'], abs=0.05)

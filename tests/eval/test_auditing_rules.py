@@ -5,8 +5,9 @@
   compared with jax-privacy's auditor called directly;
 - `privacy_profile` against an independent brute force: every threshold, both DP
   inequalities (TPR - e^eps FPR and TNR - e^eps FNR), Clopper-Pearson upper bounds from
-  `scipy.stats.beta`, Bonferroni over the
-  2 x (number of thresholds) rates;
+  `scipy.stats.beta`, Bonferroni over the 2 (n + 1) rates of the fixed family
+  (n = n_in + n_out, whatever the ties);
+- `'bonferroni'` divides by n + 1, not by the size of the ROC frontier;
 - `attack_bounds` is `audit_scores` on members vs non-members.
 """
 
@@ -54,8 +55,9 @@ def test_split_fraction_outside_open_interval_raises(fraction):
 
 def test_split_fraction_is_ignored_by_bonferroni():
   a, b = _scores(0, 30, 30)
-  plain = auditing.audit_scores(a, b, delta=1e-5, fdp=False)
-  odd = auditing.audit_scores(a, b, delta=1e-5, fdp=False, split_fraction=1.0)
+  plain = auditing.audit_scores(a, b, delta=1e-5, fdp=False, threshold_strategy='bonferroni')
+  odd = auditing.audit_scores(a, b, delta=1e-5, fdp=False, split_fraction=1.0,
+                              threshold_strategy='bonferroni')
   assert odd['epsilon_cp'] == plain['epsilon_cp']
 
 
@@ -100,10 +102,18 @@ def test_bad_scores_name_the_argument(name, bad, message):
     auditing.privacy_profile(args['in_scores'], args['out_scores'], [1.0])
 
 
-def test_one_score_per_side_is_enough():
-  result = auditing.audit_scores([1.0], [0.0], delta=1e-5, fdp=False)
+def test_one_score_per_side_is_enough_for_bonferroni_two_for_split():
+  result = auditing.audit_scores([1.0], [0.0], delta=1e-5, fdp=False,
+                                 threshold_strategy='bonferroni')
   assert (result['n_in'], result['n_out']) == (1, 1)
   assert auditing.privacy_profile([1.0], [0.0], 0.0) >= 0
+  with pytest.raises(ValueError, match=r"'split' .* needs scores of each side in both "
+                     r'parts \(got 1 IN, 2 OUT\)'):
+    auditing.audit_scores([1.0], [0.0, 1.0], delta=1e-5, fdp=False)
+  two = auditing.audit_scores([1.0, 2.0], [0.0, 1.0], delta=1e-5, fdp=False)
+  assert two['audit_threshold_strategy'] == 'split'
+  assert auditing.split_possible(2, 2) and not auditing.split_possible(2, 1)
+  assert not auditing.split_possible(10, 10, 0.05)  # int(10 x 0.05) = 0 chooses nothing
 
 
 @pytest.mark.parametrize('confidence', [0.0, 1.0, -0.5, 1.5])
@@ -156,19 +166,35 @@ def test_split_strategy_reaches_every_bound_with_its_fraction_and_seed():
   assert result['epsilon_gdp'] == plain['epsilon_gdp'] > 0
 
 
-def test_bonferroni_equals_the_library_on_every_bound():
+def test_bonferroni_is_the_library_search_at_significance_over_n_plus_one():
   from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
   a, b = _scores(4, 100, 130, shift=2.0)
-  result = auditing.audit_scores(a, b, delta=1e-3, confidence=0.8)
+  result = auditing.audit_scores(a, b, delta=1e-3, confidence=0.8,
+                                 threshold_strategy='bonferroni')
   auditor = library.CanaryScoreAuditor(a, b)
-  bonf = library.Bonferroni()
-  assert result['epsilon_cp'] == pytest.approx(
-      auditor.epsilon_clopper_pearson(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
-  assert result['epsilon_one_run'] == pytest.approx(
-      auditor.epsilon_one_run(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
-  assert result['epsilon_one_run_fdp'] == pytest.approx(
-      auditor.epsilon_one_run_fdp(0.2, 1e-3, threshold_strategy=bonf), rel=1e-9)
+  family = 100 + 130 + 1
+  frontier = len(auditor._fn_counts)  # pylint: disable=protected-access
+  assert 2 < frontier < family  # the data's frontier is far smaller than the family
+  assert result['audit_threshold_family'] == family
+  # Every threshold at 0.2 / (n + 1): the library's all-threshold search at that level.
+  each = 0.2 / family
+  cp, _ = auditor._epsilon_clopper_pearson_all_thresholds(  # pylint: disable=protected-access
+      each, 1e-3, True)
+  one_run, _ = auditor._epsilon_one_run_all_thresholds(  # pylint: disable=protected-access
+      each, 1e-3, True)
+  fdp, _ = auditor._epsilon_one_run_all_thresholds(  # pylint: disable=protected-access
+      each, 1e-3, True, use_fdp=True)
+  assert result['epsilon_cp'] == pytest.approx(cp, rel=1e-9)
+  assert result['epsilon_one_run'] == pytest.approx(one_run, rel=1e-6)
+  assert result['epsilon_one_run_fdp'] == pytest.approx(fdp, rel=1e-6)
   assert result['epsilon_one_run_fdp'] > 0
+  # The library's own Bonferroni divides by the frontier (a family the data chose):
+  # larger, invalid values. The fixed family must give strictly less.
+  bonf = library.Bonferroni()
+  assert result['epsilon_cp'] < auditor.epsilon_clopper_pearson(
+      0.2, 1e-3, threshold_strategy=bonf) - 1e-3
+  assert result['epsilon_one_run'] < auditor.epsilon_one_run(
+      0.2, 1e-3, threshold_strategy=bonf) - 1e-3
   assert result['gdp_mu'] == pytest.approx(
       auditing.gdp_mu_lower_bound(auditor, 0.2, 1e-3), rel=1e-12)
   assert result['epsilon_gdp'] == pytest.approx(
@@ -185,7 +211,9 @@ def _cp_upper(k, n, level):
 
 def _brute_profile(in_scores, out_scores, epsilon, confidence):
   thresholds = sorted(set(in_scores) | set(out_scores)) + [math.inf]
-  level = 1 - (1 - confidence) / (2 * len(thresholds))  # Bonferroni, 2 rates each
+  # Bonferroni over 2 rates at each of the n + 1 thresholds of the fixed family (as many
+  # as there can be; with ties the data show fewer).
+  level = 1 - (1 - confidence) / (2 * (len(in_scores) + len(out_scores) + 1))
   best = 0.0
   for t in thresholds:
     # "IN iff score >= t".
@@ -202,7 +230,7 @@ def _brute_profile(in_scores, out_scores, epsilon, confidence):
 
 @pytest.mark.parametrize('seed,n_in,n_out,shift,decimals,confidence', [
     (5, 30, 25, 4.0, None, 0.95),  # the TNR - e^eps FNR rule wins at eps > 0
-    (6, 15, 15, 4.0, 0, 0.9),      # ties within and across sides
+    (6, 15, 15, 4.0, 0, 0.7),      # ties: the family is still n + 1, not the distinct scores
     (7, 8, 20, 3.0, 1, 0.5),       # the TPR - e^eps FPR rule wins at eps > 0
     (8, 25, 6, 5.0, None, 0.3),
 ])
@@ -287,10 +315,11 @@ def test_attack_bounds_nan_without_two_sides_or_finite_scores(scores, labels):
 
 
 def test_gdp_mu_skips_thresholds_with_an_upper_bound_at_or_above_one_minus_delta():
-  # At the top threshold FNR = 7/10 has an upper bound ~0.95 and FPR = 0/1000 a tiny
-  # one: mu > 0 when 0.95 < 1 - delta, and that threshold is skipped at delta = 0.4.
-  in_scores, out_scores = [10.0] * 3 + [0.0] * 7, [0.0] * 1000
-  assert auditing.audit_scores(in_scores, out_scores, delta=0.01, fdp=False)['gdp_mu'] > 0.5
+  # At the top threshold FNR = 4/10 has an upper bound ~0.90 (Bonferroni over 2 x 211
+  # rates) and FPR = 0/200 a small one: mu > 0 when 0.90 < 1 - delta, and that threshold
+  # is skipped at delta = 0.4.
+  in_scores, out_scores = [10.0] * 6 + [0.0] * 4, [0.0] * 200
+  assert auditing.audit_scores(in_scores, out_scores, delta=0.01, fdp=False)['gdp_mu'] > 0.3
   assert auditing.audit_scores(in_scores, out_scores, delta=0.4, fdp=False)['gdp_mu'] == 0.0
 
 
@@ -319,3 +348,142 @@ def test_split_default_seed_is_zero():
   assert result['epsilon_cp'] == pytest.approx(auditor.epsilon_clopper_pearson(
       0.1, 1e-4, threshold_strategy=library.Split(threshold_estimation_frac=0.5, seed=0)),
       rel=1e-9)
+
+
+# --- The Bonferroni family is fixed: n + 1 thresholds, not the ROC frontier -------------
+
+
+def _separated(n_pos=50, n_neg=50):
+  # Every IN score above every OUT score: the frontier is 3 thresholds (0, 1, +inf)
+  # whatever n is, so a frontier-sized family would divide by 3, the fixed one by n + 1.
+  return np.ones(n_pos), np.zeros(n_neg)
+
+
+def test_separated_scores_have_a_frontier_of_three_thresholds():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _separated()
+  assert len(library.CanaryScoreAuditor(a, b)._fn_counts) == 3  # pylint: disable=protected-access
+  assert auditing.threshold_family(50, 50) == 101
+
+
+@pytest.mark.parametrize('n', [20, 50, 400])
+def test_gdp_mu_closed_form_uses_the_fixed_family(n):
+  # The one informative threshold (t = 1) has FN = FP = 0; a one-sided Clopper-Pearson
+  # upper bound of 0 / n at level 1 - s is 1 - s^(1/n). With s = 0.05 / (2 (2n + 1)):
+  # mu = Phi^-1(1 - FPR_ub) - Phi^-1(FNR_ub) = 2 Phi^-1(s^(1/n)).
+  a, b = _separated(n, n)
+  got = auditing.audit_scores(a, b, delta=1e-5, confidence=0.95, fdp=False,
+                              threshold_strategy='bonferroni')
+  each = 0.05 / (2 * (2 * n + 1))
+  assert got['gdp_mu'] == pytest.approx(2 * sps.norm.ppf(each ** (1 / n)), rel=1e-9)
+  # The frontier-sized family (2 x 3 rates) would claim more.
+  frontier = 2 * sps.norm.ppf((0.05 / 6) ** (1 / n))
+  assert got['gdp_mu'] < frontier - 0.05
+  assert got['audit_threshold_family'] == 2 * n + 1
+
+
+@pytest.mark.parametrize('n', [20, 50, 400])
+def test_bonferroni_cp_closed_form_uses_the_fixed_family(n):
+  # The same threshold under the library's Clopper-Pearson, which splits each
+  # threshold's significance s' = 0.05 / (2n + 1) between FNR and FPR: with
+  # r = (s' / 2)^(1/n), TPR_lb = r and FPR_ub = 1 - r, epsilon = log(r - delta) - log(1 - r).
+  a, b = _separated(n, n)
+  delta = 1e-5
+  got = auditing.audit_scores(a, b, delta=delta, confidence=0.95, fdp=False,
+                              threshold_strategy='bonferroni')['epsilon_cp']
+  r = (0.05 / (2 * n + 1) / 2) ** (1 / n)
+  assert got == pytest.approx(math.log(r - delta) - math.log(1 - r), rel=1e-9)
+  r_frontier = (0.05 / 3 / 2) ** (1 / n)
+  assert got < math.log(r_frontier - delta) - math.log(1 - r_frontier) - 0.05
+
+
+def test_the_family_does_not_depend_on_the_scores():
+  # Same n, different data (separated vs overlapping, ties vs none): the same family,
+  # hence the same per-threshold level, wherever the frontier lies.
+  sets = [_separated(60, 60), _scores(9, 60, 60), _scores(9, 60, 60, decimals=0)]
+  fams = {auditing.audit_scores(a, b, delta=1e-5, fdp=False)['audit_threshold_family']
+          for a, b in sets}
+  assert fams == {121}
+
+
+def test_split_is_the_default_strategy():
+  a, b = _scores(13, 200, 200, shift=2.0)
+  default = auditing.audit_scores(a, b, delta=1e-5, fdp=False)
+  split = auditing.audit_scores(a, b, delta=1e-5, fdp=False, threshold_strategy='split',
+                                split_fraction=0.5, seed=0)
+  bonf = auditing.audit_scores(a, b, delta=1e-5, fdp=False, threshold_strategy='bonferroni')
+  assert default == split
+  assert default['audit_threshold_strategy'] == 'split'
+  assert default['epsilon_cp'] != bonf['epsilon_cp']
+
+
+# --- The one-run bound's delta term ------------------------------------------------------
+
+
+@pytest.mark.parametrize('strategy,fraction,m', [('split', 0.5, 130), ('split', 0.3, 182),
+                                                 ('bonferroni', 0.5, 260)])
+def test_one_run_delta_term_is_two_m_delta_of_the_bounding_trials(strategy, fraction, m):
+  # 120 IN + 140 OUT; 'split' bounds on the rest after int(n x fraction) of each side.
+  a, b = _scores(14, 120, 140)
+  got = auditing.audit_scores(a, b, delta=1e-4, fdp=False, threshold_strategy=strategy,
+                              split_fraction=fraction)
+  assert auditing.one_run_trials(120, 140, strategy, fraction) == m
+  assert got['one_run_delta_term'] == pytest.approx(2 * m * 1e-4, rel=1e-12)
+
+
+def test_one_run_bound_depends_on_m_delta_against_the_level_of_each_test():
+  # Same scores (2,000 trials, shift 2), only delta moves. The one-run p-value is
+  # beta + alpha x 2 m delta against the level of each test: 0.05 under 'split' (m =
+  # 1,000), 0.05 / 2,001 under 'bonferroni' (m = 2,000). CP does not move.
+  a, b = _scores(15, 1000, 1000, shift=2.0)
+
+  def one_run(delta, strategy):
+    return auditing.audit_scores(a, b, delta=delta, fdp=False,
+                                 threshold_strategy=strategy)
+
+  # 'bonferroni': 2 m delta = 0.04 swamps 2.5e-5 at delta 1e-5; 4e-4 at 1e-7 does not.
+  assert one_run(1e-5, 'bonferroni')['epsilon_one_run'] == 0.0
+  assert one_run(1e-7, 'bonferroni')['epsilon_one_run'] > 2.0
+  # 'split': 2 m delta = 2 at delta 1e-3 costs about a third of the bound at 1e-7.
+  big, small = one_run(1e-3, 'split'), one_run(1e-7, 'split')
+  assert big['one_run_delta_term'] == pytest.approx(2.0)
+  assert 0.0 < big['epsilon_one_run'] < small['epsilon_one_run'] - 0.5
+  assert big['epsilon_cp'] == pytest.approx(small['epsilon_cp'], rel=0.05)
+
+
+# --- 'explicit': one threshold fixed before the data -------------------------------------
+
+
+def test_explicit_threshold_is_the_library_explicit_at_full_significance():
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(16)
+  bits = rng.random(600) < 0.5
+  guesses = np.where(rng.random(600) < 0.2, ~bits, bits).astype(float)  # 0/1 guesses
+  a, b = guesses[bits], guesses[~bits]
+  got = auditing.audit_scores(a, b, delta=1e-5, confidence=0.9, fdp=False,
+                              threshold_strategy='explicit', threshold=1.0)
+  auditor = library.CanaryScoreAuditor(a, b)
+  one = library.Explicit(1.0)
+  assert got['epsilon_cp'] == pytest.approx(
+      auditor.epsilon_clopper_pearson(0.1, 1e-5, threshold_strategy=one), rel=1e-12)
+  assert got['epsilon_one_run'] == pytest.approx(
+      auditor.epsilon_one_run(0.1, 1e-5, threshold_strategy=one), rel=1e-9)
+  assert got['epsilon_cp'] > 0 and got['one_run_delta_term'] == pytest.approx(2 * 600 * 1e-5)
+  # GDP at that one threshold: its two rates at 0.05 each (no family).
+  fn, fp = int(np.sum(a < 1)), int(np.sum(b >= 1))
+  fnr_ub = sps.beta.ppf(0.95, fn + 1, a.size - fn)
+  fpr_ub = sps.beta.ppf(0.95, fp + 1, b.size - fp)
+  assert got['gdp_mu'] == pytest.approx(sps.norm.isf(fpr_ub) - sps.norm.ppf(fnr_ub),
+                                        rel=1e-9)
+  # Tighter than any data-chosen threshold on the same guesses.
+  for strategy in ('split', 'bonferroni'):
+    other = auditing.audit_scores(a, b, delta=1e-5, confidence=0.9, fdp=False,
+                                  threshold_strategy=strategy)
+    assert other['epsilon_cp'] < got['epsilon_cp'] and other['gdp_mu'] < got['gdp_mu']
+
+
+@pytest.mark.parametrize('threshold', [None, math.inf, math.nan])
+def test_explicit_needs_a_finite_threshold(threshold):
+  with pytest.raises(ValueError, match=r"'explicit' needs a finite threshold"):
+    auditing.audit_scores([1.0, 0.0], [0.0, 0.0], delta=1e-5,
+                          threshold_strategy='explicit', threshold=threshold)

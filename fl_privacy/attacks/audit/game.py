@@ -237,9 +237,11 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
     the claim allows) and `privacy_violation` (1.0 iff the lower bound at
     `violation_confidence` exceeds eps_claimed). With `audit_delta`, also the
     auditor's bounds on the same guesses (`eval.auditing.audit_scores` at that delta:
-    `epsilon_cp` with a valid threshold choice, `gdp_mu` and `epsilon_gdp` (Nasr et al.
-    2023), `epsilon_one_run` (Steinke et al. 2023)); the guesses are the scores, so the ROC
-    has one threshold and `epsilon_cp` is the (eps, delta) form of `eps_emp_lower`.
+    `epsilon_cp`, `gdp_mu` and `epsilon_gdp` (Nasr et al. 2023), `epsilon_one_run`
+    (Steinke et al. 2023)); the guesses are the scores, 0 or 1, so the one informative
+    threshold (guess 1 = IN) is known before the data: the `'explicit'` threshold 1, every
+    trial used, no correction, and `epsilon_cp` is the (eps, delta) form of
+    `eps_emp_lower`.
   """
   c = error_counts(b, guess)
   n = c['n_neg'] + c['n_pos']
@@ -272,9 +274,11 @@ def summarize(b: np.ndarray, guess: np.ndarray, claimed_epsilon: float,
   m['privacy_violation'] = float(
       epsilon_lower_bound(c, delta, violation_confidence) > claimed_epsilon)
   if audit_delta is not None and c['n_pos'] and c['n_neg']:
-    bs, gs = np.asarray(b).astype(bool), np.asarray(guess).astype(np.float64)
+    # The guess as `error_counts` reads it (nonzero = IN), as 0/1 scores.
+    bs, gs = np.asarray(b).astype(bool), np.asarray(guess).astype(bool).astype(np.float64)
     bounds = auditing.audit_scores(gs[bs], gs[~bs], delta=float(audit_delta),
-                                   confidence=confidence, fdp=False)
+                                   confidence=confidence, fdp=False,
+                                   threshold_strategy='explicit', threshold=1.0)
     for k in ('epsilon_cp', 'gdp_mu', 'epsilon_gdp', 'epsilon_one_run', 'audit_delta'):
       m[k] = float(bounds[k])
   return m

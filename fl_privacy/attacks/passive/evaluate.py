@@ -171,8 +171,9 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     default_filter: FedMIA's filter when the name gives none.
     rng: numpy Generator (public_code draws); when given, a child Generator spawned from it
       (`Generator.spawn`, which leaves its stream as it is) draws the bootstrap resamples.
-    audit_delta: when given (a DP defense's delta), also the attack's own empirical epsilon
-      lower bounds at that delta (`eval.auditing.attack_bounds`).
+    audit_delta: when given (a DP defense's delta), also the attack's strength in epsilon
+      units at that delta (`eval.auditing.attack_bounds`: an estimate, not a certified bound,
+      since the entries of one training are dependent).
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
     num_resamples: resamples of the query-cluster bootstrap.
 
@@ -227,7 +228,8 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
     single_round: the 1-based recorded round single-round attacks use.
     dp_metrics: the defense's DP metrics (`dp_epsilon`, ...), copied in.
     dp_delta: the DP defense's delta: when `dp_metrics` declare a DP unit (`dp_unit`), the
-      attack's own empirical epsilon bounds at it too (`evaluate`'s `audit_delta`).
+      attack's epsilon-unit estimates at it too (`evaluate`'s `audit_delta`; not certified
+      bounds, see `eval.auditing.attack_bounds`).
 
   Returns:
     `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson

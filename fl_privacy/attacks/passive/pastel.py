@@ -428,7 +428,7 @@ def auc_change(scores: np.ndarray, labels: np.ndarray, reference: np.ndarray,
 
 def dp_metrics(scores: np.ndarray, labels: np.ndarray, declaration: dict, target: str,
                delta: float) -> dict:
-  """A DP baseline's point: the attack's own epsilon bounds (`auditing.attack_bounds`) and the
+  """A DP baseline's point: the attack's epsilon-unit estimates (`auditing.attack_bounds`) and the
   declaration's labels; on the `local` target an aggregate-only claim holds no epsilon (the
   server reads each upload before DP-FedAvg adds its noise)."""
   m = auditing.attack_bounds(scores, labels, float(delta))
