@@ -27,6 +27,7 @@ threshold on one part, bound on the other), which needs no correction.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 from scipy import stats as sps
@@ -423,6 +424,29 @@ def privacy_profile(in_scores, out_scores, epsilons, *,
   reverse = (1.0 - fpr_ub) - scale * fnr_ub
   best = np.maximum(forward.max(axis=-1), reverse.max(axis=-1))
   return np.maximum(best, 0.0)
+
+
+def profile_violation(in_scores: np.ndarray, out_scores: np.ndarray, claimed_delta: Callable[
+    [float], float], epsilons: np.ndarray, *, confidence: float) -> dict[str, float]:
+  """Does the empirical privacy profile exceed the claimed one anywhere? (any mechanism)
+
+  (epsilon, delta(epsilon))-DP for every epsilon, the claim's whole privacy profile (the
+  accountant's: `fl_privacy.accounting.delta_for`), bounds every test's rates (Kairouz, Oh, Viswanath,
+  ICML 2015, Theorem 2.1); `auditing.privacy_profile` gives lower bounds on the true
+  delta(epsilon) simultaneous over the grid at `confidence` (`privacy_profile`). A lower bound above the claimed
+  delta at some epsilon refutes the claim without assuming a Gaussian curve, which is what the
+  subsampled mechanisms (Poisson or without replacement) need. Valid for independent trials.
+
+  Returns:
+    `profile_violation` (1.0 / 0.0), `profile_excess` (the largest lower bound minus the
+    claimed delta, over the grid) and `profile_epsilon` (where it is largest).
+  """
+  lower = privacy_profile(in_scores, out_scores, epsilons, confidence=confidence)
+  claimed = np.asarray([claimed_delta(float(e)) for e in epsilons], np.float64)
+  excess = lower - claimed
+  i = int(np.argmax(excess))
+  return {'profile_violation': float(excess[i] > 0), 'profile_excess': float(excess[i]),
+          'profile_epsilon': float(epsilons[i])}
 
 
 def attack_bounds(scores, labels, delta: float, *, confidence: float = 0.95

@@ -247,9 +247,13 @@ def audit_point(config, params: dict, key: jax.Array, fns: dict
   # The bounds choose their threshold on half of each world's games ('split').
   validate.require(auditing.split_possible(len(ins), len(outs)), 'dp_audit.num_trials',
                    'large enough for 2 games in each world', int(s.num_trials))
+  # The claim's whole privacy profile (the accountant's), against which the non-Gaussian
+  # mechanisms are also tested (dp_canary.claim_metrics).
+  profile = lambda e: accounting.delta_for(decl, z, epsilon_=e)
   metrics.update(dp_canary.claim_metrics(ins, outs, mech, eps, delta=float(s.delta),
                                          confidence=float(s.confidence),
-                                         pld_epsilon=metrics.get('dp_epsilon_pld')))
+                                         pld_epsilon=metrics.get('dp_epsilon_pld'),
+                                         claimed_delta=profile))
   if mech == s.profile_mechanism and math.isclose(eps, float(s.profile_epsilon)):
     grid = [float(g) * eps for g in PROFILE_GRID]
     metrics['profile_epsilons'] = grid

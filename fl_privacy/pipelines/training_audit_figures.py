@@ -17,7 +17,7 @@ from fl_privacy.report import figures
 
 _COLUMNS = ('defense', 'sampling', 'canary', 'threat', 'eps claimed', 'eps audited',
             'unit', 'relation', 'adversary', 'eps 1-run', 'eps 1-run f-DP', 'counted',
-            'eps estimate', 'canaries (in/out)', 'test acc', 'violation')
+            'eps estimate', 'canaries (in/out)', 'test acc', 'violation', 'audited')
 
 
 def _f(v, digits: int = 2) -> str:
@@ -62,7 +62,8 @@ def table_markdown(stored: list[dict], config=None) -> str:
         _f(m.get('epsilon_estimate')),
         f"{m.get('num_canaries', '-')} ({m.get('n_in', '-')}/{m.get('n_out', '-')})",
         _f(m.get('test_accuracy'), 3),
-        '**YES**' if float(m.get('privacy_violation', 0)) > 0 else 'no']) + ' |')
+        '**YES**' if float(m.get('privacy_violation', 0)) > 0 else 'no',
+        f"`{m.get('audited_pipeline', '-')}`"]) + ' |')
   return '\n'.join(lines) + '\n'
 
 

@@ -292,3 +292,77 @@ def test_audit_verdict_holds_its_family_wise_level_under_the_null():
                        confidence=0.95, independent=True)
     fired += int(m['privacy_violation'])
   assert fired <= 9
+
+
+# ------------------------------------------------------------------- one training ---
+
+
+def _train_client(hooks, participation, world, dirs, norm=2.0):
+  model, params = _model()
+  _, unravel = flatten_util.ravel_pytree(params)
+  inj = canaries.injected_clients(dirs, world, unravel, norm=norm, relation='replace_one',
+                                  size=8.0)
+  return canaries.train(model.apply, params, _clients(), key=jax.random.key(4), hooks=hooks,
+                        num_rounds=3, optimizer=optax.sgd(0.1), epochs=1, batch_size=4,
+                        participation=participation, kind='client', clip_norm=1.0,
+                        canary_dirs=dirs, injected=inj)
+
+
+def test_canary_clients_scores_without_noise_are_exact():
+  _, params = _model()
+  dim = flatten_util.ravel_pytree(params)[0].shape[0]
+  j = 12
+  dirs = canaries.directions(jax.random.key(5), j, dim, 'dirac')
+  world = canaries.coins(jax.random.key(6), j)
+  sign = np.where(world, 1.0, -1.0)
+  # update_dp at z = 0: each upload is the canary clipped to C = 1.
+  up = _train_client(client_lib.ClientHooks(upload=dp.update_dp_hook(1.0, 0.0)), 1.0, world,
+                     dirs)
+  np.testing.assert_allclose(up.uploads, 3.0 * sign, rtol=1e-5)
+  np.testing.assert_array_equal(up.participants, [15, 15, 15])
+  np.testing.assert_allclose(up.last, up.aggregates.sum(axis=0), rtol=1e-4, atol=1e-6)
+  # central_dp at z = 0 with participation: k_t x aggregate minus the real participants'
+  # clipped uploads is the canary's clipped update where it took part, 0 elsewhere.
+  agg = _train_client(client_lib.ClientHooks(aggregate=dp.central_dp_hook(1.0, 0.0)), 0.6,
+                      world, dirs)
+  np.testing.assert_array_equal(agg.participants, [9, 9, 9])
+  left = agg.aggregates * agg.participants[:, None] - agg.known
+  took_part = np.abs(left) > 0.5
+  np.testing.assert_allclose(left[took_part], np.broadcast_to(sign, left.shape)[took_part],
+                             rtol=1e-4)
+  np.testing.assert_allclose(left[~took_part], 0.0, atol=1e-4)
+  assert 0 < took_part.mean() < 1
+  own = canaries.threat_scores(agg, 'all_iterates', 'aggregate', participation=1.0, known=True)
+  np.testing.assert_allclose(own, left.sum(axis=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize('kind', ['gradient', 'input'])
+def test_one_client_one_round_server_view_equals_the_last_iterate(kind):
+  # One client, one round: w_0 - w_1 is that client's upload, so the server's reading of its
+  # upload and the last iterate's reading agree exactly (for inputs: the loss decrease).
+  model, params = _model()
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  dim = ravel(params).shape[0]
+  clients = _clients(k=1, n=8)
+  m = 6
+  world = np.array([True, False, True, True, False, True])
+  rng = np.random.default_rng(3)
+  kw = {}
+  hooks = client_lib.ClientHooks(grad=dp.dp_sgd_hook(1.0, 0.5))
+  if kind == 'gradient':
+    coords = canaries.dirac_coordinates(jax.random.key(1), m, dim)
+    x = np.zeros((m, DIM_IN), np.float32)
+    y = (CLASSES + np.arange(m)).astype(np.int32)
+    hooks = hooks._replace(loss=canaries.gradient_canary_loss(
+        client_lib.IDENTITY.loss, CLASSES, coords, np.ones(m, np.float32), 2.0, ravel))
+    kw.update(coordinates=coords)
+  else:
+    x = rng.normal(size=(m, DIM_IN)).astype(np.float32)
+    y = rng.integers(0, CLASSES, m).astype(np.int32)
+    kw.update(canary_x=x, canary_y=y)
+  ex = canaries.place_examples(clients, x, y, world, 'add_remove')
+  sc = canaries.train(model.apply, params, ex.clients, key=jax.random.key(2), hooks=hooks,
+                      num_rounds=1, optimizer=optax.sgd(0.5), epochs=1, batch_size=4,
+                      participation=1.0, kind=kind, examples=ex, **kw)
+  np.testing.assert_allclose(sc.uploads, sc.last, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(sc.aggregates[0], sc.last, rtol=1e-4, atol=1e-6)

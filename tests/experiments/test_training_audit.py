@@ -92,3 +92,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path, flags, needle):
   lines = proc.stderr.splitlines()
   assert len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
   assert not (tmp_path / 'never').exists()
+
+
+def test_figure_is_readable(smoke, monkeypatch):
+  from fl_privacy.pipelines import training_audit_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  workdir, results, _ = smoke
+  with figure_checks.capture(monkeypatch) as found:
+    training_audit_figures.claims_figure(results['points'], str(workdir))
+  assert found == {'fig_training_audit': []}

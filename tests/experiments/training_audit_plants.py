@@ -18,7 +18,7 @@ import os
 from tests.experiments import cli
 
 BASE = ('--config.training_audit.epsilons=(2.0,)', '--config.training_audit.num_rounds=3',
-        '--config.training_audit.num_canary_clients=1500',
+        '--config.training_audit.num_canary_clients=2400',
         '--config.training_audit.num_canary_examples=600',
         "--config.training_audit.threats=('all_iterates',)",
         "--config.training_audit.record_kinds=('gradient',)", '--quiet')

@@ -392,29 +392,6 @@ def gaussian_fit_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, delta: f
   return mu, auditing.gdp_epsilon(mu, delta)
 
 
-def profile_test(in_scores: np.ndarray, out_scores: np.ndarray, claimed_delta: Callable[
-    [float], float], epsilons: np.ndarray, *, confidence: float) -> dict[str, float]:
-  """Does the empirical privacy profile exceed the claimed one anywhere? (any mechanism)
-
-  (epsilon, delta(epsilon))-DP for every epsilon, the claim's whole privacy profile (the
-  accountant's, `accounting.delta_for`), bounds every test's rates (Kairouz, Oh, Viswanath,
-  ICML 2015, Theorem 2.1); `auditing.privacy_profile` gives lower bounds on the true
-  delta(epsilon) simultaneous over the grid at `confidence`. A lower bound above the claimed
-  delta at some epsilon refutes the claim without assuming a Gaussian curve, which is what the
-  subsampled mechanisms (Poisson or without replacement) need. Valid for independent trials.
-
-  Returns:
-    `profile_violation` (1.0 / 0.0), `profile_excess` (the largest lower bound minus the
-    claimed delta, over the grid) and `profile_epsilon` (where it is largest).
-  """
-  lower = auditing.privacy_profile(in_scores, out_scores, epsilons, confidence=confidence)
-  claimed = np.asarray([claimed_delta(float(e)) for e in epsilons], np.float64)
-  excess = lower - claimed
-  i = int(np.argmax(excess))
-  return {'profile_violation': float(excess[i] > 0), 'profile_excess': float(excess[i]),
-          'profile_epsilon': float(epsilons[i])}
-
-
 def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon: float, *,
           delta: float, confidence: float, independent: bool = False,
           claimed_delta: Callable[[float], float] | None = None) -> dict[str, Any]:
@@ -423,7 +400,7 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
   Every counted bound (`counted_bounds`) is computed at confidence 1 - (1 - confidence) / k
   for k counted tests (Bonferroni), so `privacy_violation` (a counted bound above the claim,
   or, with independent canaries and the claim's privacy profile `claimed_delta`, the profile
-  test `profile_test`, which counts as one more test) is a verdict at family-wise
+  test `auditing.profile_violation`, which counts as one more test) is a verdict at family-wise
   `confidence`. The bounds not counted are still reported (at the same per-bound confidence)
   but decide nothing.
 
@@ -449,7 +426,7 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
            'profile_epsilon': math.nan}
   if profile:
     grid = np.linspace(0.0, 2.0 * float(claimed_epsilon), 41)
-    tests = profile_test(ins, outs, claimed_delta, grid, confidence=each)
+    tests = auditing.profile_violation(ins, outs, claimed_delta, grid, confidence=each)
   out = {k: float(found[k]) for k in ('epsilon_one_run', 'epsilon_one_run_fdp',
                                       'epsilon_cp', 'epsilon_gdp')}
   out.update({

@@ -204,11 +204,11 @@ def counted_bounds(mechanism: str) -> tuple[str, ...]:
 VERDICT_RULE = 'bonferroni_counted'
 
 
-def verdict_bound_confidence(confidence: float, mechanism: str) -> float:
-  """The confidence of each counted bound behind the verdict: 1 - (1 - c) / k, k =
-  len(`counted_bounds(mechanism)`), so that the largest of them is a lower bound at
+def verdict_bound_confidence(confidence: float, mechanism: str, profile: bool = False) -> float:
+  """The confidence of each counted test behind the verdict: 1 - (1 - c) / k, k =
+  len(`counted_bounds(mechanism)`) (+ 1 with the `profile` test), so that the verdict holds at
   family-wise confidence c (Bonferroni; the family is fixed by the mechanism, not the data)."""
-  return 1.0 - (1.0 - float(confidence)) / len(counted_bounds(mechanism))
+  return 1.0 - (1.0 - float(confidence)) / (len(counted_bounds(mechanism)) + int(profile))
 
 
 def audit_bounds(in_scores, out_scores, *, delta: float, confidence: float,
@@ -234,9 +234,13 @@ def best_bound(metrics: dict, mechanism: str) -> float:
   return max(vals + [0.0])
 
 
+PROFILE_GRID = tuple(np.round(np.linspace(0.0, 2.0, 41), 3))
+
+
 def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
                   claimed_epsilon: float, *, delta: float, confidence: float,
-                  pld_epsilon: float | None = None) -> dict:
+                  pld_epsilon: float | None = None,
+                  claimed_delta: Callable[[float], float] | None = None) -> dict:
   """The audit of one claim: `audit_bounds`, the verdict's bound and the verdict.
 
   The bounds are reported at `confidence` each (as `audit_bounds` names them). The verdict
@@ -255,6 +259,13 @@ def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
     pld_epsilon: the claim under the PLD accountant, when there is one: `tightness_pld` is
       the best bound against the mechanism's (near) exact epsilon, the audit's own slack
       without the RDP accountant's.
+    claimed_delta: the claim's whole privacy profile epsilon -> delta (the accountant's,
+      `accounting.delta_for`). For the mechanisms whose curve is not Gaussian
+      (`NON_GAUSSIAN`: the Poisson-subsampled Gaussian, randomized response) the Gaussian-
+      curve bounds cannot count, and a single (epsilon, delta) point is a weak test; with the
+      profile, `auditing.profile_violation` (the empirical delta(epsilon) lower bounds above
+      the claimed profile at some epsilon of `PROFILE_GRID` x the claim) counts as one more
+      test of the family: `profile_violation`, `profile_excess`, `profile_epsilon`.
 
   Returns:
     The bounds (each at `confidence`), `verdict_<bound>` per counted bound, then
@@ -265,16 +276,24 @@ def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
     `score_out_mean`.
   """
   counted = counted_bounds(mechanism)
-  each = verdict_bound_confidence(confidence, mechanism)
+  profile = claimed_delta is not None and mechanism in NON_GAUSSIAN
+  each = verdict_bound_confidence(confidence, mechanism, profile)
   metrics = audit_bounds(in_scores, out_scores, delta=delta, confidence=confidence)
   verdict = audit_bounds(in_scores, out_scores, delta=delta, confidence=each,
                          fdp='epsilon_one_run_fdp' in counted)
   metrics.update({f'verdict_{k}': verdict[k] for k in counted})
   best = best_bound(metrics, mechanism)
+  flagged = best > claimed_epsilon
+  if profile:
+    grid = np.asarray(PROFILE_GRID) * float(claimed_epsilon)
+    metrics.update(auditing.profile_violation(in_scores, out_scores, claimed_delta, grid,
+                                              confidence=each))
+    flagged = flagged or metrics['profile_violation'] == 1.0
+    counted = counted + ('profile',)
   if pld_epsilon is not None:
     metrics['tightness_pld'] = best / float(pld_epsilon)
   metrics.update(best_bound=best, tightness=best / claimed_epsilon,
-                 privacy_violation=float(best > claimed_epsilon),
+                 privacy_violation=float(flagged),
                  verdict_rule=VERDICT_RULE, verdict_confidence=float(confidence),
                  verdict_bound_confidence=each,
                  counted_bounds=','.join(counted),
