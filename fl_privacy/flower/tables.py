@@ -1,0 +1,134 @@
+"""The tables (`flower_audit.md`) and the figure (`flower_dp_audit.png`) of `flower_audit`.
+
+Read from the stored points (`results.json`), so a resumed run redraws them unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fl_privacy.flower import dp_audit
+from fl_privacy.report import figures as figures_lib
+
+FIGURE = 'flower_dp_audit'
+TABLES = 'flower_audit.md'
+WRAPPERS = dp_audit.WRAPPERS
+
+def _finite(v) -> float:
+  try:
+    v = float(v)
+  except (TypeError, ValueError):
+    return float('nan')
+  return v if math.isfinite(v) else float('nan')
+
+
+def dp_figure(points: list[dict], workdir: str) -> str | None:
+  """Stated vs empirical epsilon per wrapper: the best counted lower bound (marker) with a
+  bar down to the Clopper-Pearson bound, y = x drawn; an empirical bound beyond the axis
+  (1.5 x the largest stated epsilon) is an arrow to the top edge labelled with its value."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  pts = [p for p in points if p['params'].get('part') == 'dp']
+  if not pts:
+    return None
+  stated = [_finite(p['metrics']['stated_epsilon']) for p in pts]
+  top = max(v for v in stated if not math.isnan(v)) * 1.5
+  fig, ax = plt.subplots(figsize=(6.0, 4.2))
+  ax.plot([0, top], [0, top], 'k--', lw=1, label='empirical = stated (y = x)')
+  markers = {'server_fixed': 'o', 'client_fixed': 's', 'local_dp': 'D',
+             'server_adaptive': '^', 'client_adaptive': 'v'}
+  for i, wrapper in enumerate(WRAPPERS):
+    sel = [p for p in pts if p['params']['wrapper'] == wrapper]
+    if not sel:
+      continue
+    x = np.asarray([_finite(p['metrics']['stated_epsilon']) for p in sel])
+    best = np.asarray([_finite(p['metrics']['best_bound']) for p in sel])
+    cp = np.asarray([_finite(p['metrics']['epsilon_cp']) for p in sel])
+    shown = np.minimum(best, top)
+    lower = np.clip(shown - np.minimum(cp, shown), 0, None)
+    ax.errorbar(x, shown, yerr=[lower, np.zeros_like(lower)], fmt=markers[wrapper],
+                color=f'C{i}', capsize=3, lw=1,
+                label=f'{wrapper}: best lower bound (bar: down to the CP bound)')
+    for xi, b, p in zip(x, best, sel):
+      if b > top:  # off the axis: an arrow on the top edge, with its value
+        ax.annotate(f'{p["params"]["setting"]}: {b:.1f}', xy=(xi, top), xytext=(xi, top * 0.85),
+                    ha='center', fontsize=7, color=f'C{i}',
+                    arrowprops=dict(arrowstyle='->', color=f'C{i}'))
+  ax.set_xlim(0, top)
+  ax.set_ylim(0, top)
+  ax.set_xlabel("Flower's stated epsilon (nats)")
+  ax.set_ylabel('empirical epsilon, 95% lower bound (nats)')
+  ax.set_title('Flower DP audit: above y = x is a privacy violation', fontsize=10)
+  fig.tight_layout()
+  figures_lib.legend_outside(ax)
+  path = figures_lib.save(fig, workdir, FIGURE)
+  plt.close(fig)
+  return path
+
+
+def _fmt(v, digits=3) -> str:
+  v = _finite(v)
+  return 'nan' if math.isnan(v) else f'{v:.{digits}f}'
+
+
+def _rate(m, name) -> str:
+  return f'{_fmt(m.get(name))} [{_fmt(m.get(name + "_ci_low"))}, {_fmt(m.get(name + "_ci_high"))}]'
+
+
+def tables_markdown(points: list[dict]) -> str:
+  """The three parts as markdown tables."""
+  lines = ['# Flower deployment audit', '']
+  fed = [p for p in points if p['params'].get('part') == 'fedmia']
+  if fed:
+    lines += ['## FedMIA table: Flower deployment vs native simulation (aligned scoring)', '',
+              '| attack | Flower AUC [95% CI] | native AUC [95% CI] | Flower TPR@1%FPR | '
+              'native TPR@1%FPR | AUCs within each other\'s CI |', '|---|---|---|---|---|---|']
+    by = {(p['params']['attack'], p['params']['deployment']): p['metrics'] for p in fed}
+    for attack in dict.fromkeys(p['params']['attack'] for p in fed):
+      f, n = by.get((attack, 'flower')), by.get((attack, 'native'))
+      if f is None or n is None:
+        continue
+      agree = (_finite(n['auc_ci_low']) <= _finite(f['auc']) <= _finite(n['auc_ci_high']) and
+               _finite(f['auc_ci_low']) <= _finite(n['auc']) <= _finite(f['auc_ci_high']))
+      lines.append(f'| {attack} | {_rate(f, "auc")} | {_rate(n, "auc")} | '
+                   f'{_rate(f, "tpr_at_fpr_1e-2")} | {_rate(n, "tpr_at_fpr_1e-2")} | '
+                   f'{"yes" if agree else "NO"} |')
+    lines.append('')
+  dis = [p for p in points if p['params'].get('part') == 'dishonest']
+  for p in dis:
+    m = p['metrics']
+    lines += ['## Dishonest server (DishonestStrategy) against the Flower deployment', '',
+              f'M = {p["params"]["num_components"]}; {m["targets_in"]} targets from the nodes\' '
+              f'shards, {m["targets_out"]} from the test split; every node attacked.', '',
+              '| TPR [95% CI] | FPR [95% CI] | FPR on test-split targets | member decisions | '
+              'non-member decisions |', '|---|---|---|---|---|',
+              f'| {_rate(m, "tpr")} | {_rate(m, "fpr")} | {_rate(m, "fpr_out_targets")} | '
+              f'{m["n_pos"]} | {m["n_neg"]} |', '']
+  dps = [p for p in points if p['params'].get('part') == 'dp']
+  if dps:
+    lines += ['## Flower DP wrappers: stated vs empirical epsilon', '',
+              'Client-level, add/remove, one round, no sampling amplification; adversary: '
+              'readers of the aggregate (server_fixed, client_fixed, server_adaptive, '
+              'client_adaptive) or the server reading uploads (local_dp). Empirical epsilons '
+              'are 95% lower bounds.', '',
+              '| setting | wrapper | C | z / (sensitivity, eps) | delta | noise std | stated eps '
+              '| source | our RDP eps | exact eps | eps CP | eps GDP | trials (in/out) | '
+              'violation | exact > stated |', '|' + '---|' * 15]
+    for p in dps:
+      q, m = p['params'], p['metrics']
+      arg = (f'z={q["noise_multiplier"]:g}, n={q["num_sampled_clients"]}'
+             if q['wrapper'] != 'local_dp' else
+             f's={q["sensitivity"]:g}, eps={q["epsilon"]:g}')
+      lines.append(
+          f'| {q["setting"]} | {q["wrapper"]} | {q["clipping_norm"]:g} | {arg} | '
+          f'{q["delta"]:g} | {_finite(m["flower_noise_std"]):.3g} | {_fmt(m["stated_epsilon"], 2)} '
+          f'| {m["stated_epsilon_source"]} | {_finite(m["dp_epsilon"]):.4g} | '
+          f'{_finite(m["dp_epsilon_exact"]):.4g} | {_fmt(m["epsilon_cp"], 2)} | '
+          f'{_fmt(m["epsilon_gdp"], 2)} | {m["n_in"]}/{m["n_out"]} | '
+          f'{"YES" if _finite(m["privacy_violation"]) > 0 else "no"} | '
+          f'{"YES" if _finite(m["accountant_violation"]) > 0 else "no"} |')
+    lines += ['', 'Adaptive wrappers: the aggregate of the first round only (noise std at the '
+              'initial clip shown; Flower draws it with the updated clip). Not audited: ' +
+              ', '.join(dp_audit.NOT_AUDITED) + '.', '']
+  return '\n'.join(lines)
