@@ -1,7 +1,8 @@
 """The `flower_audit` experiment: auditing a real Flower deployment (Flower >= 1.42).
 
 What `python -m experiments.flower_audit` runs (a `pipelines.base.Pipeline`; fields:
-configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Three parts:
+configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four parts (the first
+two in `fedmia_part`, tables and figure in `tables`):
 
 1. `fedmia`: a FedAvg deployment of `num_clients` Flower ClientApps (`client.make_client_app`,
    IID shards of digits) driven by Flower's own `FedAvg` round loop on the in-process grid
@@ -16,9 +17,12 @@ configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Three part
    Clopper-Pearson intervals (`eval.stats.rate`).
 3. `dp`: Flower's DP wrappers and mods against their stated epsilon
    (`fl_privacy.flower.dp_audit`), and the figure `flower_dp_audit.png` (stated vs
-   empirical epsilon, y = x).
+   empirical epsilon, y = x): one round per game, 4,000 games.
+4. `training`: every DP wrapper over every round of one deployment with canary clients
+   (`fl_privacy.flower.canaries`): Steinke et al.'s one-run bounds and Andrew et al.'s
+   Gaussian-fit estimate against Flower's stated epsilon over the rounds.
 
-Tables: `flower_audit.md` (the three parts; FedMIA flower vs native side by side).
+Tables: `flower_audit.md` (the four parts; FedMIA flower vs native side by side).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from fl_privacy import data as data_lib
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
+from fl_privacy.flower import canaries
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import tables as tables_lib
 from fl_privacy.flower.fedmia_part import dishonest_point
@@ -47,10 +52,13 @@ from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
 NAME = 'flower_audit'
-PARTS = ('fedmia', 'dishonest', 'dp')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training')
 WRAPPERS = dp_audit.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
 MODELS = ('flower_cnn', 'mlp')
+# The canary game's sizes a training point's params carry (a changed size is a new point).
+TRAINING_PARAMS = ('num_canaries', 'num_real', 'num_rounds', 'dimension', 'canary_norm',
+                   'real_norm', 'num_null', 'directions')
 FIGURE = tables_lib.FIGURE
 TABLES = tables_lib.TABLES
 
@@ -65,8 +73,8 @@ SUMMARY = (
                    summary.rate('fpr', 'FPR [95% CI]'), summary.metric('n_pos', 'members'),
                    summary.metric('n_neg', 'non-members')),
                   where={'part': 'dishonest'}),
-    summary.Table('Flower DP: stated vs empirical epsilon (client-level, add/remove, one '
-                  'round; lower bounds at 95%)',
+    summary.Table('Flower DP: stated vs empirical epsilon (client-level, one round; '
+                  'exact eps of the release; lower bounds at 95%)',
                   (summary.param('setting'), summary.param('wrapper'),
                    summary.metric('stated_epsilon', 'stated eps', digits=2),
                    summary.metric('dp_epsilon', 'our RDP eps', digits=2),
@@ -76,6 +84,20 @@ SUMMARY = (
                    summary.flag('privacy_violation', 'violation'),
                    summary.flag('accountant_violation', 'exact > stated')),
                   where={'part': 'dp'}),
+    summary.Table('Flower DP over every round of a deployment: one-run audit with canary '
+                  'clients (zero-out; all iterates; one-run bounds at 95%, fit an estimate)',
+                  (summary.param('setting'), summary.param('wrapper'),
+                   summary.param('num_rounds', 'rounds'),
+                   summary.param('num_canaries', 'canaries'),
+                   summary.metric('stated_epsilon', 'stated eps', digits=2),
+                   summary.metric('exact_epsilon_all_iterates', 'exact eps', digits=2),
+                   summary.metric('all_iterates/epsilon_one_run', 'one-run', digits=2),
+                   summary.metric('all_iterates/epsilon_one_run_fdp', 'one-run f-DP', digits=2),
+                   summary.metric('all_iterates/epsilon_fit', 'Gaussian fit (estimate)',
+                                  digits=2),
+                   summary.flag('privacy_violation', 'violation'),
+                   summary.flag('accountant_violation', 'exact > stated')),
+                  where={'part': 'training'}),
 )
 
 
@@ -104,17 +126,22 @@ _PRESENT = validate.Rule('set (the wrapper reads it; configs/_flower_audit.py)',
                          lambda v: v is not None)
 
 
-def _check_setting(name: str, s) -> dp_audit.Setting:
-  """One `dp.settings` entry checked by its wrapper's rules, as a `dp_audit.Setting`."""
-  prefix = f'flower_audit.dp.settings.{name}'
+def _check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit.Setting:
+  """One `<section>.settings` entry checked by its wrapper's rules, as a `dp_audit.Setting`
+  (`training`: no `num_sampled_clients`, which is the deployment's `nodes`)."""
+  prefix = f'flower_audit.{section}.settings.{name}'
   _PRESENT.check(f'{prefix}.wrapper', s.get('wrapper'))
   _SETTING_RULES['wrapper'].check(f'{prefix}.wrapper', s.wrapper)
   fields = ('clipping_norm', 'delta') + {'local_dp': _LOCAL_FIELDS}.get(
       s.wrapper, _ADAPTIVE_FIELDS if s.wrapper in dp_audit.ADAPTIVE else _CENTRAL_FIELDS)
+  if section == 'training':
+    fields = tuple(f for f in fields if f != 'num_sampled_clients')
   for field in fields:
     _PRESENT.check(f'{prefix}.{field}', s.get(field))
     _SETTING_RULES[field].check(f'{prefix}.{field}', s.get(field))
   kw = {f: (int(s[f]) if f == 'num_sampled_clients' else float(s[f])) for f in fields}
+  if section == 'training':
+    kw['num_sampled_clients'] = int(nodes)
   if s.wrapper in dp_audit.ADAPTIVE:
     std = s.get('clipped_count_stddev')
     _SETTING_RULES['clipped_count_stddev'].check(f'{prefix}.clipped_count_stddev', std)
@@ -175,7 +202,39 @@ def validate_config(config) -> dict[str, Any]:
                                     if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
-  return {'parts': tuple(parts), 'settings': settings}
+  design, training = (_check_training(config, parts) if 'training' in parts else (None, []))
+  return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
+
+
+def _check_training(config, parts) -> tuple[canaries.Design, list[dp_audit.Setting]]:
+  """The `training` section: the canary game's sizes and its settings."""
+  t = config.flower_audit.training
+  for field in ('num_canaries', 'num_rounds', 'dimension', 'num_null'):
+    validate.checked(config, f'flower_audit.training.{field}', _POSITIVE_INT)
+  validate.checked(config, 'flower_audit.training.num_canaries', validate.number(
+      2, integer=True, words='two canaries at least (one per world)'))
+  validate.checked(config, 'flower_audit.training.num_real', validate.number(0, integer=True))
+  validate.checked(config, 'flower_audit.training.canary_norm',
+                   validate.number(1, words='in units of the clip norm, >= 1'))
+  validate.checked(config, 'flower_audit.training.real_norm', _POSITIVE)
+  validate.checked(config, 'flower_audit.training.confidence',
+                   validate.number(0.5, 1, low_open=True, high_open=True))
+  validate.one_of(config, 'flower_audit.training.directions', canaries.DIRECTIONS)
+  if t.directions == 'dirac':
+    validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
+        f'above num_canaries + num_null ({int(t.num_canaries) + int(t.num_null)}) with '
+        'Dirac canaries', lambda d: int(d) > int(t.num_canaries) + int(t.num_null)))
+  design = canaries.Design(
+      num_canaries=int(t.num_canaries), num_real=int(t.num_real), num_rounds=int(t.num_rounds),
+      dimension=int(t.dimension), canary_norm=float(t.canary_norm),
+      real_norm=float(t.real_norm), num_null=int(t.num_null),
+      confidence=float(t.confidence), directions=str(t.directions))
+  settings = [_check_setting(name, t.settings[name], 'training', design.num_nodes)
+              for name in t.settings.keys()]
+  settings.sort(key=lambda st: (WRAPPERS.index(st.wrapper), st.label))
+  validate.checked(config, 'flower_audit.training.settings', validate.Rule(
+      'at least one setting when parts has training', lambda v: bool(settings)))
+  return design, settings
 
 
 def prepare(config) -> dict[str, Any]:
@@ -221,8 +280,18 @@ def dp_point(config, setting: dp_audit.Setting, key) -> tuple[dict, int]:
   return metrics, int(d.num_trials)
 
 
+def training_point(setting: dp_audit.Setting, design: canaries.Design, key
+                   ) -> tuple[dict, int]:
+  return canaries.audit(setting, design, key), int(design.num_canaries)
+
+
 def _report_violation(params, metrics) -> None:
-  if float(metrics.get('privacy_violation', 0.0)) > 0:
+  if params['part'] == 'training' and float(metrics.get('privacy_violation', 0.0)) > 0:
+    logging.error('PRIVACY VIOLATION: Flower %s (%s) states epsilon %.3g over %d rounds but '
+                  'the one-run audit certifies %.3f', params['wrapper'], params['setting'],
+                  float(metrics['stated_epsilon']), int(params['num_rounds']),
+                  float(metrics['best_bound']))
+  elif float(metrics.get('privacy_violation', 0.0)) > 0:
     logging.error('PRIVACY VIOLATION: Flower %s (%s) states epsilon %.3g but the audit '
                   'certifies more: lower bounds CP %.3f, GDP %.3f', params['wrapper'],
                   params['setting'], float(metrics['stated_epsilon']),
@@ -230,7 +299,7 @@ def _report_violation(params, metrics) -> None:
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """fedmia (attacks x deployments), dishonest, dp (one point per setting)."""
+  """fedmia (attacks x deployments), dishonest, dp and training (one point per setting)."""
   del store
   s = config.flower_audit
   points = []
@@ -252,6 +321,15 @@ def plan(config, state, store, key) -> list[base.Point]:
       points.append(base.Point(
           params, lambda st=setting, k=point_key(key, params): dp_point(config, st, k),
           after=lambda m, p=params: _report_violation(p, m)))
+  if 'training' in state['parts']:
+    design = state['design']
+    for setting in state['training']:
+      params = dict(part='training', **{k: v for k, v in setting.params().items()
+                                        if k != 'num_sampled_clients'},
+                    **{f: getattr(design, f) for f in TRAINING_PARAMS})
+      points.append(base.Point(
+          params, lambda st=setting, k=point_key(key, params): training_point(st, design, k),
+          unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
   return points
 
 
