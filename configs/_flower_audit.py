@@ -1,13 +1,14 @@
 """The `flower_audit` config section: auditing a real Flower deployment (Flower >= 1.42).
 
-Used by `python -m experiments.flower_audit` (needs the optional extra
-`pip install -e '.[flower]'`). Four parts: (1) FedMIA's passive attacks from the uploads a
+Used by `python -m experiments.flower_audit` (needs the optional extra `pip install -e
+'.[flower]'`). Four parts: (1) FedMIA's passive attacks from the uploads a
 `RecordingStrategy` recorded in a Flower FedAvg deployment of in-process ClientApps, beside
 the same training in fl_privacy's own simulation; (2) the dishonest server
 (`DishonestStrategy`) against that deployment; (3) Flower's own DP wrappers and mods audited
 with one-round canary games; (4) the same wrappers over every round of one deployment with
-canary clients, audited in one run (Steinke et al. 2023; Andrew et al. 2024). The dataset configs call `section(dataset, smoke)`; every field is
-documented in `section`'s docstring. Expected results: docs/experiments/flower_audit.md.
+canary clients, audited in one run (Steinke et al. 2023; Andrew et al. 2024). The dataset
+configs call `section(dataset, smoke)`; every field is documented in `section`'s docstring.
+Expected results: docs/experiments/flower_audit.md.
 """
 
 from __future__ import annotations

@@ -41,14 +41,15 @@ Training Run" (NeurIPS 2023, arXiv:2305.08846): `epsilon_one_run` and its f-DP r
 trials, at `confidence` (LOWER bounds). Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar,
 "One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024,
 arXiv:2302.03098): a Gaussian fitted to the included canaries' statistic against the null of
-`num_null` never-inserted random directions scored the same way, mu = (mean_in -
-mean_null) / std_null, `epsilon_fit` = `auditing.gdp_epsilon(mu, delta)`: an ESTIMATE, not a
-bound. Beside them Flower's stated epsilon over the rounds that ran (fixed wrappers: Flower's
-own `RdpAccountant` passed to the wrapper, `privacy_spent()`; adaptive: the same accountant
-composed at z over the rounds, Andrew et al.'s claim, which Flower does not state itself;
-LocalDpMod: its `epsilon` argument composed over the rounds, T eps at T delta) and the exact
-epsilon of the mechanism Flower ran (`exact_epsilon`), with `privacy_violation` = a one-run
-lower bound above the stated epsilon.
+`num_null` never-inserted directions scored the same way, mu = (mean_in - mean_null)
+/ std_null, `epsilon_fit` = `auditing.gdp_epsilon(mu, delta)`: an ESTIMATE, not a bound
+(with a bootstrap interval at `confidence`). Beside them Flower's stated epsilon over the
+rounds that ran (fixed wrappers: Flower's own `RdpAccountant` passed to the wrapper,
+`privacy_spent()`; adaptive: the same accountant composed at z over the rounds, Andrew et
+al.'s claim, which Flower does not state itself; LocalDpMod: its `epsilon` argument composed
+over the rounds, T eps at T delta) and the exact epsilon of the mechanism Flower ran
+(`exact_epsilon`), with `privacy_violation` = a one-run lower bound above the stated
+epsilon.
 
 Randomness: Flower's noise comes from numpy's global generator (FedAvg samples with Python's
 `random`), seeded from the run's key and restored afterwards; directions, coins and the real
@@ -377,13 +378,27 @@ def exact_epsilons(setting: dp_audit.Setting, design: Design, run: dict[str, Any
   return out
 
 
-def gaussian_fit(in_scores: np.ndarray, null_scores: np.ndarray, delta: float
-                 ) -> dict[str, float]:
+def gaussian_fit(in_scores: np.ndarray, null_scores: np.ndarray, delta: float, *,
+                 rng: np.random.Generator | None = None, bootstrap: int = 1000,
+                 confidence: float = 0.95) -> dict[str, float]:
   """Andrew et al.'s one-shot estimate: mu = (mean_in - mean_null) / std_null, epsilon of
-  mu-GDP at delta (an ESTIMATE, not a bound)."""
-  mu = (float(np.mean(in_scores)) - float(np.mean(null_scores))) / float(np.std(null_scores))
-  return {'fit_mu': mu, 'epsilon_fit': auditing.gdp_epsilon(max(mu, 0.0), delta),
-          'fit_in_std_over_null_std': float(np.std(in_scores) / np.std(null_scores))}
+  mu-GDP at delta (an ESTIMATE, not a bound), with a percentile bootstrap interval of mu
+  (both samples resampled; `bootstrap` resamples) mapped through the epsilon of mu-GDP."""
+  def mu_of(a, b):
+    return (float(np.mean(a)) - float(np.mean(b))) / float(np.std(b))
+  mu = mu_of(in_scores, null_scores)
+  out = {'fit_mu': mu, 'epsilon_fit': auditing.gdp_epsilon(max(mu, 0.0), delta),
+         'fit_in_std_over_null_std': float(np.std(in_scores) / np.std(null_scores))}
+  if bootstrap:
+    rng = np.random.default_rng(0) if rng is None else rng
+    mus = np.asarray([mu_of(rng.choice(in_scores, len(in_scores)),
+                            rng.choice(null_scores, len(null_scores)))
+                      for _ in range(int(bootstrap))])
+    low, high = np.quantile(mus, [(1 - confidence) / 2, (1 + confidence) / 2])
+    out.update(fit_mu_ci_low=float(low), fit_mu_ci_high=float(high),
+               epsilon_fit_ci_low=auditing.gdp_epsilon(max(float(low), 0.0), delta),
+               epsilon_fit_ci_high=auditing.gdp_epsilon(max(float(high), 0.0), delta))
+  return out
 
 
 def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str, Any]:
@@ -414,7 +429,9 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str
     a = auditing.audit_scores(s[included], s[~included], delta=delta,
                               confidence=float(design.confidence))
     nul = null.get(threat, s[~included])
-    fit = gaussian_fit(s[included], nul, delta)
+    fit = gaussian_fit(s[included], nul, delta, confidence=float(design.confidence),
+                       rng=np.random.default_rng(np.asarray(jax.random.key_data(
+                           jax.random.fold_in(key, 4)), np.uint32)))
     for k in ('epsilon_one_run', 'epsilon_one_run_fdp', 'n_in', 'n_out'):
       m[f'{threat}/{k}'] = a[k]
     for k, v in fit.items():

@@ -162,7 +162,7 @@ def training_markdown(points: list[dict]) -> list[str]:
            '(95%); fit: Andrew et al. 2024 Gaussian-fit ESTIMATE against never-inserted '
            'directions.', '',
            '| setting | wrapper | rounds | nodes | threat | stated eps (delta) | source | '
-           'exact eps | one-run | one-run f-DP | fit eps (mu) | canaries in/out, null | '
+           'exact eps | one-run | one-run f-DP | fit eps [95% CI] (mu) | canaries in/out, null | '
            'violation | exact > stated |', '|' + '---|' * 14]
   for p in points:
     q, m = p['params'], p['metrics']
@@ -175,7 +175,8 @@ def training_markdown(points: list[dict]) -> list[str]:
           f'{threat} | {_fmt(m["stated_epsilon"], 2)} ({m["stated_delta"]:g}) | '
           f'{m["stated_epsilon_source"]} | {_fmt(m[f"exact_epsilon_{threat}"], 2)} | '
           f'{_fmt(t("epsilon_one_run"), 2)} | {_fmt(t("epsilon_one_run_fdp"), 2)} | '
-          f'{_fmt(t("epsilon_fit"), 2)} ({_fmt(t("fit_mu"), 2)}) | '
+          f'{_fmt(t("epsilon_fit"), 2)} [{_fmt(m.get(f"{threat}/epsilon_fit_ci_low"), 2)}, '
+          f'{_fmt(m.get(f"{threat}/epsilon_fit_ci_high"), 2)}] ({_fmt(t("fit_mu"), 2)}) | '
           f'{t("n_in")}/{t("n_out")}, {t("n_null")} | '
           f'{"YES" if _finite(m["privacy_violation"]) > 0 else "no"} | '
           f'{"YES" if _finite(m["accountant_violation"]) > 0 else "no"} |')

@@ -175,7 +175,7 @@ def test_adaptive_noise_is_drawn_at_the_clip_after_its_update(monkeypatch):
   """Flower adds z' C_1 / n after updating the clip (dp_adaptive_clipping.py 213-223): the
   std Flower's own noise call receives, per world, is `world_noise_stds`'s (the clip after
   the update, at the count's median), not the nominal std at C_0."""
-  from flwr.serverapp.strategy import dp_adaptive_clipping  # pylint: disable=import-outside-toplevel
+  from flwr.serverapp.strategy import dp_adaptive_clipping  # pylint: disable=g-import-not-at-top
   stds = []
   real = dp_adaptive_clipping.add_gaussian_noise_inplace
 
