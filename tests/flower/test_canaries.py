@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging as py_logging
 import math
 import random
 
@@ -12,7 +13,7 @@ import pytest
 
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.mod import fixedclipping_mod
+from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_mod
 from flwr.serverapp import strategy as flwr_strategy
 
 from fl_privacy.eval import auditing
@@ -131,23 +132,36 @@ def _fedavg():
   return flwr_strategy.FedAvg(fraction_evaluate=0.0, min_train_nodes=3, min_available_nodes=3)
 
 
-def test_flower_divides_by_the_update_norm_so_a_zero_update_breaks_the_round():
+@pytest.mark.parametrize('mod, wrapper', [
+    (fixedclipping_mod, lambda: flwr_strategy.DifferentialPrivacyClientSideFixedClipping(
+        _fedavg(), 1.0, 1.0, 3)),
+    (adaptiveclipping_mod, lambda: flwr_strategy.DifferentialPrivacyClientSideAdaptiveClipping(
+        _fedavg(), 0.1, 3)),
+    (LocalDpMod(1.0, 1.0, 1.0, 1e-5), _fedavg),
+])
+def test_a_zero_update_makes_flowers_client_side_clip_fail_the_round(mod, wrapper):
   """Why an excluded canary replies 1e-6 C and not 0: Flower 1.42's clip divides by the
-  update's norm (`clip_inputs_inplace`, supercore/differential_privacy.py 55-56). Nodes
-  replying exactly w_t: with fixedclipping_mod their replies are errors and the client-side
-  wrapper skips the round's aggregate; server-side, `aggregate_train` raises."""
+  update's norm (supercore/differential_privacy.py 55-56, 90-91). Nodes replying exactly w_t:
+  each mod raises (an error reply) and the round releases no aggregate."""
   initial = ArrayRecord({'w': Array(np.ones(4, np.float32))})
-  with dp_audit.quiet_flower():
-    client_side = flwr_strategy.DifferentialPrivacyClientSideFixedClipping(
-        _fedavg(), 1.0, 1.0, 3)
-    grid = runner.InProcessGrid([_zero_update_app([fixedclipping_mod])] * 3)
-    result = runner.run(client_side, grid, initial, num_rounds=1)
+  with dp_audit.quiet_flower(py_logging.CRITICAL):
+    grid = runner.InProcessGrid([_zero_update_app([mod])] * 3)
+    result = runner.run(wrapper(), grid, initial, num_rounds=1)
   assert 1 not in result.train_metrics_clientapp  # no aggregate in round 1
+  grid = runner.InProcessGrid([_zero_update_app([mod])] * 3, raise_client_errors=True)
+  with pytest.raises(ZeroDivisionError), dp_audit.quiet_flower(py_logging.CRITICAL):
+    runner.run(wrapper(), grid, initial, num_rounds=1)
+
+
+@pytest.mark.parametrize('wrapper', [
+    lambda: flwr_strategy.DifferentialPrivacyServerSideFixedClipping(_fedavg(), 1.0, 1.0, 3),
+    lambda: flwr_strategy.DifferentialPrivacyServerSideAdaptiveClipping(_fedavg(), 0.1, 3),
+])
+def test_a_zero_update_crashes_flowers_server_side_clip(wrapper):
+  initial = ArrayRecord({'w': Array(np.ones(4, np.float32))})
   with dp_audit.quiet_flower(), pytest.raises(ZeroDivisionError):
-    server_side = flwr_strategy.DifferentialPrivacyServerSideFixedClipping(
-        _fedavg(), 1.0, 1.0, 3)
-    runner.run(server_side, runner.InProcessGrid([_zero_update_app([])] * 3), initial,
+    runner.run(wrapper(), runner.InProcessGrid([_zero_update_app([])] * 3), initial,
                num_rounds=1)
-  # A tiny update (the excluded canary's) goes through.
+  # The excluded canary's 1e-6 C update goes through.
   fine = canaries.deploy(dp_audit.Setting('s', 'server_fixed'), SMALL, KEY)
   assert np.isfinite(fine['models']).all()
