@@ -1,12 +1,14 @@
 """The `flower_audit` config section: auditing a real Flower deployment (Flower >= 1.42).
 
-Used by `python -m experiments.flower_audit` (needs the optional extra
-`pip install -e '.[flower]'`). Three parts: (1) FedMIA's passive attacks from the uploads a
+Used by `python -m experiments.flower_audit` (needs the optional extra `pip install -e
+'.[flower]'`). Four parts: (1) FedMIA's passive attacks from the uploads a
 `RecordingStrategy` recorded in a Flower FedAvg deployment of in-process ClientApps, beside
 the same training in fl_privacy's own simulation; (2) the dishonest server
 (`DishonestStrategy`) against that deployment; (3) Flower's own DP wrappers and mods audited
-with canary games. The dataset configs call `section(dataset, smoke)`; every field is
-documented in `section`'s docstring. Expected results: docs/experiments/flower_audit.md.
+with one-round canary games; (4) the same wrappers over every round of one deployment with
+canary clients, audited in one run (Steinke et al. 2023; Andrew et al. 2024). The dataset
+configs call `section(dataset, smoke)`; every field is documented in `section`'s docstring.
+Expected results: docs/experiments/flower_audit.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ml_collections import config_dict
 # Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
 # checks they agree).
 WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
-PARTS = ('fedmia', 'dishonest', 'dp')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training')
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
            'fedmia_ii')
 
@@ -64,11 +66,26 @@ def _dp_settings(smoke: bool) -> ml_collections.ConfigDict:
   return d
 
 
+def _training_settings() -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  # Flower's recommended z = 1 for every central wrapper (the adaptive ones accept it here:
+  # their default count std is n / 20 with n = every node of the deployment).
+  d.server_fixed_z1 = _setting('server_fixed', noise_multiplier=1.0)
+  d.client_fixed_z1 = _setting('client_fixed', noise_multiplier=1.0)
+  d.local_dp_eps1 = _setting('local_dp', epsilon=1.0)
+  d.server_adaptive_z1 = _setting('server_adaptive', noise_multiplier=1.0)
+  d.client_adaptive_z1 = _setting('client_adaptive', noise_multiplier=1.0)
+  for name in d.keys():
+    if 'num_sampled_clients' in d[name]:
+      del d[name]['num_sampled_clients']  # the deployment's node count
+  return d
+
+
 def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   """The `flower_audit` section (digits: the embedded offline data).
 
   Fields:
-    parts: subset of ('fedmia', 'dishonest', 'dp').
+    parts: subset of ('fedmia', 'dishonest', 'dp', 'training').
     num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 (FedMIA needs two
       non-target clients): 10.
     per_client: training examples per node (IID shards of the train split): 128 (a multiple
@@ -104,6 +121,23 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     dp.dimension: length of the released vector (>= 2): 8.
     dp.canary_norm: the canary update's norm in units of C (>= 1): 2.
     dp.confidence: of every lower bound and interval, in (0.5, 1): 0.95.
+    training.settings: name -> one Flower DP deployment audited over every round, the
+      fields of `dp.settings` without `num_sampled_clients` (every node of the deployment
+      is sampled: n = num_real + num_canaries). Default: the five wrappers, z = 1 (central)
+      and LocalDpMod(1, 1, 1, 1e-5); the adaptive ones at Flower's defaults otherwise.
+    training.num_canaries: m canary nodes, each included with probability 1/2 (a fair coin
+      from fold_in(key, i)), >= 2: 500 (smoke 64).
+    training.num_real: ordinary nodes with known fixed updates, >= 0: 500 (smoke 64).
+    training.num_rounds: FedAvg rounds, all audited: 10 (smoke 3).
+    training.dimension: the model vector's length: 4096 (smoke 512); with Dirac canaries
+      above num_canaries + num_null.
+    training.directions: 'dirac' (canary i on coordinate i; the null directions and the
+      real updates on other coordinates) or 'random' (random unit vectors: cross-talk).
+    training.canary_norm: an included canary's update norm in units of C (the initial clip
+      for the adaptive wrappers), >= 1: 2.
+    training.real_norm: the real nodes' update norms are real_norm x 0.5..2: 1.0.
+    training.num_null: never-inserted directions, the Gaussian fit's null: 1000 (smoke 128).
+    training.confidence: of the one-run lower bounds, in (0.5, 1): 0.95.
   """
   del dataset
   s = ml_collections.ConfigDict()
@@ -133,6 +167,17 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.dp.dimension = 8
   s.dp.canary_norm = 2.0
   s.dp.confidence = 0.95
+  s.training = ml_collections.ConfigDict()
+  s.training.settings = _training_settings()
+  s.training.num_canaries = 500
+  s.training.num_real = 500
+  s.training.num_rounds = 10
+  s.training.dimension = 4096
+  s.training.directions = 'dirac'
+  s.training.canary_norm = 2.0
+  s.training.real_norm = 1.0
+  s.training.num_null = 1000
+  s.training.confidence = 0.95
   if smoke:
     s.num_clients = 4
     s.per_client = 32
@@ -142,4 +187,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.dishonest.targets_in = 2
     s.dishonest.targets_out = 1
     s.dp.num_trials = 600
+    s.training.num_canaries = 64
+    s.training.num_real = 64
+    s.training.num_rounds = 3
+    s.training.dimension = 512
+    s.training.num_null = 128
   return s

@@ -23,6 +23,11 @@ import os
 from fl_privacy.validate import MissingExtraError
 
 INSTALL_HINT = "pip install -e '.[flower]'"
+# The Flower versions this package is tested against (setup.cfg's extras pin the same: the DP
+# audit cites Flower 1.42's lines, and `tests/flower/test_flower_names.py` imports every
+# Flower name used here).
+FLWR_REQUIREMENT = 'flwr>=1.42,<1.43'
+FLWR_RANGE = ((1, 42), (1, 43))
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
 
@@ -32,8 +37,9 @@ try:
   from flwr import serverapp as _flwr_serverapp  # pylint: disable=unused-import
 except ImportError as e:  # flwr missing (or sys.modules['flwr'] = None)
   raise MissingExtraError(
-      'fl_privacy.flower needs Flower (flwr>=1.42,<2), which is not installed; install the '
-      f'optional extra with `{INSTALL_HINT}` (or `pip install "flwr>=1.42,<2"`).') from e
+      f'fl_privacy.flower needs Flower ({FLWR_REQUIREMENT}), which is not installed; install '
+      f'the optional extra with `{INSTALL_HINT}` (or `pip install "{FLWR_REQUIREMENT}"`).'
+  ) from e
 
 
 def _version(text: str) -> tuple[int, int]:
@@ -41,9 +47,9 @@ def _version(text: str) -> tuple[int, int]:
   return int(major), int(''.join(c for c in minor if c.isdigit()) or 0)
 
 
-if not (1, 42) <= _version(getattr(flwr, '__version__', '0.0')) < (2, 0):
+if not FLWR_RANGE[0] <= _version(getattr(flwr, '__version__', '0.0')) < FLWR_RANGE[1]:
   raise MissingExtraError(
-      f'fl_privacy.flower needs Flower >=1.42,<2 (the Message API it is written against); '
+      f'fl_privacy.flower needs {FLWR_REQUIREMENT} (the version it is tested against); '
       f'found flwr {getattr(flwr, "__version__", "?")}. Install the extra with `{INSTALL_HINT}`.')
 
 # pylint: disable=wrong-import-position

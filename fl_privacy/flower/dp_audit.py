@@ -1,6 +1,6 @@
-"""Flower's own differential privacy (Flower 1.42), audited on the released update.
+"""Flower's own differential privacy (Flower 1.42), audited on one round's released update.
 
-Three of Flower's DP deployments are audited by canary games that call Flower's own objects
+Five of Flower's DP deployments are audited by canary games that call Flower's own objects
 on small in-memory messages (no copy of Flower's code):
 
 | wrapper | Flower objects called per trial | release the adversary reads |
@@ -11,13 +11,17 @@ on small in-memory messages (no copy of Flower's code):
 | `server_adaptive` | `DifferentialPrivacyServerSideAdaptiveClipping(FedAvg)` (clip at the initial norm, noisy clipped count, clip update, noise) | the noisy aggregate |
 | `client_adaptive` | `DifferentialPrivacyClientSideAdaptiveClipping(FedAvg)` + `adaptiveclipping_mod` | the noisy aggregate |
 
-The game (client-level, add/remove, no sampling amplification, one round): the model is one
-float32 array w_t of length `dimension`; the target client's update is a Dirac canary of
-norm `canary_norm` x C on coordinate 0 (above the clip, so Flower's clip must act); in the
-out-world the target is absent (central: its reply is missing, n - 1 replies; local: the
-client uploads w_t + 1e-6 C e_2, a client without data: an update of exactly 0 crashes
-Flower 1.42's clip with a ZeroDivisionError). The other clients' updates are fixed
-and known (`attacks.audit.dp_canary.known_contributions`: orthogonal to the canary, norms
+The game (client-level, no sampling amplification, one round): the model is one float32
+array w_t of length `dimension`; the target client's update is a Dirac canary of norm
+`canary_norm` x C on coordinate 0 (above the clip, so Flower's clip must act). The
+neighbouring relation, per row (`game_relation`): central wrappers, add/remove: in the
+out-world the target's reply is missing and FedAvg renormalises over the n - 1 replies, so
+the whole mean moves (not only by C/n on the canary: up to 2C/n, the zero-out figure C/n
+holding only with a fixed denominator); LocalDpMod, zero-out: the same client uploads
+w_t + 1e-6 C e_2, a client without data (an update of exactly 0 crashes Flower 1.42's clip
+with a ZeroDivisionError); its replace-one reading (any other client's upload, sensitivity
+2C) is a column (`dp_epsilon_exact_replace_one`). The other clients' updates are fixed and
+known (`attacks.audit.dp_canary.known_contributions`: orthogonal to the canary, norms
 C/2..2C). Score = the release's projection on the canary direction minus w_t's, the optimal
 statistic of this Gaussian game. `fl_privacy.eval.auditing.audit_scores` (through
 `attacks.audit.dp_canary.claim_metrics`, the Gaussian-curve bounds counted) turns the scores
@@ -29,10 +33,12 @@ clip: `sensitivity < clipping_norm` under-noises, and the classic formula is an 
 guarantee for eps < 1 only); the central wrappers state a noise multiplier z (noise std
 z C / n on the mean of n sampled clients), whose epsilon is what Flower 1.42's
 `flwr.serverapp.RdpAccountant` (add-or-remove-one, no amplification) reports for one
-release. Beside it: `fl_privacy.accounting`'s RDP epsilon of the same Gaussian mechanism
-(noise multiplier = noise std / sensitivity of the add/remove game) and its exact epsilon
-(`dp_epsilon_exact`: one Gaussian release is (1 / z)-GDP, `eval.auditing.gdp_epsilon`);
-`accountant_violation` = 1 when the exact epsilon exceeds the stated one.
+release. Beside it: `fl_privacy.accounting`'s RDP epsilon at Flower's nominal noise
+multiplier (they agree to 1e-9) and the exact epsilon of the game's release
+(`dp_epsilon_exact`: the whole vector, both worlds' means and noise stds,
+`gaussian_pair_epsilon`; `dp_epsilon_exact_projection` is the score's alone);
+`accountant_violation` = 1 when the exact epsilon exceeds the stated one. See
+`claim_metrics`.
 
 Randomness: Flower draws its noise from numpy's global `np.random` state and FedAvg samples
 nodes with Python's `random`. Each trial reseeds both from its own key
@@ -45,7 +51,11 @@ Adaptive clipping is audited on its first round's aggregate only: the updated cl
 (which carries the noisy count of clipped updates, the target's bit included) is a second
 release the score ignores, so its lower bounds are bounds of the aggregate alone; the stated
 epsilon is that of the whole round (Gaussian at z, Andrew et al. 2021). Flower draws the
-aggregate's noise with the clip norm after its update (docs/experiments/flower_audit.md).
+aggregate's noise with the clip norm AFTER its update (flwr 1.42
+`serverapp/strategy/dp_adaptive_clipping.py` lines 213-223 and 319-322; line 93 reads the
+updated `self.clipping_norm`), and that clip differs between the worlds (its count has one
+bit more in the in-world, over one reply more): `world_noise_stds`. Every round of a
+deployment: `fl_privacy.flower.canaries`.
 """
 
 from __future__ import annotations
@@ -154,11 +164,13 @@ def adaptive_noise(setting: Setting) -> tuple[float, float]:
 
 
 def noise_std(setting: Setting) -> float:
-  """The std of the Gaussian noise Flower adds per coordinate of the release.
+  """Flower's nominal noise std per coordinate: the central wrappers' `compute_stdv(z, C, n)`
+  (adaptive: z' of `adaptive_noise` at the initial clip C_0), `local_dp_std` for LocalDpMod.
 
-  Central: Flower's own `compute_stdv(z, C, n)` (on the weighted mean; adaptive: z' of
-  `adaptive_noise` at the initial clip norm, the round's clip before its update); local:
-  `local_dp_std`.
+  The adaptive wrappers draw their noise AFTER updating the clip (flwr 1.42
+  `serverapp/strategy/dp_adaptive_clipping.py` lines 213-223 server-side, 319-322
+  client-side; `_add_noise_to_aggregated_arrays` line 93 reads `self.clipping_norm`), so the
+  std they really add is `world_noise_stds`'s, not this one.
   """
   if setting.wrapper in ADAPTIVE:
     return float(flwr_dp.compute_stdv(adaptive_noise(setting)[1], setting.clipping_norm,
@@ -170,12 +182,84 @@ def noise_std(setting: Setting) -> float:
 
 
 def effective_noise_multiplier(setting: Setting) -> float:
-  """Noise std / L2 sensitivity of the release in the add/remove game (one client of norm
-  <= C added or removed): z for the central wrappers (mean of n: C / n against z C / n),
-  std / C for `LocalDpMod`."""
+  """Nominal noise std / the sensitivity Flower's claim assumes (C / n on the mean of n:
+  a fixed denominator, i.e. zero-out; C for LocalDpMod's upload): z for the fixed central
+  wrappers, z' for the adaptive ones, std / C for `LocalDpMod`."""
   if setting.central:
     return noise_std(setting) * setting.num_sampled_clients / setting.clipping_norm
   return noise_std(setting) / setting.clipping_norm
+
+
+def clip(update: np.ndarray, norm: float) -> np.ndarray:
+  """Flower's flat clip (`clip_inputs_inplace`, `supercore/differential_privacy.py` 50-58)."""
+  return update * min(1.0, float(norm) / float(np.linalg.norm(update)))
+
+
+def clip_after(setting: Setting, clipped: int, replies: int, clip_norm: float | None = None
+               ) -> float:
+  """The clip norm an adaptive wrapper holds after one round with `clipped` of `replies`
+  updates clipped, the count's noise at its mean (its median: the update is monotone).
+
+  Flower 1.42 `dp_adaptive_clipping.py` 105-111: fraction = (count + N(0, sigma_b)) /
+  len(replies), C <- C exp(-lr (fraction - target_clipped_quantile)).
+  """
+  c = setting.clipping_norm if clip_norm is None else clip_norm
+  return float(c * math.exp(-setting.clip_norm_lr * (clipped / replies
+                                                     - setting.target_clipped_quantile)))
+
+
+def gaussian_pair_epsilon(distance: float, std_p: float, std_q: float, dimension: int,
+                          delta: float) -> float:
+  """Exact epsilon at `delta` between N(mu_P, std_p^2 I_d) and N(mu_Q, std_q^2 I_d) with
+  |mu_P - mu_Q| = distance (both orders; the hockey-stick divergence integrated exactly
+  over the chi-square of the d - 1 orthogonal coordinates, numerically along the mean
+  shift). Equal stds: the analytic Gaussian epsilon of mu = distance / std (Balle & Wang
+  2018), `eval.auditing.gdp_epsilon`.
+  """
+  if math.isclose(std_p, std_q, rel_tol=1e-12):
+    return auditing.gdp_epsilon(distance / std_p, delta)
+  from scipy import stats as sps  # pylint: disable=g-import-not-at-top
+  dof = int(dimension) - 1
+  # R / s^2 ~ chi-square(d - 1): midpoint quantiles (R = 0 when d = 1).
+  u = (sps.chi2.ppf((np.arange(4000) + 0.5) / 4000, dof) if dof else np.zeros(1))
+
+  def tail(eps, s_p, s_q, under_p):
+    # Pr[L > eps], L = log p / q = B x1^2 + c1 x1 + c0 + B R with x1 the coordinate along
+    # the shift (mu_Q = 0, mu_P = distance) and R = |x_perp|^2: exact in x1 (the roots of
+    # the quadratic, normal CDFs), averaged over the chi-square quantiles of R.
+    s, mean = (s_p, distance) if under_p else (s_q, 0.0)
+    b = 0.5 * (1.0 / s_q ** 2 - 1.0 / s_p ** 2)
+    c1 = distance / s_p ** 2
+    k = (dimension * math.log(s_q / s_p) - distance ** 2 / (2 * s_p ** 2) + b * s ** 2 * u
+         - eps)
+    cdf = lambda x: sps.norm.cdf((x - mean) / s)  # noqa: E731
+    if abs(b) * s ** 2 < 1e-12:
+      return float(np.mean(1.0 - cdf(-k / c1)))
+    disc = c1 ** 2 - 4 * b * k
+    root = np.sqrt(np.maximum(disc, 0.0))
+    q = -0.5 * (c1 + root)
+    r1, r2 = np.minimum(q / b, k / np.where(q == 0, 1e-300, q)), np.maximum(
+        q / b, k / np.where(q == 0, 1e-300, q))
+    if b > 0:
+      p = np.where(disc < 0, 1.0, cdf(r1) + 1.0 - cdf(r2))
+    else:
+      p = np.where(disc < 0, 0.0, cdf(r2) - cdf(r1))
+    return float(np.mean(p))
+
+  def hockey(eps):
+    d1 = tail(eps, std_p, std_q, True) - math.exp(eps) * tail(eps, std_p, std_q, False)
+    d2 = tail(eps, std_q, std_p, True) - math.exp(eps) * tail(eps, std_q, std_p, False)
+    return max(d1, d2)
+
+  lo, hi = 0.0, 1.0
+  while hockey(hi) > delta and hi < 1e4:
+    lo, hi = hi, 2 * hi
+  if hockey(lo) <= delta:
+    return lo
+  for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if hockey(mid) > delta else (lo, mid)
+  return hi
 
 
 def declaration(setting: Setting) -> accounting.Declaration:
@@ -187,8 +271,8 @@ def declaration(setting: Setting) -> accounting.Declaration:
 
 
 def flower_rdp_epsilon(noise_multiplier: float, num_sampled_clients: int,
-                       delta: float) -> float:
-  """Epsilon of one release of a central wrapper by Flower 1.42's own `RdpAccountant`
+                       delta: float, rounds: int = 1) -> float:
+  """Epsilon of `rounds` releases of a central wrapper by Flower 1.42's own `RdpAccountant`
   (add-or-remove-one, no amplification: the configuration the wrappers accept)."""
   from flwr.serverapp import RdpAccountant  # pylint: disable=g-import-not-at-top
   from flwr.supercore.privacy_accounting import (  # pylint: disable=g-import-not-at-top
@@ -197,8 +281,9 @@ def flower_rdp_epsilon(noise_multiplier: float, num_sampled_clients: int,
   acc = RdpAccountant(PrivacyConfig(target_delta=float(delta), population_size=n,
                                     neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                     sampling_method=SamplingMethod.NO_AMPLIFICATION))
-  acc.compose(GaussianPrivacyEvent(noise_multiplier=float(noise_multiplier), sample_size=n,
-                                   population_size=n))
+  for _ in range(int(rounds)):
+    acc.compose(GaussianPrivacyEvent(noise_multiplier=float(noise_multiplier), sample_size=n,
+                                     population_size=n))
   return float(acc.get_epsilon(float(delta)))
 
 
@@ -215,24 +300,66 @@ def stated_epsilon(setting: Setting) -> tuple[float, str]:
   return float(setting.epsilon), 'LocalDpMod epsilon argument'
 
 
-def claim_metrics(setting: Setting) -> dict[str, Any]:
-  """Flower's claim and our accountant's epsilons of the same mechanism (no games)."""
+def claim_metrics(setting: Setting, *, dimension: int = 8, canary_norm: float = 2.0
+                  ) -> dict[str, Any]:
+  """Flower's claim and the epsilons of the mechanism the game releases (no games).
+
+  - `dp_epsilon`: our RDP accountant at Flower's nominal noise multiplier
+    (`effective_noise_multiplier`: the sensitivity Flower's claim assumes), the number
+    Flower's own RdpAccountant gives (they agree to 1e-9).
+  - `dp_epsilon_exact`: the exact epsilon of the game's RELEASE (the whole vector, not its
+    projection): the two worlds' release means (`release_means`) at distance
+    `release_sensitivity`, with the noise std Flower draws in each world
+    (`world_noise_stds`; adaptive: at the clip after its update, which differs between the
+    worlds), `gaussian_pair_epsilon`. Central: the target's reply is missing in the
+    out-world and FedAvg renormalises over the n - 1 replies, so the other clients' mean
+    moves too (`game_relation` = 'add_remove'); local: the target against a client that did
+    not train (`game_relation` = 'zero_out').
+  - `dp_epsilon_exact_projection`: the exact epsilon of the score alone (the release's
+    projection on the canary), what earlier versions reported as exact.
+  - `dp_epsilon_exact_worst` (fixed central wrappers): add/remove with FedAvg's
+    renormalisation moves the mean by up to 2C/n (the others' mean pointing away from the
+    target's update): the Gaussian at z / 2.
+  - `dp_epsilon_exact_replace_one` (LocalDpMod): the usual local-DP relation, one client's
+    upload against any other's (sensitivity 2C); `replace_one_violation` = it exceeds the
+    stated epsilon.
+  """
   decl = declaration(setting)
   z = effective_noise_multiplier(setting)
   stated, source = stated_epsilon(setting)
+  game = make_game(setting, dimension=dimension, canary_norm=canary_norm)
+  mean_in, mean_out = release_means(game)
+  distance = float(np.linalg.norm(mean_in - mean_out))
+  std_in, std_out = world_noise_stds(game)
+  projection = float(np.dot(mean_in - mean_out, game.canary) / np.linalg.norm(game.canary))
+  nan = float('nan')
   m: dict[str, Any] = dict(accounting.describe(decl))
   m.update(dp_mechanism=decl.mechanism, dp_level=decl.level, dp_delta=float(setting.delta),
-           stated_epsilon=stated, stated_epsilon_source=source, flower_noise_std=noise_std(setting),
+           stated_epsilon=stated, stated_epsilon_source=source, flower_noise_std=std_in,
+           flower_noise_std_out=std_out, flower_noise_std_nominal=noise_std(setting),
            effective_noise_multiplier=z,
+           game_relation='add_remove' if setting.central else 'zero_out',
+           release_sensitivity=distance,
            dp_epsilon=accounting.epsilon(decl, z, delta=setting.delta),
-           # One Gaussian release is exactly (1 / z)-GDP: its epsilon is the analytic
-           # Gaussian one (Balle & Wang 2018), what PLD approximates (PLD's grid explodes
-           # for the tiny z of a misconfigured LocalDpMod).
-           dp_epsilon_exact=auditing.gdp_epsilon(1.0 / z, float(setting.delta)))
-  m['flower_rdp_epsilon'] = stated if setting.central else float('nan')
+           dp_epsilon_exact=gaussian_pair_epsilon(distance, std_in, std_out,
+                                                  int(dimension), float(setting.delta)),
+           # Of the score alone (std of the in-world): no more than the release's.
+           dp_epsilon_exact_projection=auditing.gdp_epsilon(projection / std_in,
+                                                            float(setting.delta)),
+           dp_epsilon_exact_worst=(auditing.gdp_epsilon(2.0 / z, float(setting.delta))
+                                   if setting.wrapper in ('server_fixed', 'client_fixed')
+                                   else nan),
+           dp_epsilon_exact_replace_one=(
+               nan if setting.central else
+               auditing.gdp_epsilon(2.0 * setting.clipping_norm / std_in, float(setting.delta))))
+  if setting.wrapper in ADAPTIVE:
+    m.update(clip_after_in=game.clip_after(True), clip_after_out=game.clip_after(False))
+  m['flower_rdp_epsilon'] = stated if setting.central else nan
   # The accountant's own verdict: the exact epsilon of the noise Flower really adds exceeds
   # the stated one (a claim broken analytically, whatever an audit of finite size shows).
   m['accountant_violation'] = float(m['dp_epsilon_exact'] > stated * (1 + 1e-9))
+  m['replace_one_violation'] = (nan if setting.central else float(
+      m['dp_epsilon_exact_replace_one'] > stated * (1 + 1e-9)))
   return m
 
 
@@ -348,10 +475,42 @@ class Game:
     v[1] = 1e-6 * float(self.setting.clipping_norm)
     return v
 
+  def updates(self, present: bool) -> list[np.ndarray]:
+    """The updates the server receives (w_t subtracted), the target's first when present:
+    central, the n (in) or n - 1 (out) replies; local, the target's own."""
+    if not self.setting.central:
+      return [self.canary if present else self.idle]
+    return ([self.canary] if present else []) + list(self.others)
+
+  def clip_after(self, present: bool) -> float:
+    """Adaptive wrappers: the clip after this round's update (count noise at its mean)."""
+    c0 = self.setting.clipping_norm
+    ups = self.updates(present)
+    return clip_after(self.setting, sum(float(np.linalg.norm(u)) > c0 for u in ups), len(ups))
+
   def score(self, release: np.ndarray) -> float:
     """The release's projection on the canary direction, minus w_t's."""
     direction = self.canary / np.linalg.norm(self.canary)
     return float(np.dot(release - self.w_t, direction))
+
+
+def release_means(game: Game) -> tuple[np.ndarray, np.ndarray]:
+  """The noiseless release minus w_t in each world (in, out): central, FedAvg's equal-weight
+  mean of the clipped replies (n in the in-world, n - 1 in the out-world); local, the
+  target's clipped update. Adaptive wrappers clip at the round's clip C_0."""
+  c = game.setting.clipping_norm
+  return tuple(np.mean([clip(u, c) for u in game.updates(p)], axis=0) for p in (True, False))
+
+
+def world_noise_stds(game: Game) -> tuple[float, float]:
+  """The noise std Flower draws in each world (in, out): the nominal `noise_std`, except the
+  adaptive wrappers', drawn at the clip after its update (`Game.clip_after`): z' C_1 / n."""
+  s = game.setting
+  if s.wrapper not in ADAPTIVE:
+    return noise_std(s), noise_std(s)
+  z_prime = adaptive_noise(s)[1]
+  return tuple(float(flwr_dp.compute_stdv(z_prime, game.clip_after(p), s.num_sampled_clients))
+               for p in (True, False))
 
 
 def make_game(setting: Setting, *, dimension: int = 8, canary_norm: float = 2.0) -> Game:
@@ -425,7 +584,7 @@ def audit(setting: Setting, key: jax.Array, num_trials: int, *, dimension: int =
   (`dp_canary.claim_metrics` against the stated epsilon, Gaussian curves counted), with
   `privacy_violation` (1: a lower bound above Flower's stated epsilon) and the games'
   settings."""
-  metrics = claim_metrics(setting)
+  metrics = claim_metrics(setting, dimension=dimension, canary_norm=canary_norm)
   game = make_game(setting, dimension=dimension, canary_norm=canary_norm)
   out = play(game, key, int(num_trials))
   ins, outs = out['score'][out['present']], out['score'][~out['present']]

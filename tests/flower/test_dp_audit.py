@@ -135,3 +135,106 @@ def test_adaptive_wrappers_at_flowers_defaults_keep_the_claim_on_the_aggregate()
   np.testing.assert_allclose(a['score'], b['score'], rtol=0, atol=1e-7)
   with pytest.raises(ValueError, match='clipped_count_stddev'):
     dp_audit.adaptive_noise(dataclass_replace(server, noise_multiplier=1.0))
+
+
+# ---------------------------------------------------- the release's exact epsilon (issue 28) ---
+
+
+def test_release_means_are_what_flowers_wrappers_release_without_noise():
+  """`release_means` (clip, FedAvg's mean over the replies present) against Flower's own
+  objects at a negligible noise multiplier: the whole vector moves in the out-world."""
+  for wrapper in ('server_fixed', 'client_fixed'):
+    setting = dp_audit.Setting('s', wrapper, noise_multiplier=1e-9, num_sampled_clients=10)
+    game = dp_audit.make_game(setting)
+    mean_in, mean_out = dp_audit.release_means(game)
+    np.testing.assert_allclose(game.release(True) - game.w_t, mean_in, atol=2e-6)
+    np.testing.assert_allclose(game.release(False) - game.w_t, mean_out, atol=2e-6)
+    assert np.linalg.norm((mean_in - mean_out)[1:]) > 0.02 / 10  # not the canary alone
+
+
+@pytest.mark.parametrize('z, release, projection', [(1.0, 4.594, 4.377), (0.5, 10.527, 9.997)])
+def test_central_exact_epsilon_is_of_the_release_not_the_projection(z, release, projection):
+  m = dp_audit.claim_metrics(dp_audit.Setting('s', 'server_fixed', noise_multiplier=z))
+  assert m['dp_epsilon_exact'] == pytest.approx(release, abs=2e-3)
+  assert m['dp_epsilon_exact_projection'] == pytest.approx(projection, abs=2e-3)
+  assert m['game_relation'] == 'add_remove'
+  # FedAvg's renormalisation: up to 2C/n, the Gaussian at z / 2.
+  assert m['dp_epsilon_exact_worst'] == pytest.approx(
+      dp_audit.auditing.gdp_epsilon(2.0 / z, 1e-5), rel=1e-9)
+  assert m['accountant_violation'] == 0  # 4.59 < 4.73, 10.53 < 10.73
+
+
+@pytest.mark.parametrize('epsilon, replace_one', [(1.0, 1.610), (4.0, 7.914), (10.0, 25.443)])
+def test_local_dp_replace_one_column(epsilon, replace_one):
+  m = dp_audit.claim_metrics(_local(epsilon))
+  assert m['game_relation'] == 'zero_out'
+  assert m['dp_epsilon_exact_replace_one'] == pytest.approx(replace_one, abs=2e-3)
+  assert m['replace_one_violation'] == 1  # every stated epsilon is broken under replace-one
+  assert m['dp_epsilon_exact'] == pytest.approx(m['dp_epsilon_exact_projection'])
+
+
+def test_adaptive_noise_is_drawn_at_the_clip_after_its_update(monkeypatch):
+  """Flower adds z' C_1 / n after updating the clip (dp_adaptive_clipping.py 213-223): the
+  std Flower's own noise call receives, per world, is `world_noise_stds`'s (the clip after
+  the update, at the count's median), not the nominal std at C_0."""
+  from flwr.serverapp.strategy import dp_adaptive_clipping  # pylint: disable=g-import-not-at-top
+  stds = []
+  real = dp_adaptive_clipping.add_gaussian_noise_inplace
+
+  def spy(arrays, std_dev):
+    stds.append(std_dev)
+    real(arrays, std_dev)
+  monkeypatch.setattr(dp_adaptive_clipping, 'add_gaussian_noise_inplace', spy)
+  setting = dp_audit.Setting('a', 'server_adaptive', noise_multiplier=0.5,
+                             num_sampled_clients=10, clipping_norm=0.1, clip_norm_lr=2.0)
+  game = dp_audit.make_game(setting)
+  std_in, std_out = dp_audit.world_noise_stds(game)
+  nominal = dp_audit.noise_std(setting)
+  assert std_in == pytest.approx(nominal * math.exp(-2.0 * (0.7 - 0.5)), rel=1e-9)
+  assert std_out == pytest.approx(nominal * math.exp(-2.0 * (6 / 9 - 0.5)), rel=1e-9)
+  out = dp_audit.play(game, KEY, 300)
+  stds = np.asarray(stds)
+  assert len(stds) == 300
+  for world, expected in ((out['present'], std_in), (~out['present'], std_out)):
+    # The count's noise (std 0.5 on 9-10 replies) spreads the clip; its median is ours.
+    assert np.median(stds[world]) == pytest.approx(expected, rel=0.04)
+    assert np.median(stds[world]) < 0.8 * nominal  # nowhere near the std at C_0
+
+
+def test_adaptive_defaults_reviewers_numbers():
+  m = dp_audit.claim_metrics(dp_audit.Setting('a', 'client_adaptive', noise_multiplier=0.5,
+                                              num_sampled_clients=10, clipping_norm=0.1))
+  assert m['flower_noise_std_nominal'] == pytest.approx(0.00577, abs=1e-5)
+  assert (m['flower_noise_std'], m['flower_noise_std_out']) == (
+      pytest.approx(0.00555, abs=1e-5), pytest.approx(0.00558, abs=1e-5))
+  assert m['dp_epsilon_exact_projection'] == pytest.approx(8.80, abs=0.01)
+  assert m['dp_epsilon_exact'] == pytest.approx(9.43, abs=0.01)
+  assert m['clip_after_in'] < m['clip_after_out'] < 0.1
+
+
+def test_gaussian_pair_epsilon():
+  gdp = dp_audit.auditing.gdp_epsilon
+  assert dp_audit.gaussian_pair_epsilon(1.0, 1.0, 1.0, 8, 1e-5) == gdp(1.0, 1e-5)
+  near = dp_audit.gaussian_pair_epsilon(1.0, 1.0, 1.0 + 1e-7, 8, 1e-5)
+  assert near == pytest.approx(gdp(1.0, 1e-5), abs=1e-4)
+  a = dp_audit.gaussian_pair_epsilon(1.0, 1.0, 1.1, 8, 1e-5)
+  assert a == pytest.approx(dp_audit.gaussian_pair_epsilon(1.0, 1.1, 1.0, 8, 1e-5))
+  # A variance gap leaks on its own, more with more coordinates.
+  assert a > gdp(1.0, 1e-5)
+  assert dp_audit.gaussian_pair_epsilon(0.0, 1.0, 1.1, 64, 1e-5) > (
+      dp_audit.gaussian_pair_epsilon(0.0, 1.0, 1.1, 8, 1e-5)) > 0
+  # Monte Carlo of the hockey-stick divergence at the returned epsilon (d = 4, delta 0.02).
+  d, dist, sp, sq, delta = 4, 1.0, 1.0, 1.25, 0.02
+  eps = dp_audit.gaussian_pair_epsilon(dist, sp, sq, d, delta)
+  rng = np.random.default_rng(0)
+  mp = np.zeros(d)
+  mp[0] = dist
+
+  def loss(x):  # log p / q
+    return (d * math.log(sq / sp) - ((x - mp) ** 2).sum(1) / (2 * sp ** 2)
+            + (x ** 2).sum(1) / (2 * sq ** 2))
+  x = mp + sp * rng.normal(size=(400_000, d))
+  y = sq * rng.normal(size=(400_000, d))
+  worst = max(np.mean(np.maximum(0, 1 - np.exp(eps - loss(x)))),
+              np.mean(np.maximum(0, 1 - np.exp(eps + loss(y)))))
+  assert worst == pytest.approx(delta, rel=0.1)

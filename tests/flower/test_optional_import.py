@@ -27,7 +27,7 @@ def test_missing_flwr_names_the_extra():
                        env={'FLWR_TELEMETRY_ENABLED': '0', 'PATH': '/usr/bin:/bin',
                             'PYTHONPATH': str(REPO)})
   assert "pip install -e '.[flower]'" in out.stdout, out.stdout + out.stderr
-  assert 'flwr>=1.42,<2' in out.stdout
+  assert 'flwr>=1.42,<1.43' in out.stdout
 
 
 def test_no_other_module_imports_flower_or_flwr():

@@ -35,13 +35,36 @@ def _points(results, part):
   return [p for p in results['points'] if p['params']['part'] == part]
 
 
-def test_smoke_run_writes_the_three_parts_the_tables_and_the_figure(smoke):
+def test_smoke_run_writes_the_four_parts_the_tables_and_the_figure(smoke):
   workdir, results = smoke
   assert results['experiment'] == 'flower_audit'
-  assert {p['params']['part'] for p in results['points']} == {'fedmia', 'dishonest', 'dp'}
+  assert {p['params']['part'] for p in results['points']} == {'fedmia', 'dishonest', 'dp',
+                                                              'training'}
   assert (workdir / 'flower_dp_audit.png').is_file()
   tables = (workdir / 'flower_audit.md').read_text()
   assert 'Flower deployment vs native simulation' in tables and 'Not audited' in tables
+  assert 'Flower DP over every round of a deployment' in tables
+
+
+def test_training_part_audits_every_wrapper_over_every_round(smoke):
+  _, results = smoke
+  points = {p['params']['setting']: p for p in _points(results, 'training')}
+  assert {p['params']['wrapper'] for p in points.values()} == set(dp_audit.WRAPPERS)
+  for name, p in points.items():
+    m, q = p['metrics'], p['params']
+    assert q['num_rounds'] == 3 and q['num_canaries'] == 64, name
+    assert m['num_nodes'] == 128 and m['game_relation'] == 'zero_out'
+    for threat in ('all_iterates', 'last_iterate'):
+      assert m[f'{threat}/n_in'] + m[f'{threat}/n_out'] == 64
+      assert m[f'{threat}/epsilon_one_run'] <= m['stated_epsilon']
+    assert m['privacy_violation'] == 0.0, name
+  fixed = points['server_fixed_z1']['metrics']
+  assert fixed['stated_epsilon_source'] == 'flwr RdpAccountant (privacy_spent)'
+  assert math.isclose(fixed['stated_epsilon'], dp_audit.flower_rdp_epsilon(1.0, 128, 1e-5, 3),
+                      rel_tol=1e-9)
+  for name in ('server_adaptive_z1', 'client_adaptive_z1'):
+    clips = points[name]['metrics']['clips']
+    assert len(clips) == 4 and clips[-1] < clips[0] == 0.1  # the clip moved every round
 
 
 def test_flower_and_native_fedmia_tables_agree_within_their_intervals(smoke):
@@ -74,6 +97,7 @@ def test_misconfigured_local_dp_is_flagged_and_the_others_are_not(smoke):
   for name, m in dp.items():
     assert m['privacy_violation'] == (1.0 if name == 'local_dp_misconfigured' else 0.0), name
     assert m['dp_unit'] == 'client' and m['dp_relation'] == 'add_remove'
+    assert m['game_relation'] == ('zero_out' if name.startswith('local') else 'add_remove')
     assert m['n_in'] + m['n_out'] == 600
   assert dp['server_fixed_z1']['dp_adversary'] == 'aggregate'
   assert dp['local_dp_eps1']['dp_adversary'] == 'server'
@@ -116,6 +140,11 @@ def _config(**overrides):
     ({'dp.settings.server_fixed_z1.wrapper': 'server_adaptive'},
      'flower_audit.dp.settings.server_fixed_z1.target_clipped_quantile'),
     ({'parts': ('fedmia', 'nope')}, 'flower_audit.parts'),
+    ({'training.num_canaries': 1}, 'flower_audit.training.num_canaries'),
+    ({'training.dimension': 100}, 'flower_audit.training.dimension'),
+    ({'training.directions': 'gaussian'}, 'flower_audit.training.directions'),
+    ({'training.settings.local_dp_eps1.epsilon': None},
+     'flower_audit.training.settings.local_dp_eps1.epsilon'),
 ])
 def test_validate_config_names_the_field(overrides, field):
   with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
