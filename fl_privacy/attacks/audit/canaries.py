@@ -315,9 +315,13 @@ def train(apply_fn, params, clients: rounds.ClientData, *, key, hooks, num_round
     known = np.zeros_like(per_round)
   before = np.concatenate([first[None], per_round[:-1]])
   acc = float(correct) / max(1, 0 if test_y is None else len(test_y))
-  return Scores(uploads=own, aggregates=before - per_round, known=known,
-                participants=np.asarray(count), last=first - last if kind != 'input'
-                else last - first, test_accuracy=acc)
+  # Projections are read as w_t - w_{t+1} (what moved towards the canary); the input
+  # canaries' projection is minus their loss, so there the same reading is a loss decrease
+  # with the other sign.
+  sign = -1.0 if kind == 'input' else 1.0
+  return Scores(uploads=own, aggregates=sign * (before - per_round), known=known,
+                participants=np.asarray(count), last=sign * (first - last),
+                test_accuracy=acc)
 
 
 def _slot_positions(owner: np.ndarray) -> np.ndarray:
