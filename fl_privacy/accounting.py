@@ -210,6 +210,20 @@ def delta_for(decl: Declaration, noise_multiplier: float, *, epsilon_: float,
     return float(acc.get_delta(float(epsilon_)))
 
 
+def delta_curve(decl: Declaration, noise_multiplier: float, epsilons, *,
+                accountant: str = 'rdp') -> list[float]:
+  """`delta_for` at every epsilon of `epsilons`, the mechanism composed once (a sampled
+  declaration's RDP takes about a second to compose; its profile is then cheap to read)."""
+  epsilons = [float(e) for e in epsilons]
+  if decl.pure_epsilon is not None or not noise_multiplier > 0:
+    return [delta_for(decl, noise_multiplier, epsilon_=e, accountant=accountant)
+            for e in epsilons]
+  acc = _accountant(decl, accountant)
+  with _quiet():
+    acc.compose(event(decl, float(noise_multiplier), accountant=accountant))
+    return [float(acc.get_delta(e)) for e in epsilons]
+
+
 def noise_multiplier_for(decl: Declaration, target_epsilon: float, *, delta: float,
                          accountant: str = 'rdp') -> float:
   """The smallest noise multiplier whose `epsilon(decl, ...)` is at most `target_epsilon`.

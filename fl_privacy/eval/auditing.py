@@ -427,11 +427,11 @@ def privacy_profile(in_scores, out_scores, epsilons, *,
 
 
 def profile_violation(in_scores: np.ndarray, out_scores: np.ndarray, claimed_delta: Callable[
-    [float], float], epsilons: np.ndarray, *, confidence: float) -> dict[str, float]:
+    [np.ndarray], np.ndarray], epsilons: np.ndarray, *, confidence: float) -> dict[str, float]:
   """Does the empirical privacy profile exceed the claimed one anywhere? (any mechanism)
 
   (epsilon, delta(epsilon))-DP for every epsilon, the claim's whole privacy profile (the
-  accountant's: `fl_privacy.accounting.delta_for`), bounds every test's rates (Kairouz, Oh, Viswanath,
+  accountant's: `claimed_delta(epsilons) -> deltas`, e.g. `fl_privacy.accounting.delta_curve`), bounds every test's rates (Kairouz, Oh, Viswanath,
   ICML 2015, Theorem 2.1); `auditing.privacy_profile` gives lower bounds on the true
   delta(epsilon) simultaneous over the grid at `confidence` (`privacy_profile`). A lower bound above the claimed
   delta at some epsilon refutes the claim without assuming a Gaussian curve, which is what the
@@ -442,7 +442,7 @@ def profile_violation(in_scores: np.ndarray, out_scores: np.ndarray, claimed_del
     claimed delta, over the grid) and `profile_epsilon` (where it is largest).
   """
   lower = privacy_profile(in_scores, out_scores, epsilons, confidence=confidence)
-  claimed = np.asarray([claimed_delta(float(e)) for e in epsilons], np.float64)
+  claimed = np.asarray(claimed_delta(np.asarray(epsilons, np.float64)), np.float64)
   excess = lower - claimed
   i = int(np.argmax(excess))
   return {'profile_violation': float(excess[i] > 0), 'profile_excess': float(excess[i]),

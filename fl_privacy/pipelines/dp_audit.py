@@ -249,7 +249,7 @@ def audit_point(config, params: dict, key: jax.Array, fns: dict
                    'large enough for 2 games in each world', int(s.num_trials))
   # The claim's whole privacy profile (the accountant's), against which the non-Gaussian
   # mechanisms are also tested (dp_canary.claim_metrics).
-  profile = lambda e: accounting.delta_for(decl, z, epsilon_=e)
+  profile = lambda grid: accounting.delta_curve(decl, z, grid)
   metrics.update(dp_canary.claim_metrics(ins, outs, mech, eps, delta=float(s.delta),
                                          confidence=float(s.confidence),
                                          pld_epsilon=metrics.get('dp_epsilon_pld'),

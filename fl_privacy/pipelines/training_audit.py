@@ -380,7 +380,7 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   z = metrics.get('noise_multiplier')
   composed = decl if tr['defense'] != 'weak_dp' else dataclasses.replace(
       decl, compositions=int(s.num_rounds))
-  profile = lambda e: accounting.delta_for(composed, z, epsilon_=e)
+  profile = lambda grid: accounting.delta_curve(composed, z, grid)
   metrics.update(canaries.audit(sc, done['world'], mechanism(tr), audited,
                                 delta=float(s.delta), confidence=float(s.confidence),
                                 independent=independent(config, tr, threat, adversary),

@@ -240,7 +240,7 @@ PROFILE_GRID = tuple(np.round(np.linspace(0.0, 2.0, 41), 3))
 def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
                   claimed_epsilon: float, *, delta: float, confidence: float,
                   pld_epsilon: float | None = None,
-                  claimed_delta: Callable[[float], float] | None = None) -> dict:
+                  claimed_delta: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
   """The audit of one claim: `audit_bounds`, the verdict's bound and the verdict.
 
   The bounds are reported at `confidence` each (as `audit_bounds` names them). The verdict
@@ -259,8 +259,8 @@ def claim_metrics(in_scores: np.ndarray, out_scores: np.ndarray, mechanism: str,
     pld_epsilon: the claim under the PLD accountant, when there is one: `tightness_pld` is
       the best bound against the mechanism's (near) exact epsilon, the audit's own slack
       without the RDP accountant's.
-    claimed_delta: the claim's whole privacy profile epsilon -> delta (the accountant's,
-      `accounting.delta_for`). For the mechanisms whose curve is not Gaussian
+    claimed_delta: the claim's whole privacy profile, epsilons -> deltas (the accountant's,
+      `accounting.delta_curve`). For the mechanisms whose curve is not Gaussian
       (`NON_GAUSSIAN`: the Poisson-subsampled Gaussian, randomized response) the Gaussian-
       curve bounds cannot count, and a single (epsilon, delta) point is a weak test; with the
       profile, `auditing.profile_violation` (the empirical delta(epsilon) lower bounds above
