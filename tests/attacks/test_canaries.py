@@ -366,3 +366,78 @@ def test_one_client_one_round_server_view_equals_the_last_iterate(kind):
                       participation=1.0, kind=kind, examples=ex, **kw)
   np.testing.assert_allclose(sc.uploads, sc.last, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(sc.aggregates[0], sc.last, rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------- exact values (mutation run) ---
+
+
+def test_mixture_llr_is_the_log_ratio_of_the_two_mixtures():
+  x = np.linspace(-4, 4, 9)
+  for q, shift, sigma in ((0.3, 1.5, 2.0), (0.05, 0.5, 0.7), (0.9, 2.0, 1.0)):
+    plus = (1 - q) * sp_stats.norm.pdf(x, 0, sigma) + q * sp_stats.norm.pdf(x, shift, sigma)
+    minus = (1 - q) * sp_stats.norm.pdf(x, 0, sigma) + q * sp_stats.norm.pdf(x, -shift, sigma)
+    got = canaries.mixture_llr(jnp.asarray(x)[:, None], q, shift, sigma)
+    np.testing.assert_allclose(got, np.log(plus / minus), rtol=2e-4, atol=2e-5)
+  # Summed over the last axis (the rounds).
+  two = canaries.mixture_llr(jnp.asarray([[0.5, -1.0]]), 0.3, 1.0, 1.0)
+  one = canaries.mixture_llr(jnp.asarray([[0.5], [-1.0]]), 0.3, 1.0, 1.0)
+  np.testing.assert_allclose(two, one.sum(), rtol=1e-5)
+
+
+def test_dirac_coordinates_are_distinct_keyed_and_allowed_up_to_the_dimension():
+  c = canaries.dirac_coordinates(jax.random.key(0), 30, 30)
+  np.testing.assert_array_equal(np.sort(c), np.arange(30))
+  d = canaries.dirac_coordinates(jax.random.key(0), 5, 1000)
+  assert len(set(d.tolist())) == 5 and d.max() < 1000
+  assert not np.array_equal(d, canaries.dirac_coordinates(jax.random.key(1), 5, 1000))
+  with pytest.raises(ValueError, match='31 gradient canaries need as many coordinates'):
+    canaries.dirac_coordinates(jax.random.key(0), 31, 30)
+
+
+@pytest.mark.parametrize('mechanism,independent', [('update_dp', True), ('update_dp', False),
+                                                   ('dp_sgd_poisson', False),
+                                                   ('ldp_sgd', True)])
+def test_audit_reports_every_field_as_computed_by_hand(mechanism, independent):
+  rng = np.random.default_rng(4)
+  world = rng.random(3000) < 0.5
+  scores = rng.normal(size=world.size) + 1.2 * world
+  claim = 3.0
+  curve = lambda grid: np.zeros_like(grid)          # a claim of pure 0-DP: refuted
+  m = canaries.audit(scores, world, mechanism, claim, delta=1e-5, confidence=0.9,
+                     independent=independent, claimed_delta=curve)
+  counted = canaries.counted_bounds(mechanism, independent)
+  k = len(counted) + int(independent)
+  each = 1 - 0.1 / k
+  ref = auditing.audit_scores(scores[world], scores[~world], delta=1e-5, confidence=each)
+  for key in ('epsilon_one_run', 'epsilon_one_run_fdp', 'epsilon_cp', 'epsilon_gdp'):
+    assert m[key] == pytest.approx(ref[key], abs=1e-12), key
+  assert m['bound_confidence'] == pytest.approx(each)
+  assert m['verdict_confidence'] == 0.9
+  assert m['best_bound'] == pytest.approx(max(ref[c] for c in counted))
+  assert m['tightness'] == pytest.approx(m['best_bound'] / claim)
+  assert m['counted_bounds'] == ','.join(counted + (('profile',) if independent else ()))
+  assert m['canaries_independent'] == float(independent)
+  assert m['num_canaries'] == 3000 and m['n_in'] == world.sum() and m['n_out'] == (~world).sum()
+  assert m['score_in_mean'] == pytest.approx(scores[world].mean())
+  assert m['score_out_mean'] == pytest.approx(scores[~world].mean())
+  if mechanism == 'ldp_sgd':
+    assert math.isnan(m['epsilon_estimate']) and math.isnan(m['gdp_mu_estimate'])
+  else:
+    mu, eps = canaries.gaussian_fit_epsilon(scores[world], scores[~world], 1e-5)
+    assert m['gdp_mu_estimate'] == pytest.approx(mu) and m['epsilon_estimate'] == pytest.approx(eps)
+  if independent:
+    grid = np.linspace(0.0, 2 * claim, 41)
+    lower = auditing.privacy_profile(scores[world], scores[~world], grid, confidence=each)
+    assert m['profile_excess'] == pytest.approx(lower.max())
+    assert m['profile_epsilon'] == pytest.approx(grid[np.argmax(lower)])
+    assert m['profile_violation'] == 1.0 and m['privacy_violation'] == 1.0
+  else:
+    assert math.isnan(m['profile_violation']) and math.isnan(m['profile_excess'])
+    assert m['privacy_violation'] == float(m['best_bound'] > claim)
+
+
+def test_gaussian_fit_of_identical_constant_scores_is_infinite_and_of_equal_means_zero():
+  assert canaries.gaussian_fit_epsilon(np.ones(5), np.ones(5), 1e-5) == (math.inf, math.inf)
+  mu, eps = canaries.gaussian_fit_epsilon(np.array([1.0, -1.0, 1.0, -1.0]),
+                                          np.array([2.0, -2.0]), 1e-5)
+  assert mu == 0.0 and eps == 0.0
