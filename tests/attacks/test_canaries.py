@@ -441,3 +441,11 @@ def test_gaussian_fit_of_identical_constant_scores_is_infinite_and_of_equal_mean
   mu, eps = canaries.gaussian_fit_epsilon(np.array([1.0, -1.0, 1.0, -1.0]),
                                           np.array([2.0, -2.0]), 1e-5)
   assert mu == 0.0 and eps == 0.0
+
+
+def test_gaussian_fit_by_hand_with_unbiased_variances():
+  ins, outs = np.array([0.0, 2.0, 4.0]), np.array([1.0, 1.0, 4.0, 6.0])
+  # var (ddof 1): 4 and 6.0; pooled sd sqrt(5); means 2 and 3.
+  mu, eps = canaries.gaussian_fit_epsilon(ins, outs, 1e-5)
+  assert mu == pytest.approx(1.0 / math.sqrt(5.0))
+  assert eps == pytest.approx(auditing.gdp_epsilon(1.0 / math.sqrt(5.0), 1e-5))
