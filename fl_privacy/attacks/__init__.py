@@ -8,7 +8,9 @@
   `dishonest_attribution` explains its false positives (a duplicate of the target, or none).
 - `passive`: passive server-side MI from recorded rounds (FedMIA and the baselines of its
   Table 1).
-- `audit`: crafters and distinguishers that lower-bound LDP epsilon (the LDP-audit paper).
+- `audit`: crafters and distinguishers that lower-bound LDP epsilon (the LDP-audit paper),
+  the DP audit's canary games and the training audit's canaries.
+- `reconstruction`: recovering clients' inputs (analytic, imprint) and its metrics.
 """
 
 from fl_privacy.attacks import ami
@@ -16,5 +18,6 @@ from fl_privacy.attacks import audit
 from fl_privacy.attacks import dishonest
 from fl_privacy.attacks import dishonest_attribution
 from fl_privacy.attacks import passive
+from fl_privacy.attacks import reconstruction
 
-__all__ = ['ami', 'audit', 'dishonest', 'dishonest_attribution', 'passive']
+__all__ = ['ami', 'audit', 'dishonest', 'dishonest_attribution', 'passive', 'reconstruction']

@@ -10,6 +10,7 @@ the central DP mechanisms, their optimal scores and the epsilon bounds that coun
 
 from __future__ import annotations
 
+from fl_privacy.attacks.audit import canaries
 from fl_privacy.attacks.audit import crafters
 from fl_privacy.attacks.audit import distinguishers
 from fl_privacy.attacks.audit import dp_canary
@@ -23,5 +24,5 @@ from fl_privacy.attacks.audit.game import summarize
 
 __all__ = [
     'BLACK_BOX_RULE', 'CRAFTERS', 'Crafted', 'DISTINGUISHERS', 'MECHANISMS',
-    'crafters', 'distinguishers', 'dp_canary', 'game', 'summarize',
+    'canaries', 'crafters', 'distinguishers', 'dp_canary', 'game', 'summarize',
 ]
