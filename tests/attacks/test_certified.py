@@ -168,3 +168,15 @@ def test_value_range_of_a_degenerate_box_is_the_point_value():
   lo, hi = certified.value_range(neuron, 0.7, 0.7)
   v = _values(neuron, np.full((1, 4), 0.7))[0]
   assert lo == pytest.approx(v, abs=1e-5) and hi == pytest.approx(v, abs=1e-5)
+
+
+def test_value_range_is_computed_in_float64():
+  # float32 weights times the box's ends, rounded in float32, would be off by about 1e-8
+  # relative; the docstring promises float64 interval arithmetic (exact here to 1e-15).
+  w32 = np.float32(0.1)
+  neuron = _block([[0.1], [0.1]], [0.0], [1.0], 0.0)
+  lo, hi = certified.value_range(neuron, 3.0, 7.0)
+  want = 2 * 7.0 * float(w32)
+  assert hi == pytest.approx(want, rel=1e-15, abs=0)
+  assert lo == pytest.approx(2 * 3.0 * float(w32), rel=1e-15, abs=0)
+  assert float(np.float32(w32 * np.float32(7.0)) * np.float32(2)) != want  # float32 differs
