@@ -27,7 +27,8 @@ Online LiRA (`in_models` > 0, `fl.shadow`): at each recorded round the server al
 protocol's local training from w_t on `in_models` shadow sets per query, each drawn from the
 data it holds (`shadow_x`; `record_shards`: the test split) with the query inserted, and the
 result adds `loss_in` and `margin_in` [R, M, Q] float32 (the query's loss and logit margin
-under each IN model) and `shadow_size` (rows of a shadow set). Without it nothing of that is computed and the other
+under each IN model) and `shadow_size` (rows of a shadow set). Without it nothing of that is
+computed and the other
 arrays are the same, bit for bit.
 """
 

@@ -38,7 +38,8 @@ ORDERING = tuple((w + f, losers) for w, losers in (
                  for f in ('', _LOO))
 # Beside the paper's claims, FedMIA-II (both filters) against the state of the art.
 STATE_OF_THE_ART = tuple((w, ('lira_offline', 'lira_offline_fixed', 'lira_online',
-                              'lira_online_fixed', 'rmia')) for w in ('fedmia_ii', 'fedmia_ii' + _LOO))
+                              'lira_online_fixed', 'rmia'))
+                         for w in ('fedmia_ii', 'fedmia_ii' + _LOO))
 
 
 def dumps(obj: Any) -> str:

@@ -111,7 +111,8 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
 
 def final_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
                  scoring: str = 'aligned', single_index: int = -1,
-                 default_filter: str = scores_lib.DEFAULT_FILTER, rng: np.random.Generator | None = None,
+                 default_filter: str = scores_lib.DEFAULT_FILTER,
+                 rng: np.random.Generator | None = None,
                  rmia_gamma: float = scores_lib.RMIA_GAMMA,
                  rmia_a: float = scores_lib.RMIA_A) -> dict[str, Any]:
   """The pooled final scores `evaluate` ranks (arguments as there).

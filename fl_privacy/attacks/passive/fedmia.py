@@ -11,11 +11,13 @@ they did (Eq. 8), and the round's score is Phi((M(I_target^t | x, y) - mu_t) / s
 rounds. Any measurement plugs in (Remark 3): FedMIA-I uses -loss, FedMIA-II the gradient cosine.
 
 Outlier filters (`FILTERS`), applied to each (query, round) column of shadows:
-- `paper` (Eqs. 8-9; the default of `scores`: `fedmia_ii` without a suffix): remove j when M_j > mu + 3 sigma with mu, sigma the mean and population
+- `paper` (Eqs. 8-9; the default of `scores`: `fedmia_ii` without a suffix): remove j when
+  M_j > mu + 3 sigma with mu, sigma the mean and population
   standard deviation of all K - 1 shadows including j. With m shadows the largest possible
   z-score is (m - 1) / sqrt(m - 1) = sqrt(m - 1) (one value against m - 1 equal ones), so with
   m <= 10 shadows (K <= 11 clients) it can never exceed 3 and the filter never fires.
-- `leave_one_out` (ours, `fedmia_ii@leave_one_out`): remove j when M_j > mu_{-j} + 3 sigma_{-j}, the mean and
+- `leave_one_out` (ours, `fedmia_ii@leave_one_out`): remove j when M_j > mu_{-j} +
+  3 sigma_{-j}, the mean and
   population standard deviation of the other m - 1 shadows. This is the test the paper's
   argument needs (is client j's value extreme among the clients that did not train on the
   query?) and a shadow that owns the query can fail it at any K.

@@ -7,7 +7,8 @@ the pairwise likelihood ratio is
 
   LR_theta(x, z) = (Pr(x | theta) / Pr(x)) / (Pr(z | theta) / Pr(z))
 
-(Sect. 2 of the paper, unverified; Bayes' rule turns Pr(theta | x) / Pr(theta | z) into this form), and
+(Sect. 2 of the paper, unverified; Bayes' rule turns Pr(theta | x) / Pr(theta | z) into this
+form), and
 
   Score_MIA(x; theta) = Pr_{z ~ population}[LR_theta(x, z) >= gamma]
 
@@ -15,7 +16,8 @@ the pairwise likelihood ratio is
 unverified too). Pr(x | theta) = p_y = softmax(z)_y of the true label, taken from the logit
 margin m = z_y - logsumexp_{j != y} z_j that the recording holds (`margin`, as LiRA's phi):
 log p_y = -log(1 + exp(-m)) in float64 (`loss_from_margin`), exact where the float32
-cross-entropy rounds to 0 and would make every confident model's p exactly 1. The reference models are the
+cross-entropy rounds to 0 and would make every confident model's p exactly 1. The reference
+models are the
 other clients' uploads of the same round: Pr_OUT(x) is their mean of Pr(x | theta'), and
 Pr(x) is the paper's offline approximation (Sect. 3 and its appendix on the offline attack,
 unverified),
