@@ -606,3 +606,18 @@ def test_rmia_marginal_is_exact_for_confident_reference_models():
   mixed = np.array([[1e-18, 1000.0], [3e-18, 1000.0]])
   np.testing.assert_allclose(rmia.log_marginal(mixed, 1.0), [-2e-18, -1000.0], rtol=1e-12)
   np.testing.assert_allclose(rmia.log_marginal(mixed, 0.5)[1], math.log(0.25), rtol=1e-12)
+
+
+def test_offline_fixed_variance_is_one_sigma_per_round_not_across_rounds():
+  # Round 1's shadows spread 3x round 0's: each round's global sigma is its own, so the
+  # scores of a two-round input equal those of each round alone (from a mutation run).
+  rng = np.random.default_rng(14)
+  base = rng.normal(size=(6, 9))
+  wide = 3.0 * base
+  wide[0] = base[0]  # the same target values, shadows spread 3x
+  values = np.stack([base, wide])
+  both = lira.offline_scores(values, 0, fixed_variance=True)
+  for t in range(2):
+    np.testing.assert_allclose(both[t], lira.offline_scores(values[t], 0, fixed_variance=True),
+                               rtol=1e-12)
+  assert not np.allclose(both[0], both[1])
