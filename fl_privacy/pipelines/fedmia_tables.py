@@ -187,11 +187,12 @@ def _rmia_ties(m: dict | None) -> str:
   """RMIA's population size and the ties at its top score (aligned), '' when not scored."""
   if m is None or 'rmia_population' not in m:
     return ''
-  return (f'RMIA (aligned): population n_z = {int(m["rmia_population"])} test rows (each score '
-          f'a fraction of them, averaged over rounds); {int(m["top_tied"])} entries share the '
-          f'top score, {int(m["top_tied_negatives"])} of them non-members (ties are one '
-          'threshold of the ROC, so a rate never rests on a tie broken for the members; with '
-          f'more than {0.001 * int(m["n_neg"]):.1f} tied non-members TPR@0.1% FPR is 0).')
+  return (f'RMIA (aligned): population n_z = {int(m["rmia_population"])} rows that no client '
+          'holds (owner -1: the test split and the train rows outside every shard; each score '
+          'a fraction of them, averaged over rounds); entries sharing the top score: '
+          f'{int(m["top_tied"])}, of them non-members: {int(m["top_tied_negatives"])} (ties are '
+          'one threshold of the ROC, so a rate never rests on a tie broken for the members; '
+          f'with more than {0.001 * int(m["n_neg"]):.1f} tied non-members TPR@0.1% FPR is 0).')
 
 
 def table1(config, points: list[dict], claims_: dict | None = None) -> str:

@@ -621,3 +621,31 @@ def test_offline_fixed_variance_is_one_sigma_per_round_not_across_rounds():
     np.testing.assert_allclose(both[t], lira.offline_scores(values[t], 0, fixed_variance=True),
                                rtol=1e-12)
   assert not np.allclose(both[0], both[1])
+
+
+def test_rmia_computes_in_float64_from_float32_recordings():
+  # Recordings store float32 margins; -log p and log Pr(x) are float64 whatever comes in
+  # (from the rmia mutation run: float32 arithmetic would be off by ~1e-7 relative).
+  m32 = np.array([0.3, 7.0, 25.0, 60.0], np.float32)
+  got = rmia.loss_from_margin(m32)
+  assert got.dtype == np.float64
+  np.testing.assert_allclose(got, np.log1p(np.exp(-m32.astype(np.float64))), rtol=1e-14)
+  ref32 = np.array([[0.3, 1.7], [0.9, 2.2]], np.float32)
+  ref64 = ref32.astype(np.float64)
+  got = rmia.log_marginal(ref32, 0.33)
+  assert got.dtype == np.float64
+  want = np.log((1.33 * np.exp(-ref64).mean(axis=0) + 0.67) / 2)
+  np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+def test_online_lira_computes_in_float64_from_float32_margins():
+  # From the lira mutation run: float32 margins (as recorded) are scored in float64.
+  rng = np.random.default_rng(15)
+  x, pin, pout = (rng.normal(size=s).astype(np.float32) * 3 + 20
+                  for s in ((7,), (3, 7), (5, 7)))
+  for fixed in (False, True):
+    got = lira.online_scores(x, pin, pout, fixed_variance=fixed)
+    assert got.dtype == np.float64
+    want = lira.online_scores(x.astype(np.float64), pin.astype(np.float64),
+                              pout.astype(np.float64), fixed_variance=fixed)
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-12)

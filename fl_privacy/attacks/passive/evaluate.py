@@ -211,8 +211,9 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
   m = score_metrics(final, labels, f['target'], f['groups'], boot_rng, num_resamples)
   m['round'] = f['round']
   if scores_lib.parse(attack, default_filter)[0] == 'rmia':
-    # The population each RMIA score is a fraction of (the test rows; a test-row candidate is
-    # compared with the others, one fewer).
+    # The population each RMIA score is a fraction of (the rows no client holds, owner -1: the
+    # test split and, in the FedMIA pipeline, the train rows outside every shard; a candidate
+    # from the population is compared with the others, one fewer).
     m['rmia_population'] = int((np.asarray(owner) == -1).sum())
   m['filter_removed_fraction'] = (pooled['removed'] / pooled['examined']
                                   if pooled['examined'] else math.nan)
