@@ -180,13 +180,14 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
                  ) -> dict[str, Any]:
   """Per-round scores of one target's members and non-members.
 
-  The per-round term of Eq. (5)/(12) of the FedMIA paper (equation numbers in this module as
-  issue 29 and the module `fedmia` read them; unverified against the paper's text here): for `kind='fedmia'` the round's
+  The per-round term of Eq. (5)/(12) of the FedMIA paper (equation numbers as the module
+  `fedmia` reads them; unverified against the paper's text): for `kind='fedmia'` the round's
   Phi((M_target - mu_t) / sigma_t) (`fedmia.round_scores`), for 'lira' / 'lira_fixed' offline
   LiRA's Phi on the same columns (`lira.offline_scores`, per-query or fixed variance), for
   'lira_online' / 'lira_online_fixed' online LiRA's log likelihood ratio (the LiRA paper's
   online test, `lira.online_scores`) with `in_values` as IN and the other clients as OUT, for
-  'rmia' RMIA's pairwise test against the test rows (`rmia.pairwise_scores`), otherwise the
+  'rmia' RMIA's pairwise test against the rows no client holds (owner -1,
+  `rmia.pairwise_scores`), otherwise the
   target's own measurement (or the shared one when `values` has a single client row, as
   grad_sq).
 
