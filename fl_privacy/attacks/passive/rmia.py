@@ -2,7 +2,7 @@
 arXiv:2312.03262) adapted to FedAvg recordings, server-side.
 
 For a target model theta (the target client's upload of a round), a candidate x and a
-population sample z (data the server holds: by default the recording's test rows, owner -1),
+population sample z (data the server holds: by default the rows no client holds, owner -1),
 the pairwise likelihood ratio is
 
   LR_theta(x, z) = (Pr(x | theta) / Pr(x)) / (Pr(z | theta) / Pr(z))
