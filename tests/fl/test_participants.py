@@ -56,3 +56,14 @@ def test_the_draw_depends_on_the_round_key_and_salt_only():
 def test_fractions_outside_0_1_are_refused(fraction):
   with pytest.raises(ValueError, match='participation fraction'):
     rounds.participants(KEY, 0, 10, fraction)
+
+
+@pytest.mark.parametrize('num_clients,fraction,count', CASES)
+def test_the_accountant_assumes_the_count_the_rounds_draw(num_clients, fraction, count):
+  """Sampled central DP's declaration (`defenses.registry`, from the participation fraction)
+  assumes as many participants per round as `rounds.participants` draws."""
+  from fl_privacy.defenses import registry  # pylint: disable=g-import-not-at-top
+  setting = registry.Setting(rounds=3, num_clients=num_clients)
+  declare = registry._declare_server(False)  # pylint: disable=protected-access
+  declared = declare({'participation': fraction}, setting)
+  assert declared.sample_size == count
