@@ -10,21 +10,23 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-# Every attack of Table 1, the optimistic best-round variants, FedMIA with each filter, and
-# beside them the state of the art: offline and online LiRA (per-query and fixed variance) and
-# RMIA.
+# Every attack of Table 1, the optimistic best-round variants, FedMIA with each filter (without
+# a suffix the paper's, Eqs. 8-9; ours, leave-one-out, beside it; none), and beside them the
+# state of the art: offline and online LiRA (per-query and fixed variance) and RMIA.
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'grad_diff', 'grad_norm',
            'blackbox_loss_best_round', 'grad_cosine_best_round', 'grad_diff_best_round',
            'grad_norm_best_round', 'loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii',
-           'fedmia_i@paper', 'fedmia_ii@paper', 'fedmia_i@none', 'fedmia_ii@none',
-           'lira_offline', 'lira_offline_fixed', 'lira_online', 'lira_online_fixed', 'rmia')
+           'fedmia_i@leave_one_out', 'fedmia_ii@leave_one_out', 'fedmia_i@none',
+           'fedmia_ii@none', 'lira_offline', 'lira_offline_fixed', 'lira_online',
+           'lira_online_fixed', 'rmia')
 # RMIA's offline parameter a per dataset: the RMIA authors' configs (ml_privacy_meter,
 # research/2023_rmia/attack_configs/<dataset>/rmia_offline_*_ref_models.yaml: offline_a 0.33
 # on CIFAR-10, 0.6 on CIFAR-100); elsewhere a = 1 (Pr(x) = Pr_OUT(x)), their "unknown" value.
 RMIA_A = {'cifar10': 0.33, 'cifar100': 0.6}
-# The six attacks of the paper's Figs. 4 and 6, scored in the sweeps.
+# The six attacks of the paper's Figs. 4 and 6 (FedMIA with the paper's filter), and FedMIA
+# with our leave-one-out filter beside them, scored in the sweeps.
 SWEEP_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
-                 'fedmia_ii')
+                 'fedmia_ii', 'fedmia_i@leave_one_out', 'fedmia_ii@leave_one_out')
 
 
 def _defenses(smoke: bool) -> ml_collections.ConfigDict:
@@ -76,7 +78,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       lr_decay^t, the paper's Table 3), or 'constant'.
     lr_decay: the exponential schedule's factor (0.99).
     attacks: attacks scored on the main setting (`fl_privacy.attacks.passive.ATTACKS`, FedMIA
-      optionally `@leave_one_out|paper|none`): the paper's, and beside them 'lira_offline',
+      optionally `@paper|leave_one_out|none`): the paper's (FedMIA with the paper's filter), ours
+      ('fedmia_i@leave_one_out', 'fedmia_ii@leave_one_out'), and beside them 'lira_offline',
       'lira_offline_fixed' (offline LiRA, per-query / fixed variance, the other clients as OUT
       models), 'lira_online', 'lira_online_fixed' (online LiRA: the same OUT models, and IN
       models the server trains by re-running the protocol's round from w_t on shadow sets
@@ -84,8 +87,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       reference models, the test rows as population). CIFAR leaves the online attacks out: their
       IN models cost Q x lira_in_models local rounds per recorded round (about 24,000 times a
       round's client work with AlexNet); add them with `--config.fedmia.attacks=...` on a GPU.
-    lira_in_models: IN models per query and recorded round of online LiRA (an integer >= 1,
-      >= 2 for 'lira_online', whose IN variance is per query): each a shadow set of the
+    lira_in_models: IN models per query and recorded round of online LiRA (an integer >= 2:
+      both online attacks fit an IN variance, per query or global): each a shadow set of the
       clients' size from the test split with the query replacing one row, trained from w_t
       with the clients' optimizer, E, B and hooks (`fl.shadow`). Recorded only by trainings
       that score an online attack; costs Q x lira_in_models local rounds per recorded round.
@@ -97,8 +100,9 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     bootstrap_resamples: resamples of the query-cluster bootstrap interval of every TPR at low
       FPR (`_boot_low` / `_boot_high`). 1,000: about 0.05 s per point on digits (measured,
       docs/experiments/fedmia.md), a few % of the default run.
-    outlier_filter: FedMIA's filter when the name gives none: 'leave_one_out' (default, ours),
-      'paper' (Eqs. 8-9, cannot fire with <= 10 shadows), 'none'.
+    outlier_filter: FedMIA's filter when the name gives none: 'paper' (default: the paper's
+      Eqs. 8-9, which cannot fire with <= 10 shadows), 'leave_one_out' (ours), 'none'. Tables
+      label each FedMIA row with its filter.
     nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity),
       'public_code' (non-members redrawn per client and round, as the authors' code) and/or
       'public_code_2024' (the authors' Feb 2024 code: the non-members of a target are only the
@@ -137,7 +141,7 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.lr_decay = 0.99
   s.attacks = tuple(a for a in ATTACKS if not a.startswith('lira_online')) if cifar else ATTACKS
   s.lira_in_models = 4
-  s.outlier_filter = 'leave_one_out'
+  s.outlier_filter = 'paper'
   s.rmia_gamma = 2.0
   s.rmia_a = RMIA_A.get(dataset, 1.0)
   s.bootstrap_resamples = 1000

@@ -7,14 +7,15 @@ scores each query (train + test split) against each client as target: the Table 
 (Blackbox-Loss, Grad-Cosine, Grad-Diff, Grad-Norm at one round, and their optimistic best-round
 choice; Loss-Series, Avg-Cosine over rounds) and FedMIA-I/II (Eqs. 8-12: a Gaussian test of the
 target's measurement against the other clients' measurements of the same query, averaged over
-rounds), with the paper's 3-sigma filter, a leave-one-out filter (default) or none. Non-members
+rounds), with the paper's 3-sigma filter (default, `fedmia_ii`), our leave-one-out filter
+(`fedmia_ii@leave_one_out`, beside it in every table) or none. Non-members
 are scored aligned (default) or the public code's way (redrawn per client and round), which
 measures how much that inflates the paper's numbers.
 
   python -m experiments.fedmia                                   # digits, <= 5 min on 2 cores
   python -m experiments.fedmia --config=configs/digits.py:smoke  # seconds (CI)
   python -m experiments.fedmia --config=configs/cifar100.py      # the paper's setting: GPU
-  python -m experiments.fedmia --config.fedmia.outlier_filter=paper
+  python -m experiments.fedmia --config.fedmia.outlier_filter=leave_one_out
 
 Writes, beside results.json: `recorded/*.npz` (each training's [R, K, Q] measurements, so
 re-scoring and resuming never retrain), `table1.md` (attacks, aligned vs public-code scoring),

@@ -11,6 +11,7 @@ against score a query (x, y) against every client's update Delta_k = w_t - w_loc
 | `cos` | [K, Q] | cos(g, Delta_k), g = grad of the loss of (x, y) at w_t (Eq. 7; Grad-Cosine, FedMIA-II) |
 | `diff` | [K, Q] | ||Delta_k||^2 - ||Delta_k - g||^2 = 2 <g, Delta_k> - ||g||^2 (Grad-Diff) |
 | `grad_sq` | [Q] | ||g||^2 (Grad-Norm) |
+| `margin` | [K, Q] | z_y - logsumexp_{j != y} z_j of the logits z of (x, y) under w_t - Delta_k (`losses.true_label_margin`; LiRA's phi, RMIA's probabilities) |
 
 Delta_k is what the server receives: after an `upload` defense (noise, sparsification,
 quantisation) the loss is that of the defended model w_t - upload, so upload defenses reach the
@@ -41,6 +42,7 @@ class Measurements(NamedTuple):
   cos: Any
   diff: Any
   grad_sq: Any
+  margin: Any
 
 
 def flatten_stack(tree: Any) -> jnp.ndarray:
@@ -65,10 +67,12 @@ def _chunk_measurements(apply_fn, global_params, uploads, flat_updates, update_n
 
   def local_loss(upload):
     local = jax.tree_util.tree_map(jnp.subtract, global_params, upload)
-    return losses.per_example_cross_entropy(apply_fn(local, x), y)
+    logits = apply_fn(local, x)
+    return (losses.per_example_cross_entropy(logits, y),
+            losses.true_label_margin(logits, y))
 
-  loss = jax.vmap(local_loss)(uploads)                        # [K, C]
-  return Measurements(loss=loss, cos=cos, diff=diff, grad_sq=grad_sq)
+  loss, margin = jax.vmap(local_loss)(uploads)                # [K, C] each
+  return Measurements(loss=loss, cos=cos, diff=diff, grad_sq=grad_sq, margin=margin)
 
 
 def _measure(apply_fn, global_params, uploads, x, y, *, chunk_size):
@@ -91,7 +95,8 @@ def _measure(apply_fn, global_params, uploads, x, y, *, chunk_size):
     return jnp.moveaxis(a, 1, 0).reshape(k, -1)[:, :q]
 
   return Measurements(loss=per_client(out.loss), cos=per_client(out.cos),
-                      diff=per_client(out.diff), grad_sq=out.grad_sq.reshape(-1)[:q])
+                      diff=per_client(out.diff), grad_sq=out.grad_sq.reshape(-1)[:q],
+                      margin=per_client(out.margin))
 
 
 # Jitted by rebinding, not by a decorator: mutmut skips decorated functions.
@@ -118,7 +123,8 @@ def measure(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params: 
       on it beyond float rounding of the per-chunk products.
 
   Returns:
-    `Measurements(loss [K, Q], cos [K, Q], diff [K, Q], grad_sq [Q])` as jax arrays.
+    `Measurements(loss [K, Q], cos [K, Q], diff [K, Q], grad_sq [Q], margin [K, Q])` as jax
+    arrays.
   """
   if chunk_size < 1:
     raise ValueError(f'chunk_size must be >= 1 (got {chunk_size})')

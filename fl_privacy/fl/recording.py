@@ -12,7 +12,9 @@ Recorded rounds are the `record_every`-th, 2 `record_every`-th, ..., `num_rounds
 `recorded_rounds(...)`.
 
 The result is a dict of numpy arrays (the FedMIA paper's I_k^t measured on every query):
-`loss`, `cos`, `diff` [R, K, Q] float32, `grad_sq` [R, Q], `rounds` [R] (0-based index t of
+`loss`, `cos`, `diff` [R, K, Q] float32, `grad_sq` [R, Q], `margin` [R, K, Q] float32 (the
+logit margin z_y - logsumexp_{j != y} z_j of each query under each upload, LiRA's and RMIA's
+statistic: `queries.measure`), `rounds` [R] (0-based index t of
 each recorded round), `test_correct` [R] and `num_test` (correct test predictions of
 w_{t+1}), `test_loss` [R], and given the members, `member_correct` and `num_member` (the
 final global model's accuracy on the clients' training rows). A caller stores it (the pipeline writes one .npz per training
@@ -24,8 +26,9 @@ the result adds `owner` [Q] (the client holding each query, -1 none), `client_si
 Online LiRA (`in_models` > 0, `fl.shadow`): at each recorded round the server also re-runs the
 protocol's local training from w_t on `in_models` shadow sets per query, each drawn from the
 data it holds (`shadow_x`; `record_shards`: the test split) with the query inserted, and the
-result adds `loss_in` [R, M, Q] float32 (the query's loss under each IN model) and
-`shadow_size` (rows of a shadow set). Without it nothing of that is computed and the other
+result adds `loss_in` and `margin_in` [R, M, Q] float32 (the query's loss and logit margin
+under each IN model) and `shadow_size` (rows of a shadow set). Without it nothing of that is
+computed and the other
 arrays are the same, bit for bit.
 """
 
@@ -47,7 +50,10 @@ from fl_privacy.fl import queries
 from fl_privacy.fl import rounds
 from fl_privacy.fl import shadow
 
-ARRAYS = ('loss', 'cos', 'diff', 'grad_sq', 'rounds', 'test_correct', 'num_test', 'test_loss')
+ARRAYS = ('loss', 'cos', 'diff', 'grad_sq', 'margin', 'rounds', 'test_correct', 'num_test',
+          'test_loss')
+# The per-round measurements of `queries.Measurements`, in its order.
+MEASURED = ('loss', 'cos', 'diff', 'grad_sq', 'margin')
 
 
 def recorded_rounds(num_rounds: int, record_every: int) -> np.ndarray:
@@ -71,7 +77,7 @@ def _segment(params, clients, key, first, qx, qy, test_x, test_y, pool, *, apply
              shadow_size=0, masked=False):
   """Rounds first .. first + num_plain - 1 unobserved, then round t = first + num_plain whose
   uploads are measured at w_t; returns (w_{t+1}, measurements, test correct, test loss sum,
-  IN losses [M, Q] or None).
+  IN (loss, margin) [M, Q] each, or None).
 
   `pool` is (shadow_x, shadow_y, query_pool) when `in_models` > 0 (`shadow.in_losses` at w_t
   with round t's optimizer), else None and nothing more is traced.
@@ -144,7 +150,7 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
       accuracy on them (`member_correct`, `num_member`) gives the generalisation gap.
     progress: Optional `progress(recorded_index, {'round', 'test_accuracy'})` callback.
     in_models: M IN models per query and recorded round for online LiRA (`fl.shadow`); 0:
-      none (no `loss_in`).
+      none (no `loss_in`, `margin_in`).
     shadow_x, shadow_y: the server's data the shadow sets are drawn from (needed with
       `in_models`).
     query_pool: [Q] row of each query in `shadow_x`, -1 when it is not one (default: none).
@@ -179,17 +185,18 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     pool = (jnp.asarray(shadow_x), jnp.asarray(shadow_y), jnp.asarray(query_pool, jnp.int32))
     static.update(in_models=int(in_models), shadow_size=int(shadow_size),
                   masked=clients.mask is not None)
-  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'test_correct', 'test_loss',
-                               'loss_in')}
+  out = {name: [] for name in MEASURED + ('test_correct', 'test_loss', 'loss_in',
+                                          'margin_in')}
   done = 0
   for i, t in enumerate(recorded):
     params, m, correct, total, loss_in = _segment(
         params, clients, key, jnp.int32(done), qx, qy, tx, ty, pool, num_plain=int(t - done),
         chunk_size=chunk, **static)
-    for name in ('loss', 'cos', 'diff', 'grad_sq'):
+    for name in MEASURED:
       out[name].append(np.asarray(getattr(m, name), np.float32))
     if in_models:
-      out['loss_in'].append(np.asarray(loss_in, np.float32))
+      out['loss_in'].append(np.asarray(loss_in[0], np.float32))
+      out['margin_in'].append(np.asarray(loss_in[1], np.float32))
     if tx is not None:
       out['test_correct'].append(int(correct))
       out['test_loss'].append(float(total) / tx.shape[0])
@@ -197,7 +204,7 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     if progress is not None:
       acc = (out['test_correct'][-1] / tx.shape[0]) if tx is not None else float('nan')
       progress(i, {'round': int(t), 'test_accuracy': acc})
-  result = {name: np.stack(out[name]) for name in ('loss', 'cos', 'diff', 'grad_sq')}
+  result = {name: np.stack(out[name]) for name in MEASURED}
   result['rounds'] = recorded.astype(np.int32)
   num_test = 0 if test_x is None else len(test_x)
   result['test_correct'] = np.asarray(out['test_correct'] or [0] * len(recorded), np.int64)
@@ -210,6 +217,7 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
     result['num_member'] = np.asarray(len(member_x), np.int64)
   if in_models:
     result['loss_in'] = np.stack(out['loss_in'])
+    result['margin_in'] = np.stack(out['margin_in'])
     result['shadow_size'] = np.asarray(shadow_size, np.int64)
   return result
 

@@ -7,9 +7,10 @@ from in round t and the protocol (optimizer and its round-t learning rate, E, B,
 hooks), not the target's data. So for query q, round t and shadow index m it trains from w_t,
 with the clients' own code (`local.client_update`, hooks included), a shadow set of the
 clients' size drawn from data the server holds (the pool; the FedMIA pipeline's test split),
-with x replacing one of its rows, and measures the cross-entropy of x under w_t - upload: the
-model the server would have seen had the shadow set been a client's (`queries.measure`'s
-`loss` of an upload).
+with x replacing one of its rows, and measures the cross-entropy of x and its logit margin
+z_y - logsumexp_{j != y} z_j (`losses.true_label_margin`, LiRA's phi from the logits) under
+w_t - upload: the model the server would have seen had the shadow set been a client's
+(`queries.measure`'s `loss` and `margin` of an upload).
 
 Keys (from the training's run key `key`; the result depends on (key, t, m, q) only, never on
 how the queries are chunked):
@@ -69,8 +70,9 @@ def insert_position(key, rows: jnp.ndarray, pool_index) -> jnp.ndarray:
 def in_loss(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params: Any, x, y,
             position, query_x, query_y, *, key, optimizer: optax.GradientTransformation,
             epochs: int, batch_size: int, hooks: client.ClientHooks | None = None,
-            mask=None) -> jnp.ndarray:
-  """Cross-entropy of the query under one IN model: the protocol's round on a shadow set.
+            mask=None) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Cross-entropy and logit margin of the query under one IN model: the protocol's round on
+  a shadow set.
 
   The shadow set is `x`, `y` with row `position` replaced by the query; the client's round
   (`local.client_update` from `global_params`, the protocol's optimizer, E, B and hooks, client
@@ -89,7 +91,7 @@ def in_loss(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params: 
     mask: None, or [n] ones for the masked path (clients with padded shards train that way).
 
   Returns:
-    scalar float32 loss.
+    (loss, margin): scalar float32 cross-entropy and z_y - logsumexp_{j != y} z_j.
   """
   x = jnp.asarray(x).at[position].set(query_x)
   y = jnp.asarray(y).at[position].set(query_y)
@@ -97,15 +99,17 @@ def in_loss(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params: 
                                   hooks=hooks, mask=mask, optimizer=optimizer, epochs=epochs,
                                   batch_size=batch_size)
   model = jax.tree_util.tree_map(jnp.subtract, global_params, upload)
-  return losses.per_example_cross_entropy(apply_fn(model, query_x[None]), query_y[None])[0]
+  logits, label = apply_fn(model, query_x[None]), jnp.asarray(query_y)[None]
+  return (losses.per_example_cross_entropy(logits, label)[0],
+          losses.true_label_margin(logits, label)[0])
 
 
 def in_losses(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params: Any,
               pool_x, pool_y, query_x, query_y, query_pool, *, key, round_index,
               num_models: int, size: int, optimizer: optax.GradientTransformation,
               epochs: int, batch_size: int, hooks: client.ClientHooks | None, masked: bool,
-              chunk_size: int) -> jnp.ndarray:
-  """Losses of every query under its `num_models` IN models of round t, [M, Q] float32.
+              chunk_size: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Losses and logit margins of every query under its `num_models` IN models of round t.
 
   For shadow index m the rows `shadow_rows` of the pool (keys: module docstring) are the
   shadow set of every query; query q replaces row `insert_position` and trains with its own
@@ -127,7 +131,7 @@ def in_losses(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params
     chunk_size: queries per vmapped chunk.
 
   Returns:
-    [M, Q] losses.
+    (loss [M, Q], margin [M, Q]) float32 (`in_loss`).
   """
   pool_x, pool_y = jnp.asarray(pool_x), jnp.asarray(pool_y)
   q = query_x.shape[0]
@@ -157,7 +161,7 @@ def in_losses(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], global_params
                      key=jax.random.fold_in(k, 1), optimizer=optimizer, epochs=epochs,
                      batch_size=batch_size, hooks=hooks, mask=mask)
 
-    out = jax.lax.map(lambda c: jax.vmap(one_query)(*c), chunks)
-    return out.reshape(-1)[:q]
+    loss, margin = jax.lax.map(lambda c: jax.vmap(one_query)(*c), chunks)
+    return loss.reshape(-1)[:q], margin.reshape(-1)[:q]
 
   return jax.lax.map(one_model, jnp.arange(num_models))

@@ -343,7 +343,7 @@ def recording_from_uploads(apply_fn: Callable, rounds: Sequence[RoundUploads], q
       every round must hold an upload of each.
 
   Returns:
-    `loss`, `cos`, `diff` float32 [R, K, Q], `grad_sq` float32 [R, Q], `rounds` int32 [R]
+    `loss`, `cos`, `diff`, `margin` float32 [R, K, Q], `grad_sq` float32 [R, Q], `rounds` int32 [R]
     (0-based index t = server round - 1 of the model w_t each round measured at), and
     `node_ids` int64 [K], `num_examples` float64 [R, K] (the replies' weights).
   """
@@ -353,7 +353,7 @@ def recording_from_uploads(apply_fn: Callable, rounds: Sequence[RoundUploads], q
            else np.asarray(node_ids, np.int64))
   if order.size == 0:
     raise ValueError(f'round {rounds[0].server_round} holds no upload')
-  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'num_examples')}
+  out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'margin', 'num_examples')}
   for r in rounds:
     index = {int(n): i for i, n in enumerate(r.node_ids)}
     missing = [int(n) for n in order if int(n) not in index]
@@ -367,7 +367,7 @@ def recording_from_uploads(apply_fn: Callable, rounds: Sequence[RoundUploads], q
     global_params = jax.tree_util.tree_map(jnp.asarray, r.global_params)
     m = queries.measure(apply_fn, global_params, deltas, query_x, query_y,
                         chunk_size=chunk_size)
-    for name in ('loss', 'cos', 'diff', 'grad_sq'):
+    for name in ('loss', 'cos', 'diff', 'grad_sq', 'margin'):
       out[name].append(np.asarray(getattr(m, name), np.float32))
     out['num_examples'].append(r.num_examples[picks])
   result = {name: np.stack(values) for name, values in out.items()}

@@ -23,14 +23,17 @@ from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import figures
 from fl_privacy.report import point_key
 
+# FedMIA without a suffix is the paper's filter; ours (leave-one-out) beside it.
 CURVE_ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
-                 'fedmia_ii')
-MULTI = ('loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii')
+                 'fedmia_ii', 'fedmia_i@leave_one_out', 'fedmia_ii@leave_one_out')
+MULTI = ('loss_series', 'avg_cosine', 'fedmia_i', 'fedmia_ii', 'fedmia_i@leave_one_out',
+         'fedmia_ii@leave_one_out')
 _COLOURS = {'blackbox_loss': 'tab:gray', 'grad_cosine': 'tab:olive', 'grad_diff': 'tab:brown',
             'grad_norm': 'tab:pink', 'loss_series': 'tab:blue', 'avg_cosine': 'tab:green',
             'fedmia_i': 'tab:purple', 'fedmia_ii': 'tab:red', 'lira_offline': 'tab:orange',
             'lira_offline_fixed': 'tab:cyan', 'lira_online': 'sienna',
-            'lira_online_fixed': 'magenta', 'rmia': 'darkgoldenrod'}
+            'lira_online_fixed': 'magenta', 'rmia': 'darkgoldenrod',
+            'fedmia_i@leave_one_out': 'indigo', 'fedmia_ii@leave_one_out': 'darkred'}
 
 
 # RMIA's threshold and offline parameter from the config: one definition for the tables too.
@@ -38,6 +41,8 @@ attack_options = fedmia_tables.attack_options
 
 
 def _colour(attack: str) -> str:
+  if attack in _COLOURS:
+    return _COLOURS[attack]
   return _COLOURS.get(scores_lib.parse(attack)[0].replace('_best_round', ''), 'k')
 
 

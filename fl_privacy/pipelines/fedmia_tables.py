@@ -30,12 +30,16 @@ PAPER_ALEXNET_CIFAR100 = {
     'fedmia_i': (53.78, 0.90), 'fedmia_ii': (66.98, 0.89),
 }
 _SCORING = {'public_code': 'public code', 'public_code_2024': 'public code 2024'}
-# The paper's ordering claims at low FPR: (winner, losers).
-ORDERING = (('fedmia_ii', ('grad_cosine', 'avg_cosine')),
-            ('fedmia_i', ('blackbox_loss', 'loss_series')))
-# Beside the paper's claims, FedMIA-II against the state of the art (those scored).
-STATE_OF_THE_ART = (('fedmia_ii', ('lira_offline', 'lira_offline_fixed', 'lira_online',
-                                   'lira_online_fixed', 'rmia')),)
+# The paper's ordering claims at low FPR: (winner, losers), FedMIA with the paper's filter
+# (no suffix) and with ours (leave-one-out) beside it.
+_LOO = '@leave_one_out'
+ORDERING = tuple((w + f, losers) for w, losers in (
+    ('fedmia_ii', ('grad_cosine', 'avg_cosine')), ('fedmia_i', ('blackbox_loss', 'loss_series')))
+                 for f in ('', _LOO))
+# Beside the paper's claims, FedMIA-II (both filters) against the state of the art.
+STATE_OF_THE_ART = tuple((w, ('lira_offline', 'lira_offline_fixed', 'lira_online',
+                              'lira_online_fixed', 'rmia'))
+                         for w in ('fedmia_ii', 'fedmia_ii' + _LOO))
 
 
 def dumps(obj: Any) -> str:
@@ -160,7 +164,8 @@ def _claim_lines(config, rows: list[dict]) -> list[str]:
            f'bootstrap in which both attacks see the same {s.bootstrap_resamples} resamples '
            "(thresholds re-selected on each): the paper's claims (FedMIA-II over Grad-Cosine and "
            'Avg-Cosine, FedMIA-I over Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA '
-           'and RMIA.', '',
+           "and RMIA, each for FedMIA with the paper's filter and with ours (leave-one-out).",
+           '',
            '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
            'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |',
            '|' + '---|' * 10]
@@ -176,6 +181,18 @@ def _claim_lines(config, rows: list[dict]) -> list[str]:
         f'{100 * _f(r["tpr_diff_high"]):+.2f}] | '
         f'{paired.verdict(_f(r["tpr_diff_low"]), _f(r["tpr_diff_high"]))} |')
   return lines + ['']
+
+
+def _rmia_ties(m: dict | None) -> str:
+  """RMIA's population size and the ties at its top score (aligned), '' when not scored."""
+  if m is None or 'rmia_population' not in m:
+    return ''
+  return (f'RMIA (aligned): population n_z = {int(m["rmia_population"])} rows that no client '
+          'holds (owner -1: the test split and the train rows outside every shard; each score '
+          'a fraction of them, averaged over rounds); entries sharing the top score: '
+          f'{int(m["top_tied"])}, of them non-members: {int(m["top_tied_negatives"])} (ties are '
+          'one threshold of the ROC, so a rate never rests on a tie broken for the members; '
+          f'with more than {0.001 * int(m["n_neg"]):.1f} tied non-members TPR@0.1% FPR is 0).')
 
 
 def table1(config, points: list[dict], claims_: dict | None = None) -> str:
@@ -241,13 +258,16 @@ def table1(config, points: list[dict], claims_: dict | None = None) -> str:
           f'{_distinct(a, "tpr_at_fpr_1e-3")} | '
           f'{_pct(a, "tpr_at_fpr_1e-2") if a else ""} | {_auc(a) if a else ""} | {cells}'
           f'{rng} | {paper_cell} |')
-    fm = [_get(idx, config, model, f'fedmia_ii@{f}') or _get(idx, config, model, 'fedmia_ii')
+    fm = [_get(idx, config, model, f'fedmia_ii@{f}') or
+          (_get(idx, config, model, 'fedmia_ii') if f == s.outlier_filter else None)
           for f in ('paper', 'leave_one_out')]
     lines += ['', 'Outlier filter: fraction of shadow values removed '
               '(FedMIA-II, aligned): ' + ', '.join(
                   f'{f} {_f(m["filter_removed_fraction"]):.4f} (owner of a non-member query '
                   f'removed: {_f(m["filter_owner_removed_fraction"]):.3f})'
                   for f, m in zip(('paper', 'leave-one-out'), fm) if m is not None), '']
+    ties = _rmia_ties(_get(idx, config, model, 'rmia'))
+    lines += [ties, ''] if ties else []
     lines += ["### The paper's ordering at 0.1% FPR (separate intervals)", '']
     lines += _ordering_lines(idx, config, model) + ['']
     lines += _claim_lines(config, (claims_ or {}).get(model, []))

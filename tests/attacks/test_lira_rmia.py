@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import special
@@ -15,11 +16,18 @@ from fl_privacy.attacks.passive import lira
 from fl_privacy.attacks.passive import rmia
 from fl_privacy.attacks.passive import scores
 from fl_privacy.eval import metrics
+from fl_privacy.fl import losses
 
 
 def _loss_of(phi):
-  """The cross-entropy loss whose logit confidence is phi: -log(sigmoid(phi))."""
+  """The cross-entropy loss whose logit margin is phi: -log(sigmoid(phi))."""
   return np.logaddexp(0.0, -np.asarray(phi, np.float64))
+
+
+def _margin_of(loss):
+  """The logit margin of a cross-entropy loss, log(p / (1 - p)) with p = exp(-loss)."""
+  loss = np.asarray(loss, np.float64)
+  return -loss - np.log(-np.expm1(-loss))
 
 
 def _optimum(delta, s):
@@ -27,37 +35,32 @@ def _optimum(delta, s):
   return float(special.ndtr(abs(delta) / (s * math.sqrt(2.0))))
 
 
-# --- logit confidence -------------------------------------------------------------------------
+# --- phi and Pr(x | theta) from the logit margin ----------------------------------------------
 
 
-def test_logit_confidence_is_the_logit_of_exp_minus_loss():
-  loss = np.geomspace(1e-6, 30.0, 500)
-  p = np.exp(-loss)
-  np.testing.assert_allclose(lira.logit_confidence(loss), np.log(p / (1.0 - p)), rtol=1e-8)
-  # Below 1e-6, 1 - p loses digits; the series -log(loss) - loss / 2 + O(loss^2) does not.
-  tiny = np.array([1e-12, 1e-20, 1e-30])
-  np.testing.assert_allclose(lira.logit_confidence(tiny), -np.log(tiny) - tiny / 2, rtol=1e-14)
-  # Large losses: phi = -loss - log(1 - e^-loss) = -loss to double precision.
-  np.testing.assert_allclose(lira.logit_confidence([40.0, 60.0, 80.0]), [-40.0, -60.0, -80.0],
+def test_phi_is_the_recorded_margin_and_a_recording_without_margins_is_refused():
+  margin = np.array([[[60.0, -3.0, 0.25]]], np.float32)
+  got = lira.phi({'margin': margin, 'loss': np.zeros_like(margin)})
+  assert got.dtype == np.float64
+  np.testing.assert_array_equal(got, margin.astype(np.float64))  # not derived from the loss
+  for module_fn in (lambda r: lira.phi(r), lambda r: rmia.recording_loss(r),
+                    lambda r: scores.signed_measurement(r, 'phi'),
+                    lambda r: scores.signed_measurement(r, 'log_p')):
+    with pytest.raises(ValueError, match='re-record'):
+      module_fn({'loss': np.ones((1, 2, 3))})
+
+
+def test_rmia_probability_from_the_margin_is_exact_where_the_float32_loss_is_zero():
+  # log p_y = -log(1 + e^-m): about -e^-m for large m, where float32 cross-entropy is 0.
+  m = np.arange(10.0, 61.0)
+  got = rmia.loss_from_margin(m)
+  np.testing.assert_allclose(got, np.log1p(np.exp(-m)), rtol=1e-14)
+  np.testing.assert_allclose(got[m >= 40], np.exp(-m[m >= 40]), rtol=1e-15)
+  assert (np.diff(got) < 0).all()  # strictly decreasing: confident models still rank
+  assert (np.float32(np.exp(-m[m >= 20])) + np.float32(1) == np.float32(1)).all()
+  # Negative margins: -log p = -m + log(1 + e^m), no overflow at -1000.
+  np.testing.assert_allclose(rmia.loss_from_margin([-1000.0, 0.0]), [1000.0, math.log(2.0)],
                              rtol=1e-15)
-  assert lira.logit_confidence(math.log(2.0)) == pytest.approx(0.0, abs=1e-15)  # p = 1/2
-
-
-def test_logit_confidence_is_decreasing_finite_and_clipped_symmetrically():
-  loss = np.r_[0.0, np.geomspace(lira.LOSS_FLOOR, lira.LOSS_CEILING, 4000)]
-  phi = lira.logit_confidence(loss)
-  assert np.isfinite(phi).all()
-  assert (np.diff(phi[1:]) < 0).all()  # strictly decreasing inside the clip range
-  edges = lira.logit_confidence([-1.0, 0.0, lira.LOSS_FLOOR, lira.LOSS_CEILING, 1e3, np.inf])
-  top = -math.log(lira.LOSS_FLOOR)  # phi(LOSS_FLOOR) = -log(LOSS_FLOOR) to double precision
-  np.testing.assert_allclose(edges, [top, top, top, -top, -top, -top], rtol=1e-12)
-  assert np.isnan(lira.logit_confidence(np.nan))
-  # The documented clip: float32's smallest normal number, 2^-126, so |phi| <= 126 ln 2.
-  assert lira.logit_confidence(0.0) == pytest.approx(126 * math.log(2.0), rel=1e-15)
-  assert lira.logit_confidence(126 * math.log(2.0)) == pytest.approx(-126 * math.log(2.0))
-  # The inverse used by the synthetic recordings below.
-  phi = np.linspace(-30, 30, 101)
-  np.testing.assert_allclose(lira.logit_confidence(_loss_of(phi)), phi, atol=1e-9)
 
 
 # --- LiRA reaches the optimum on Gaussian statistics --------------------------------------------
@@ -101,13 +104,14 @@ def test_online_lira_reaches_the_optimal_auc(fixed_variance):
 
 
 def _recording(rng, num_clients, per_client, num_test, delta, s, num_rounds=1):
-  """phi of client j on query q: mu_q + delta [owner_q == j] + s N(0, 1), stored as a loss."""
+  """phi of client j on query q: mu_q + delta [owner_q == j] + s N(0, 1), stored as the margin
+  (and its loss for the loss-based attacks)."""
   q = num_clients * per_client + num_test
   owner = np.r_[np.repeat(np.arange(num_clients), per_client), np.full(num_test, -1)]
   mu = 2.0 * rng.normal(size=q)
   own = owner[None, :] == np.arange(num_clients)[:, None]
   phi = mu + delta * own + s * rng.normal(size=(num_rounds, num_clients, q))
-  return dict(loss=_loss_of(phi), rounds=np.arange(num_rounds)), owner
+  return dict(loss=_loss_of(phi), margin=phi, rounds=np.arange(num_rounds)), owner
 
 
 def test_offline_lira_on_a_recording_reaches_the_optimum_and_pools_like_scores():
@@ -134,7 +138,7 @@ def test_offline_lira_round_scores_are_the_per_round_test_of_the_other_clients()
   rng = np.random.default_rng(3)
   rec, owner = _recording(rng, 4, 3, 5, delta=1.0, s=1.0, num_rounds=3)
   got = lira.round_scores(rec, owner, target=2)
-  phi = lira.logit_confidence(rec['loss'])
+  phi = rec['margin']
   members, nonmembers = np.flatnonzero(owner == 2), np.flatnonzero(owner != 2)
   order = np.r_[members, nonmembers]
   for t in range(3):
@@ -203,22 +207,51 @@ def test_fixed_variance_by_hand_with_a_single_shadow_for_one_query():
     lira.offline_scores(values, 0, shadow_mask=mask)
 
 
-def test_online_fixed_variance_by_hand_with_one_in_model():
-  phi_in = np.array([[3.0, 1.0]])
-  phi_out = np.array([[0.0, 2.0], [1.0, 2.0], [2.0, 5.0]])  # means 1, 3; SS 2, 6
+def test_online_fixed_variance_is_the_global_sigma_in_and_sigma_out_by_hand():
+  # IN: two models, query means 4 and 1, SS 2 and 0 -> sigma_in^2 = 2 / 2 = 1.
+  # OUT: three models, means 1 and 3, SS 2 and 6 -> sigma_out^2 = 8 / 4 = 2.
+  phi_in = np.array([[3.0, 1.0], [5.0, 1.0]])
+  phi_out = np.array([[0.0, 2.0], [1.0, 2.0], [2.0, 5.0]])
   x = np.array([2.5, 0.0])
-  var = 8 / 4 + 1e-8  # dof (1 - 1) * 2 + (3 - 1) * 2
-  want = ((x - [1.0, 3.0]) ** 2 - (x - [3.0, 1.0]) ** 2) / (2 * var)
+  v_in, v_out = 1.0 + 1e-8, 2.0 + 1e-8
+  want = (-0.5 * np.log(v_in) - (x - [4.0, 1.0]) ** 2 / (2 * v_in)
+          + 0.5 * np.log(v_out) + (x - [1.0, 3.0]) ** 2 / (2 * v_out))
   np.testing.assert_allclose(lira.online_scores(x, phi_in, phi_out, fixed_variance=True), want,
                              rtol=1e-12)
-  with pytest.raises(ValueError, match='two shadows'):
-    lira.online_scores(x, phi_in, phi_out)
-  # Per-query variances by hand (ddof 1): in from two models, out from the three.
-  phi_in2 = np.array([[3.0, 1.0], [5.0, 1.0]])  # means 4, 1; var 2, 0
+  # Not one sigma shared by IN and OUT (10 / 6): the log-variance term would vanish.
+  shared = 10 / 6 + 1e-8
+  assert not np.allclose(lira.online_scores(x, phi_in, phi_out, fixed_variance=True),
+                         ((x - [1.0, 3.0]) ** 2 - (x - [4.0, 1.0]) ** 2) / (2 * shared))
+  # Per-query variances by hand (ddof 1): in var 2, 0; out var 1, 3.
   v_in, v_out = np.array([2.0, 0.0]) + 1e-8, np.array([1.0, 3.0]) + 1e-8
   want = (-0.5 * np.log(v_in) - (x - [4.0, 1.0]) ** 2 / (2 * v_in)
           + 0.5 * np.log(v_out) + (x - [1.0, 3.0]) ** 2 / (2 * v_out))
-  np.testing.assert_allclose(lira.online_scores(x, phi_in2, phi_out), want, rtol=1e-10)
+  np.testing.assert_allclose(lira.online_scores(x, phi_in, phi_out), want, rtol=1e-10)
+  # One IN model has no IN spread, per query or global.
+  for fixed in (False, True):
+    with pytest.raises(ValueError, match='two shadows'):
+      lira.online_scores(x, phi_in[:1], phi_out, fixed_variance=fixed)
+
+
+def test_online_fixed_variance_recovers_different_in_and_out_spreads():
+  """IN ~ N(mu_q + 1, 0.5^2), OUT ~ N(mu_q, 2^2): the global variances are estimated apart,
+  so the fixed-variance score equals the per-query one computed with the true variances, to
+  the estimates' sampling error (ratio of variances within 5 sd of 1)."""
+  rng = np.random.default_rng(11)
+  q, n = 400, 50
+  mu = rng.normal(size=q)
+  phi_in = mu + 1 + 0.5 * rng.normal(size=(n, q))
+  phi_out = mu + 2.0 * rng.normal(size=(n, q))
+  x = np.zeros(q) + mu
+  got = lira.online_scores(x, phi_in, phi_out, fixed_variance=True)
+  # Recover sigma_in^2 from the score's curvature in x: d^2 / dx^2 = -1/v_in + 1/v_out.
+  h = 0.5
+  curv = (lira.online_scores(x + h, phi_in, phi_out, True) - 2 * got +
+          lira.online_scores(x - h, phi_in, phi_out, True)) / h ** 2
+  want = -1 / 0.25 + 1 / 4.0
+  tol = 5 * math.sqrt(2 / (q * (n - 1))) * (1 / 0.25 + 1 / 4.0)
+  np.testing.assert_allclose(curv, want, atol=tol)
+  assert np.ptp(curv) < 1e-9  # one global pair of variances: the same curvature everywhere
 
 
 # --- online LiRA on recordings (IN measurements `loss_in`) -------------------------------------
@@ -231,16 +264,19 @@ def _tiny_online():
                   [[4.0, 1.0, 0.0, 0.0], [1.0, 3.0, 1.0, -2.0], [2.0, 0.0, 3.0, 2.0]]])
   phi_in = np.array([[[2.0, 1.0, 0.0, 0.5], [4.0, 2.0, 3.0, 1.5]],
                      [[3.0, 2.0, 1.0, -1.0], [6.0, 2.5, 2.0, 0.0]]])
-  rec = dict(loss=_loss_of(phi), loss_in=_loss_of(phi_in), rounds=np.arange(2))
+  rec = dict(loss=_loss_of(phi), margin=phi, loss_in=_loss_of(phi_in), margin_in=phi_in,
+             rounds=np.arange(2))
   return rec, owner, phi, phi_in
 
 
 def _by_hand(x, phi_in, phi_out, fixed):
-  """Eq. (4) of the LiRA paper in logs, written out: ddof-1 variances (+1e-8), or one pooled."""
+  """The online likelihood ratio in logs, written out: ddof-1 variances (+1e-8), or the global
+  sigma_in and sigma_out (each pooled over the queries)."""
   mi, mo = phi_in.mean(0), phi_out.mean(0)
   ssi, sso = ((phi_in - mi) ** 2).sum(0), ((phi_out - mo) ** 2).sum(0)
   if fixed:
-    vi = vo = (ssi.sum() + sso.sum()) / ((len(phi_in) - 1 + len(phi_out) - 1) * x.size) + 1e-8
+    vi = ssi.sum() / ((len(phi_in) - 1) * x.size) + 1e-8
+    vo = sso.sum() / ((len(phi_out) - 1) * x.size) + 1e-8
   else:
     vi, vo = ssi / (len(phi_in) - 1) + 1e-8, sso / (len(phi_out) - 1) + 1e-8
   return (-0.5 * np.log(2 * np.pi * vi) - (x - mi) ** 2 / (2 * vi)
@@ -283,7 +319,7 @@ def test_online_lira_is_scored_aligned_only():
 
 def test_online_lira_refuses_a_recording_without_in_measurements():
   rec, owner, _, _ = _tiny_online()
-  del rec['loss_in']
+  del rec['margin_in']
   for attack in ('lira_online', 'lira_online_fixed'):
     with pytest.raises(ValueError, match='in_models > 0'):
       scores.pooled_round_scores(rec, owner, attack)
@@ -302,7 +338,7 @@ def test_online_lira_on_a_recording_reaches_the_optimum(attack):
   rng2 = np.random.default_rng(4)
   q = 50 * 20 + 1000
   mu_q = 2.0 * rng2.normal(size=q)
-  rec['loss_in'] = _loss_of(mu_q + delta + s * rng.normal(size=(1, num_in, q)))
+  rec['margin_in'] = mu_q + delta + s * rng.normal(size=(1, num_in, q))
   m = evaluate.evaluate(rec, owner, attack)
   assert m['n_pos'] == 1000
   # 1000 members: DeLong half-width ~0.017. A non-member of another client has its owner's IN
@@ -342,9 +378,10 @@ def _naive_rmia(loss, owner, target, gamma, a):
 @pytest.mark.parametrize('gamma,a', [(1.0, 1.0), (2.0, 1.0), (1.0, 0.3), (1.5, 0.0)])
 def test_rmia_equals_the_naive_double_loop(gamma, a):
   rng = np.random.default_rng(5)
-  loss = rng.uniform(0.05, 3.0, size=(2, 4, 11))
+  margin = rng.uniform(-2.0, 3.0, size=(2, 4, 11))
+  loss = _loss_of(margin)  # -log sigmoid(margin), as rmia.loss_from_margin
   owner = np.array([0, 0, 1, 1, 2, 3, 3, -1, -1, -1, -1])
-  pooled = rmia.pooled_round_scores(dict(loss=loss), owner, gamma=gamma, a=a)
+  pooled = rmia.pooled_round_scores(dict(margin=margin), owner, gamma=gamma, a=a)
   want = np.concatenate([_naive_rmia(loss, owner, k, gamma, a) for k in range(4)], axis=1)
   np.testing.assert_array_equal(pooled['scores'], want)
   ref = scores.pooled_round_scores(dict(loss=loss, cos=loss, diff=loss, grad_sq=loss[:, 0]),
@@ -395,19 +432,22 @@ def test_rmia_separates_members_on_a_recording():
 # Hand cases from a mutation run of lira.py (boundaries and the online pooled variance).
 
 
-def test_online_fixed_variance_by_hand_with_one_degree_of_freedom():
-  # One query, one IN and two OUT measurements: dof = (1 - 1) + (2 - 1) = 1 is enough.
-  phi_in, phi_out, x = np.array([[2.0]]), np.array([[0.0], [1.0]]), np.array([1.5])
-  var = ((0.0 - 0.5) ** 2 + (1.0 - 0.5) ** 2) / 1 + lira.VARIANCE_FLOOR
-  want = (-(1.5 - 2.0) ** 2 + (1.5 - 0.5) ** 2) / (2 * var)
+def test_online_fixed_variance_by_hand_with_one_degree_of_freedom_each():
+  # One query, two IN and two OUT measurements: one degree of freedom each is enough.
+  phi_in, phi_out, x = np.array([[2.0], [3.0]]), np.array([[0.0], [1.0]]), np.array([1.5])
+  v_in = ((2.0 - 2.5) ** 2 + (3.0 - 2.5) ** 2) / 1 + lira.VARIANCE_FLOOR
+  v_out = ((0.0 - 0.5) ** 2 + (1.0 - 0.5) ** 2) / 1 + lira.VARIANCE_FLOOR
+  want = (-0.5 * math.log(v_in) - (1.5 - 2.5) ** 2 / (2 * v_in)
+          + 0.5 * math.log(v_out) + (1.5 - 0.5) ** 2 / (2 * v_out))
   got = lira.online_scores(x, phi_in, phi_out, fixed_variance=True)
   np.testing.assert_allclose(got, [want], rtol=1e-12)
   with pytest.raises(ValueError, match='fixed variance'):
     lira.online_scores(x, phi_in, phi_out[:1], fixed_variance=True)
   # Three IN values with deviations -3, -1, +4 (their squares, not their sum or cubes).
   phi_in = np.array([[2.0], [4.0], [9.0]])
-  var = (9.0 + 1.0 + 16.0 + 0.25 + 0.25) / 3 + lira.VARIANCE_FLOOR
-  want = (-(1.5 - 5.0) ** 2 + (1.5 - 0.5) ** 2) / (2 * var)
+  v_in = (9.0 + 1.0 + 16.0) / 2 + lira.VARIANCE_FLOOR
+  want = (-0.5 * math.log(v_in) - (1.5 - 5.0) ** 2 / (2 * v_in)
+          + 0.5 * math.log(v_out) + (1.5 - 0.5) ** 2 / (2 * v_out))
   got = lira.online_scores(x, phi_in, phi_out, fixed_variance=True)
   np.testing.assert_allclose(got, [want], rtol=1e-12)
 
@@ -440,7 +480,7 @@ def test_combine_rounds_averages_the_first_rounds_whatever_the_shape():
 
 def test_pooled_defaults_and_exclude_owner_pass_through():
   rng = np.random.default_rng(5)
-  rec = {'loss': rng.exponential(size=(2, 4, 12))}
+  rec = {'margin': rng.normal(size=(2, 4, 12))}
   owner = np.r_[np.repeat(np.arange(4), 2), -np.ones(4, int)]
   default = lira.pooled_round_scores(rec, owner)
   np.testing.assert_array_equal(
@@ -484,7 +524,7 @@ def test_rmia_two_clients_and_defaults_pass_through():
   assert out.shape == (2, 10) and np.all((out >= 0) & (out <= 1))
   with pytest.raises(ValueError, match='at least one reference client'):
     rmia.query_scores(loss[:, :1], 0, [6, 7])
-  rec = {'loss': rng.exponential(size=(2, 3, 10))}
+  rec = {'margin': rng.normal(size=(2, 3, 10))}
   owner3 = np.r_[np.zeros(2, int), np.ones(2, int), np.full(2, 2), -np.ones(4, int)]
   np.testing.assert_array_equal(rmia.round_scores(rec, owner3, 0)['scores'],
                                 rmia.round_scores(rec, owner3, 0, a=1.0, gamma=1.0)['scores'])
@@ -492,3 +532,120 @@ def test_rmia_two_clients_and_defaults_pass_through():
   chosen = rmia.pooled_round_scores(rec, owner3, population=np.arange(4, 10))
   assert not np.allclose(default['scores'], chosen['scores'])
   assert default['target'].dtype == np.int32 and default['labels'].dtype == np.int8
+
+
+# ----------------------------------------------------------------------------------------------
+# Confident models: margins where the float32 loss is exactly 0.
+
+
+def test_lira_and_rmia_rank_members_of_confident_models_whose_float32_loss_is_zero():
+  """Every client's margin on every query is in [20, 60], so every float32 loss is 0 and phi
+  taken from the loss would be one clipped constant (no ranking at all). From the margins,
+  the owner's +6 shows: offline LiRA separates members perfectly, RMIA well (its log Pr(x)
+  without cancellation, `rmia.log_marginal`)."""
+  rng = np.random.default_rng(12)
+  k, per, num_test = 6, 8, 40
+  q = k * per + num_test
+  owner = np.r_[np.repeat(np.arange(k), per), np.full(num_test, -1)]
+  base = rng.uniform(25.0, 45.0, size=q)
+  own = owner[None, :] == np.arange(k)[:, None]
+  margin = (base + 6.0 * own + 0.3 * rng.normal(size=(2, k, q))).astype(np.float32)
+  # The float32 cross-entropy of two-class logits (margin, 0), as `queries.measure` records it.
+  logits = np.stack([margin, np.zeros_like(margin)], axis=-1).reshape(-1, 2)
+  loss32 = np.asarray(losses.per_example_cross_entropy(
+      jnp.asarray(logits), jnp.zeros(len(logits), jnp.int32))).reshape(margin.shape)
+  assert (loss32 == 0).all()  # what the float32 cross-entropy records here
+  rec = dict(loss=loss32, margin=margin, rounds=np.arange(2))
+  # RMIA at gamma 1: with p ~ 1 every likelihood ratio is ~1, so gamma = 2 is never reached.
+  for attack in ('lira_offline', 'lira_offline_fixed'):
+    m = evaluate.evaluate(rec, owner, attack)
+    assert m['auc'] == 1.0, attack
+    assert m['tpr_at_fpr_1e-2'] == 1.0, attack
+  # RMIA compares a query's ratio with other queries' (whose scale e^-margin differs by 1e9
+  # here), so it ranks well, not perfectly; from the float32 loss (p = 1 everywhere) every
+  # ratio would be 0 and its AUC exactly 0.5.
+  m = evaluate.evaluate(rec, owner, 'rmia', rmia_gamma=1.0)
+  assert m['auc'] > 0.85
+  flat = evaluate.evaluate(dict(rec, margin=np.full_like(margin, 200.0)), owner, 'rmia',
+                           rmia_gamma=1.0)
+  assert flat['auc'] == 0.5 and flat['top_tied'] == flat['n_pos'] + flat['n_neg']
+
+
+def test_top_ties_are_counted_and_never_broken_for_the_members():
+  # 3 members and 5 non-members share the top score: with 100 non-members, 1% FPR admits 1
+  # false positive, so no threshold at the tie is admissible and TPR@1% is 0.
+  scores_ = np.r_[np.ones(8), np.linspace(0.0, 0.5, 100)]
+  labels = np.r_[np.ones(3), np.zeros(5), np.zeros(97), np.ones(3)].astype(int)
+  m = evaluate.score_metrics(scores_, labels)
+  assert m['top_tied'] == 8 and m['top_tied_negatives'] == 5
+  assert m['tpr_at_fpr_1e-2'] == 0.0
+  # The same entries with the tie broken for the members would read 3 / 6 at 1% FPR.
+  broken = scores_.copy()
+  broken[:3] += 1e-9
+  assert evaluate.score_metrics(broken, labels)['tpr_at_fpr_1e-2'] == 0.5
+  assert evaluate.top_ties(broken, labels) == {'top_tied': 3, 'top_tied_negatives': 0}
+
+
+def test_rmia_reports_its_population_beside_the_rates():
+  rng = np.random.default_rng(13)
+  rec, owner = _recording(rng, num_clients=4, per_client=5, num_test=7, delta=1.0, s=1.0)
+  m = evaluate.evaluate(rec, owner, 'rmia')
+  assert m['rmia_population'] == 7
+  assert 'top_tied' in m and 'top_tied_negatives' in m
+  assert 'rmia_population' not in evaluate.evaluate(rec, owner, 'lira_offline')
+
+
+def test_rmia_marginal_is_exact_for_confident_reference_models():
+  # Losses of 1e-20: Pr(x) = 1 - (1 + a) / 2 * mean(loss) to double precision; a log-sum-exp
+  # would round log Pr(x) to 0 and tie every such query.
+  ref_loss = np.array([[1e-20, 4e-20], [3e-20, 2e-20]])
+  for a in (1.0, 0.33, 0.0):
+    want = -(1 + a) / 2 * ref_loss.mean(axis=0)
+    np.testing.assert_allclose(rmia.log_marginal(ref_loss, a), want, rtol=1e-12)
+  # Both ends in one call: a confident column and one whose exp underflows.
+  mixed = np.array([[1e-18, 1000.0], [3e-18, 1000.0]])
+  np.testing.assert_allclose(rmia.log_marginal(mixed, 1.0), [-2e-18, -1000.0], rtol=1e-12)
+  np.testing.assert_allclose(rmia.log_marginal(mixed, 0.5)[1], math.log(0.25), rtol=1e-12)
+
+
+def test_offline_fixed_variance_is_one_sigma_per_round_not_across_rounds():
+  # Round 1's shadows spread 3x round 0's: each round's global sigma is its own, so the
+  # scores of a two-round input equal those of each round alone (from a mutation run).
+  rng = np.random.default_rng(14)
+  base = rng.normal(size=(6, 9))
+  wide = 3.0 * base
+  wide[0] = base[0]  # the same target values, shadows spread 3x
+  values = np.stack([base, wide])
+  both = lira.offline_scores(values, 0, fixed_variance=True)
+  for t in range(2):
+    np.testing.assert_allclose(both[t], lira.offline_scores(values[t], 0, fixed_variance=True),
+                               rtol=1e-12)
+  assert not np.allclose(both[0], both[1])
+
+
+def test_rmia_computes_in_float64_from_float32_recordings():
+  # Recordings store float32 margins; -log p and log Pr(x) are float64 whatever comes in
+  # (from the rmia mutation run: float32 arithmetic would be off by ~1e-7 relative).
+  m32 = np.array([0.3, 7.0, 25.0, 60.0], np.float32)
+  got = rmia.loss_from_margin(m32)
+  assert got.dtype == np.float64
+  np.testing.assert_allclose(got, np.log1p(np.exp(-m32.astype(np.float64))), rtol=1e-14)
+  ref32 = np.array([[0.3, 1.7], [0.9, 2.2]], np.float32)
+  ref64 = ref32.astype(np.float64)
+  got = rmia.log_marginal(ref32, 0.33)
+  assert got.dtype == np.float64
+  want = np.log((1.33 * np.exp(-ref64).mean(axis=0) + 0.67) / 2)
+  np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+def test_online_lira_computes_in_float64_from_float32_margins():
+  # From the lira mutation run: float32 margins (as recorded) are scored in float64.
+  rng = np.random.default_rng(15)
+  x, pin, pout = (rng.normal(size=s).astype(np.float32) * 3 + 20
+                  for s in ((7,), (3, 7), (5, 7)))
+  for fixed in (False, True):
+    got = lira.online_scores(x, pin, pout, fixed_variance=fixed)
+    assert got.dtype == np.float64
+    want = lira.online_scores(x.astype(np.float64), pin.astype(np.float64),
+                              pout.astype(np.float64), fixed_variance=fixed)
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-12)

@@ -144,8 +144,13 @@ def test_score_metrics_against_sklearn():
 
 
 def test_attack_names():
-  assert scores.parse('fedmia_ii') == ('fedmia_ii', 'leave_one_out')
+  # Without a suffix FedMIA is the paper's filter (Eqs. 8-9); ours keeps its own name.
+  assert scores.parse('fedmia_ii') == ('fedmia_ii', 'paper')
+  assert scores.parse('fedmia_i') == ('fedmia_i', 'paper')
+  assert scores.parse('fedmia_ii@leave_one_out') == ('fedmia_ii', 'leave_one_out')
   assert scores.parse('fedmia_i@paper') == ('fedmia_i', 'paper')
+  assert scores.label('fedmia_ii') == 'FedMIA-II (paper filter)'
+  assert scores.label('fedmia_ii@leave_one_out') == 'FedMIA-II (leave-one-out filter)'
   assert scores.parse('avg_cosine') == ('avg_cosine', None)
   assert scores.parse('rmia') == ('rmia', None)
   for bad in ('fedmia_iii', 'avg_cosine@paper', 'fedmia_ii@median', 'lira_offline@paper',
@@ -162,7 +167,7 @@ def _loss_recording(rng, num_rounds=3, num_clients=5, per_client=60, num_test=15
   phi = 2.0 * rng.normal(size=q) + rng.normal(size=(num_rounds, num_clients, q))
   phi += shift * (owner[None, None, :] == np.arange(num_clients)[None, :, None])
   loss = np.logaddexp(0.0, -phi)  # phi = logit(exp(-loss))
-  return dict(loss=loss, cos=phi, diff=phi, grad_sq=loss[:, 0],
+  return dict(loss=loss, margin=phi, cos=phi, diff=phi, grad_sq=loss[:, 0],
               rounds=np.arange(num_rounds)), owner
 
 

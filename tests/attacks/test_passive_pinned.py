@@ -62,9 +62,17 @@ LOSS_IN = np.array([
 ])
 
 
+def _margin(loss):
+  """The logit margin log(p / (1 - p)), p = exp(-loss), in float64 (what a model with these
+  losses records as `margin`)."""
+  loss = np.asarray(loss, np.float64)
+  return -loss - np.log(-np.expm1(-loss))
+
+
 def _recording():
   return dict(loss=LOSS.copy(), cos=COS.copy(), diff=DIFF.copy(), grad_sq=GRAD_SQ.copy(),
-              rounds=ROUNDS.copy(), loss_in=LOSS_IN.copy())
+              rounds=ROUNDS.copy(), loss_in=LOSS_IN.copy(), margin=_margin(LOSS),
+              margin_in=_margin(LOSS_IN))
 
 
 def _plain(measurement, t):
@@ -112,19 +120,21 @@ def _log_normal(x, mu, var):
 
 
 def _lira_online(t, fixed):
-  """Round t's pooled online LiRA scores (Eq. 4 of LiRA, in logs): IN the two IN models'
-  phi, OUT the other two clients'; variances (a - b)^2 / 2, or one pooled over the 4 queries'
-  IN and OUT pairs (8 dof)."""
+  """Round t's pooled online LiRA scores (LiRA's online likelihood ratio, in logs): IN the
+  two IN models' phi, OUT the other two clients'; variances (a - b)^2 / 2, or the global
+  sigma_in^2 pooled over the 4 queries' IN pairs and sigma_out^2 over their OUT pairs (4 dof
+  each)."""
   out = []
   for k in range(3):
     i, j = [c for c in range(3) if c != k]
     outs = [(_phi(LOSS[t, i, q]), _phi(LOSS[t, j, q])) for q in range(4)]
     ins = [(_phi(LOSS_IN[t, 0, q]), _phi(LOSS_IN[t, 1, q])) for q in range(4)]
-    pooled = sum((a - b) ** 2 / 2 for a, b in outs + ins) / 8
+    pooled_out = sum((a - b) ** 2 / 2 for a, b in outs) / 4
+    pooled_in = sum((a - b) ** 2 / 2 for a, b in ins) / 4
     for q in ORDER[k]:
       (a, b), (c, d) = outs[q], ins[q]
-      v_out = (pooled if fixed else (a - b) ** 2 / 2) + 1e-8
-      v_in = (pooled if fixed else (c - d) ** 2 / 2) + 1e-8
+      v_out = (pooled_out if fixed else (a - b) ** 2 / 2) + 1e-8
+      v_in = (pooled_in if fixed else (c - d) ** 2 / 2) + 1e-8
       x = _phi(LOSS[t, k, q])
       out.append(_log_normal(x, (c + d) / 2, v_in) - _log_normal(x, (a + b) / 2, v_out))
   return out
@@ -358,13 +368,15 @@ def _outlier_recording():
 
 def test_filter_counts_add_up_over_rounds_and_targets():
   rec, owner = _outlier_recording()
-  m = evaluate.evaluate(rec, owner, 'fedmia_ii', scoring='aligned')
+  # The paper's filter (the default) cannot fire with three shadows (max z = sqrt(2)).
+  assert evaluate.evaluate(rec, owner, 'fedmia_ii')['filter_removed_fraction'] == 0.0
+  m = evaluate.evaluate(rec, owner, 'fedmia_ii@leave_one_out', scoring='aligned')
   # removed: 2 x 3 targets x 2 rounds; examined: 4 targets x 2 rounds x 3 shadows x 5 queries.
   assert m['filter_removed_fraction'] == pytest.approx(12 / 120)
   # owner removed: client 1's 6 only (the test query has no owner); owner examined: 4 targets
   # x 2 rounds x 3 owned non-members (client 0's query counts: it is owned too).
   assert m['filter_owner_removed_fraction'] == pytest.approx(6 / 24)
-  public = evaluate.evaluate(rec, owner, 'fedmia_ii', scoring='public_code',
+  public = evaluate.evaluate(rec, owner, 'fedmia_ii@leave_one_out', scoring='public_code',
                              rng=np.random.default_rng(0))
   assert math.isnan(public['filter_owner_removed_fraction'])  # positions are not queries there
   assert 0 < public['filter_removed_fraction'] <= 2 * 12 / 120
@@ -382,7 +394,8 @@ def test_two_clients_score_each_target_from_its_own_row():
 
 def test_display_names():
   assert scores.label('blackbox_loss') == 'Blackbox-Loss'
-  assert scores.label('fedmia_ii') == 'FedMIA-II (leave-one-out filter)'
+  assert scores.label('fedmia_ii') == 'FedMIA-II (paper filter)'
+  assert scores.label('fedmia_ii@leave_one_out') == 'FedMIA-II (leave-one-out filter)'
   assert scores.label('fedmia_i@paper') == 'FedMIA-I (paper filter)'
   assert scores.label('fedmia_i', 'none') == 'FedMIA-I (none filter)'
   assert scores.label('grad_norm_best_round') == 'Grad-Norm (best round, optimistic)'

@@ -30,9 +30,9 @@ def _recording(seed: int, *, persistent: float, signal: float) -> tuple[dict, np
   member = owner[None, :] == np.arange(K)[:, None]  # [K, Q]
   cos = (signal * member[None] + persistent * rng.normal(size=(1, K, q)) +
          rng.normal(size=(R, K, q)))
-  # loss = log(1 + e^-cos): p = sigmoid(cos), so LiRA's logit confidence is cos itself and
+  # loss = log(1 + e^-cos) and margin = cos: LiRA's logit margin is cos itself and
   # FedMIA-II (cos) and LiRA see the same measurement.
-  rec = dict(cos=cos, loss=np.logaddexp(0.0, -cos), diff=np.zeros((R, K, q)),
+  rec = dict(cos=cos, loss=np.logaddexp(0.0, -cos), margin=cos, diff=np.zeros((R, K, q)),
              grad_sq=np.zeros((R, q)), rounds=np.arange(R))
   return rec, owner
 

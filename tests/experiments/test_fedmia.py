@@ -98,7 +98,7 @@ def test_resume_neither_retrains_nor_rescores(smoke):
     ('--config.fedmia.lira_in_models=0', 'fedmia.lira_in_models'),
     ('--config.fedmia.lira_in_models=1.5', 'fedmia.lira_in_models'),
     ('--config.fedmia.lira_in_models=x', 'fedmia.lira_in_models'),
-    ('--config.fedmia.lira_in_models=1', 'fedmia.lira_in_models'),  # lira_online needs 2
+    ('--config.fedmia.lira_in_models=1', 'fedmia.lira_in_models'),  # IN variances need 2
 ])
 def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / 'never'
@@ -124,8 +124,9 @@ def test_figures_read_on_their_own(smoke, monkeypatch):
 
 def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_path,
                                                                            monkeypatch):
-  """A cached recording that lacks `loss_in` (or has another number of IN models) is never
-  scored by online LiRA: `recorded` trains again; without online attacks it is read."""
+  """A cached recording that lacks `margin_in` (or has another number of IN models) is never
+  scored by online LiRA, and one without `margin` never by LiRA or RMIA: `recorded` trains
+  again; with margins and without online attacks it is read."""
   from configs import digits  # pylint: disable=g-import-not-at-top
   from fl_privacy.pipelines import fedmia  # pylint: disable=g-import-not-at-top
   from fl_privacy.report import ArtifactStore  # pylint: disable=g-import-not-at-top
@@ -133,24 +134,37 @@ def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_p
   tr = dict(model='mlp', beta=float('inf'), num_clients=4, local_epochs=1, defense='none',
             defense_param=None, sweep='main')
   artifacts = ArtifactStore(tmp_path, fedmia.RECORDED)
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+                                              'margin': np.zeros((3, 4, 5), np.float32)})
   calls = []
 
   def fake_record(config, state, key, tr, in_models=0):
     calls.append(in_models)
-    return {'loss': np.ones((3, 4, 5), np.float32),
-            'loss_in': np.ones((3, in_models, 5), np.float32)}
+    return {'loss': np.ones((3, 4, 5), np.float32), 'margin': np.ones((3, 4, 5), np.float32),
+            'loss_in': np.ones((3, in_models, 5), np.float32),
+            'margin_in': np.ones((3, in_models, 5), np.float32)}
 
   monkeypatch.setattr(fedmia, 'record', fake_record)
   rec = fedmia.recorded(config, {}, None, artifacts, tr)
-  assert calls == [4] and rec['loss_in'].shape == (3, 4, 5)
+  assert calls == [4] and rec['margin_in'].shape == (3, 4, 5)
   # Now stored with its IN models: read, not trained.
-  assert fedmia.recorded(config, {}, None, artifacts, tr)['loss_in'].shape == (3, 4, 5)
+  assert fedmia.recorded(config, {}, None, artifacts, tr)['margin_in'].shape == (3, 4, 5)
   assert calls == [4]
   config.fedmia.lira_in_models = 6  # another number of IN models: trained again
   fedmia.recorded(config, {}, None, artifacts, tr)
   assert calls == [4, 6]
-  config.fedmia.attacks = ('fedmia_ii',)  # no online attack: whatever is stored is read
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
+  # IN losses without IN margins (recorded before margins): trained again.
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+                                              'margin': np.zeros((3, 4, 5), np.float32),
+                                              'loss_in': np.zeros((3, 6, 5), np.float32)})
+  fedmia.recorded(config, {}, None, artifacts, tr)
+  assert calls == [4, 6, 6]
+  config.fedmia.attacks = ('fedmia_ii',)  # no online attack: what is stored with margins is read
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+                                              'margin': np.zeros((3, 4, 5), np.float32)})
   assert 'loss_in' not in fedmia.recorded(config, {}, None, artifacts, tr)
-  assert calls == [4, 6]
+  assert calls == [4, 6, 6]
+  # A recording without margins (made before LiRA and RMIA read them) is trained again.
+  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
+  assert 'margin' in fedmia.recorded(config, {}, None, artifacts, tr)
+  assert calls == [4, 6, 6, 0]

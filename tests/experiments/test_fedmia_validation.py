@@ -85,9 +85,17 @@ def test_unknown_defense_name():
 def test_default_configs_are_valid():
   for arg in (None, 'smoke'):
     fedmia.validate_config(digits.get_config(arg))
-  # One IN model is enough for the fixed variance alone.
-  fedmia.validate_config(_config(**{'fedmia.lira_in_models': 1,
+  # Two IN models are enough; the fixed variance's global sigma_in needs two as well (issue 29).
+  fedmia.validate_config(_config(**{'fedmia.lira_in_models': 2,
                                     'fedmia.attacks': ('lira_online_fixed', 'fedmia_ii')}))
+  with pytest.raises(validate.ConfigError, match='lira_in_models'):
+    fedmia.validate_config(_config(**{'fedmia.lira_in_models': 1,
+                                      'fedmia.attacks': ('lira_online_fixed', 'fedmia_ii')}))
+  # Without a suffix FedMIA is the paper's filter; ours sits beside it in the defaults.
+  config = digits.get_config(None)
+  assert config.fedmia.outlier_filter == 'paper'
+  for name in ('fedmia_i', 'fedmia_ii', 'fedmia_i@leave_one_out', 'fedmia_ii@leave_one_out'):
+    assert name in config.fedmia.attacks and name in config.fedmia.sweep_attacks
 
 
 def test_new_attacks_scorings_and_rmia_fields():

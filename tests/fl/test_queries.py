@@ -32,7 +32,7 @@ def _loop(model, params, uploads, x, y):
                            for a in jax.tree_util.tree_leaves(tree)])
 
   num_clients = jax.tree_util.tree_leaves(uploads)[0].shape[0]
-  out = {n: np.zeros((num_clients, len(x))) for n in ('loss', 'cos', 'diff')}
+  out = {n: np.zeros((num_clients, len(x))) for n in ('loss', 'cos', 'diff', 'margin')}
   grad_sq = np.zeros(len(x))
   for q in range(len(x)):
     g = flat(jax.grad(lambda p: losses.cross_entropy(model.apply(p, x[q:q + 1]),
@@ -44,6 +44,9 @@ def _loop(model, params, uploads, x, y):
       local = jax.tree_util.tree_map(jnp.subtract, params, u)
       out['loss'][k, q] = float(losses.cross_entropy(model.apply(local, x[q:q + 1]),
                                                      y[q:q + 1]))
+      z = np.asarray(model.apply(local, x[q:q + 1])[0], np.float64)
+      yq = int(y[q])
+      out['margin'][k, q] = z[yq] - np.logaddexp.reduce(np.delete(z, yq))
       nd = np.linalg.norm(d)
       out['cos'][k, q] = 0.0 if nd == 0 else (g @ d) / (np.linalg.norm(g) * nd)
       out['diff'][k, q] = d @ d - (d - g) @ (d - g)
@@ -55,7 +58,7 @@ def test_measure_equals_per_example_loop(chunk_size):
   model, params, uploads, x, y = _setup()
   got = queries.measure_numpy(model.apply, params, uploads, x, y, chunk_size=chunk_size)
   want, grad_sq = _loop(model, params, uploads, x, y)
-  for name in ('loss', 'cos', 'diff'):
+  for name in ('loss', 'cos', 'diff', 'margin'):
     np.testing.assert_allclose(getattr(got, name), want[name], rtol=2e-5, atol=2e-6)
   np.testing.assert_allclose(got.grad_sq, grad_sq, rtol=2e-5)
   assert np.all(got.cos[1] == 0.0)
@@ -122,3 +125,42 @@ def test_measure_takes_queries_without_trailing_axes():
     np.testing.assert_allclose(
         got.loss[k], losses.per_example_cross_entropy(_scalar_inputs_model(local, x), y),
         rtol=1e-5)
+
+
+def _linear(params, x):
+  """Logits x @ W: the test sets them exactly through x and W."""
+  return x @ params['w']
+
+
+@pytest.mark.parametrize('num_classes', [2, 5])
+def test_margin_is_exact_where_the_float32_loss_is_zero(num_classes):
+  """At logit margins 10-60 the recorded margin z_y - logsumexp_{j != y} z_j is exact to
+  float32 rounding, where the float32 cross-entropy is exactly 0 from a margin of about 17
+  (and phi = log(p / (1 - p)) from it is undefined)."""
+  target = np.arange(10.0, 61.0)
+  q = target.size
+  # Logits: the true class (q % C) at 3 + m, the others at 3 - j / 4 (j = 1..C-1); the exact
+  # margin in float64 below.
+  others = -np.arange(1, num_classes) / 4.0
+  y = (np.arange(q) % num_classes).astype(np.int32)
+  logits = np.empty((q, num_classes))
+  for i in range(q):
+    rest = np.delete(np.arange(num_classes), y[i])
+    logits[i, rest] = 3.0 + others
+    logits[i, y[i]] = 3.0 + target[i]
+  want = np.array([logits[i, y[i]] - np.logaddexp.reduce(np.delete(logits[i], y[i]))
+                   for i in range(q)])
+  x = jnp.asarray(logits, jnp.float32)
+  params = {'w': jnp.eye(num_classes, dtype=jnp.float32)}
+  uploads = {'w': jnp.zeros((2, num_classes, num_classes), jnp.float32)}
+  got = queries.measure_numpy(_linear, params, uploads, x, jnp.asarray(y), chunk_size=16)
+  assert got.margin.shape == (2, q) and got.margin.dtype == np.float32
+  # float32 logits of size <= 63: absolute error a few ulps of 64 (4e-6 each).
+  np.testing.assert_allclose(got.margin, np.broadcast_to(want, (2, q)), rtol=0, atol=2e-5)
+  # The regime the margin is for: the float32 loss is exactly 0 from a margin of ~17 on.
+  assert (got.loss[:, target >= 20] == 0).all()
+  # The same from losses.true_label_margin directly, and its C = 1 edge (+inf).
+  direct = np.asarray(losses.true_label_margin(x, jnp.asarray(y)))
+  np.testing.assert_allclose(direct, want, rtol=0, atol=2e-5)
+  assert np.isposinf(np.asarray(losses.true_label_margin(jnp.zeros((1, 1)),
+                                                         jnp.zeros(1, jnp.int32))))[0]

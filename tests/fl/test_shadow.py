@@ -74,14 +74,16 @@ def test_in_model_on_the_clients_own_shard_is_its_upload(sizes, hooks):
     for k in range(len(sizes)):
       mask = None if clients.mask is None else clients.mask[k]
       for i in (0, sizes[k] - 1):
-        got = run(w_t, clients.x[k], clients.y[k], i, xs[k][i], ys[k][i],
-                  key=rounds.client_key(key, t, k), optimizer=opt, mask=mask)
+        got, margin = run(w_t, clients.x[k], clients.y[k], i, xs[k][i], ys[k][i],
+                          key=rounds.client_key(key, t, k), optimizer=opt, mask=mask)
         np.testing.assert_allclose(float(got), rec['loss'][t, k, offsets[k] + i], rtol=1e-5,
                                    atol=1e-6)
+        np.testing.assert_allclose(float(margin), rec['margin'][t, k, offsets[k] + i],
+                                   rtol=1e-5, atol=1e-5)
   # A different position (the query replacing another row) is a different model.
   other = run(params, clients.x[0], clients.y[0], 1, xs[0][0], ys[0][0],
               key=rounds.client_key(key, 0, 0), optimizer=_per_round(0),
-              mask=None if clients.mask is None else clients.mask[0])
+              mask=None if clients.mask is None else clients.mask[0])[0]
   assert abs(float(other) - rec['loss'][0, 0, 0]) > 1e-4
 
 
@@ -91,6 +93,7 @@ def test_loss_in_is_the_documented_shadow_draw():
   key = jax.random.key(7)
   clients, rec = _record(xs, ys, px, py, params, in_models=3)
   assert rec['loss_in'].shape == (2, 3, 20 + 12) and rec['loss_in'].dtype == np.float32
+  assert rec['margin_in'].shape == (2, 3, 20 + 12) and rec['margin_in'].dtype == np.float32
   size = int(rec['shadow_size'])
   assert size == 7  # the mean client size, rounded: 20 / 3
   w1, _ = rounds.run(losses.make_loss_fn(MODEL.apply), params, clients, key=key, num_rounds=1,
@@ -104,11 +107,17 @@ def test_loss_in_is_the_documented_shadow_draw():
       for q in (0, 19, 20, 31):
         k = jax.random.fold_in(k_tm, q)
         pos = shadow.insert_position(jax.random.fold_in(k, 0), rows, pool_index[q])
-        got = shadow.in_loss(MODEL.apply, w_t, px[np.asarray(rows)], py[np.asarray(rows)], pos,
-                             qx[q], qy[q], key=jax.random.fold_in(k, 1),
-                             optimizer=_per_round(t), epochs=2, batch_size=3,
-                             mask=jnp.ones(size))  # padded shards: the masked path
+        got, margin = shadow.in_loss(
+            MODEL.apply, w_t, px[np.asarray(rows)], py[np.asarray(rows)], pos, qx[q], qy[q],
+            key=jax.random.fold_in(k, 1), optimizer=_per_round(t), epochs=2, batch_size=3,
+            mask=jnp.ones(size))  # padded shards: the masked path
         np.testing.assert_allclose(float(got), rec['loss_in'][t, m, q], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(margin), rec['margin_in'][t, m, q], rtol=1e-5,
+                                   atol=1e-5)
+        # The margin is the loss's logit, log(p / (1 - p)) with p = exp(-loss), where the
+        # float32 loss keeps its digits (these models are far from confident).
+        p = np.exp(-np.float64(got))
+        np.testing.assert_allclose(float(margin), np.log(p / (1 - p)), rtol=1e-4, atol=1e-4)
 
 
 def test_loss_in_reproducible_and_independent_of_chunk_size():
@@ -118,6 +127,8 @@ def test_loss_in_reproducible_and_independent_of_chunk_size():
   _, c = _record(xs, ys, px, py, params, in_models=2, chunk_size=5)
   np.testing.assert_allclose(a['loss_in'], b['loss_in'], rtol=1e-6, atol=1e-7)
   np.testing.assert_array_equal(a['loss_in'], c['loss_in'])
+  np.testing.assert_allclose(a['margin_in'], b['margin_in'], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(a['margin_in'], c['margin_in'])
   # The IN models of different shadow indices and rounds differ; so do another key's.
   assert not np.allclose(a['loss_in'][:, 0], a['loss_in'][:, 1])
   _, d = _record(xs, ys, px, py, params, in_models=2, key=jax.random.key(8))
@@ -128,8 +139,9 @@ def test_without_in_models_the_recording_is_unchanged():
   xs, ys, px, py, params = _data((8, 7, 5))
   _, plain = _record(xs, ys, px, py, params)
   _, online = _record(xs, ys, px, py, params, in_models=2)
-  assert 'loss_in' not in plain and 'shadow_size' not in plain
-  assert set(online) == set(plain) | {'loss_in', 'shadow_size'}
+  assert 'loss_in' not in plain and 'margin_in' not in plain and 'shadow_size' not in plain
+  assert 'margin' in plain
+  assert set(online) == set(plain) | {'loss_in', 'margin_in', 'shadow_size'}
   for name, value in plain.items():
     np.testing.assert_array_equal(online[name], value, err_msg=name)
 

@@ -10,12 +10,18 @@
 - `pastel`: the PASTEL experiment's attacks on its recorded trainings (targets, balanced
   halves, `record`, FedMIA re-scoring of its rows).
 - `evaluate`: pooled metrics with intervals (AUC by DeLong, TPR at low FPR by Clopper-Pearson).
-- `lira`: LiRA (Carlini et al., S&P 2022) on the logit-scaled confidence, offline against the
+- `lira`: LiRA (Carlini et al., S&P 2022) on the logit margin z_y - logsumexp_{j != y} z_j
+  (the logit-scaled confidence from the logits), offline against the
   other clients (per-query or fixed variance) and online given IN measurements.
 - `rmia`: RMIA (Zarifzadeh et al., ICML 2024) with the other clients as reference models and
   the server's test rows as the population (offline approximation with parameter `a`).
 
 The measurements come from `fl.queries.measure` / `fl.recording.train_recorded`.
+
+Citations: the equation, section and algorithm numbers in this package were not checked
+against the papers' text in issue 29 (no copy of the text was at hand); each module marks its
+numbers "unverified" where that matters, and the online LiRA test is no longer cited as LiRA's
+Eq. (4) (Eq. (4) is the offline one-sided test).
 """
 
 from __future__ import annotations

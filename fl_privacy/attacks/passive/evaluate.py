@@ -37,6 +37,23 @@ FPRS = {'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3}
 BOOT_RESAMPLES = 1000
 
 
+def top_ties(scores: np.ndarray, labels: np.ndarray) -> dict[str, int]:
+  """How many entries share the largest score: `top_tied`, and of them non-members,
+  `top_tied_negatives`.
+
+  A TPR at low FPR is read at a threshold of the ROC, where tied scores are one step
+  (`eval.metrics.roc_curve`): a tie is never broken in the members' favour, so when the top
+  tie holds more non-members than the FPR allows (top_tied_negatives > fpr n_neg) no
+  threshold above 0 is admissible and the TPR is 0, whatever the members in the tie. Reported
+  beside the rates so that a reader sees when a rate rests on a tie (RMIA's scores are
+  fractions of a finite population and tie at the top).
+  """
+  s = np.asarray(scores, np.float64)
+  labels = np.asarray(labels).astype(bool)
+  top = s == s.max()
+  return {'top_tied': int(top.sum()), 'top_tied_negatives': int((top & ~labels).sum())}
+
+
 def score_metrics(scores: np.ndarray, labels: np.ndarray,
                   target: np.ndarray | None = None, groups: np.ndarray | None = None,
                   rng: np.random.Generator | None = None,
@@ -54,13 +71,14 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
     num_resamples: bootstrap resamples.
 
   Returns:
-    Flat dict of metrics.
+    Flat dict of metrics, with `top_tied` / `top_tied_negatives` (`top_ties`).
   """
   labels = np.asarray(labels).astype(bool)
   n_pos, n_neg = int(labels.sum()), int((~labels).sum())
   auc, low, high = metrics_lib.auc_interval(scores, labels)
   m = {'auc': auc, 'auc_ci_low': low, 'auc_ci_high': high,
        'log_auc': metrics_lib.log_auc(scores, labels), 'n_pos': n_pos, 'n_neg': n_neg}
+  m.update(top_ties(scores, labels))
   for name, fpr in FPRS.items():
     tpr = metrics_lib.tpr_at_fpr(scores, labels, fpr)
     # The TPR is a count of members above a threshold: its interval is that count's.
@@ -93,7 +111,8 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
 
 def final_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
                  scoring: str = 'aligned', single_index: int = -1,
-                 default_filter: str = 'leave_one_out', rng: np.random.Generator | None = None,
+                 default_filter: str = scores_lib.DEFAULT_FILTER,
+                 rng: np.random.Generator | None = None,
                  rmia_gamma: float = scores_lib.RMIA_GAMMA,
                  rmia_a: float = scores_lib.RMIA_A) -> dict[str, Any]:
   """The pooled final scores `evaluate` ranks (arguments as there).
@@ -129,7 +148,7 @@ def final_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: st
 
 def compare(recording: dict[str, np.ndarray], attack_a: str, attack_b: str, *,
             rng: np.random.Generator, single_index: int = -1,
-            default_filter: str = 'leave_one_out', num_resamples: int = BOOT_RESAMPLES,
+            default_filter: str = scores_lib.DEFAULT_FILTER, num_resamples: int = BOOT_RESAMPLES,
             fpr: float = 1e-3, rmia_gamma: float = scores_lib.RMIA_GAMMA,
             rmia_a: float = scores_lib.RMIA_A) -> dict[str, Any]:
   """A minus B on the same pooled entries, aligned scoring (`eval.paired.compare`).
@@ -155,7 +174,7 @@ def compare(recording: dict[str, np.ndarray], attack_a: str, attack_b: str, *,
 
 def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
              scoring: str = 'aligned', single_index: int = -1,
-             default_filter: str = 'leave_one_out',
+             default_filter: str = scores_lib.DEFAULT_FILTER,
              rng: np.random.Generator | None = None,
              audit_delta: float | None = None, rmia_gamma: float = scores_lib.RMIA_GAMMA,
              rmia_a: float = scores_lib.RMIA_A,
@@ -182,7 +201,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     given `rng`, bootstrap intervals) plus `round` (1-based round of a single-round attack:
     the chosen one for `*_best_round`), `filter_removed_fraction` (FedMIA: removed / examined
     shadow values, else NaN) and `filter_owner_removed_fraction` (aligned FedMIA: how often the shadow that owns a
-    non-member query was removed; the filter's job).
+    non-member query was removed; the filter's job), and for RMIA `rmia_population` (the
+    population size n_z its scores are fractions of).
   """
   boot_rng = None if rng is None else rng.spawn(1)[0]
   f = final_scores(recording, owner, attack, scoring=scoring, single_index=single_index,
@@ -190,6 +210,11 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
   final, labels, pooled = f['scores'], f['labels'], f['pooled']
   m = score_metrics(final, labels, f['target'], f['groups'], boot_rng, num_resamples)
   m['round'] = f['round']
+  if scores_lib.parse(attack, default_filter)[0] == 'rmia':
+    # The population each RMIA score is a fraction of (the rows no client holds, owner -1: the
+    # test split and, in the FedMIA pipeline, the train rows outside every shard; a candidate
+    # from the population is compared with the others, one fewer).
+    m['rmia_population'] = int((np.asarray(owner) == -1).sum())
   m['filter_removed_fraction'] = (pooled['removed'] / pooled['examined']
                                   if pooled['examined'] else math.nan)
   m['filter_owner_removed_fraction'] = (pooled['owner_removed'] / pooled['owner_examined']
@@ -266,7 +291,7 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
 
 
 def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
-                 scoring: str = 'aligned', default_filter: str = 'leave_one_out',
+                 scoring: str = 'aligned', default_filter: str = scores_lib.DEFAULT_FILTER,
                  rng: np.random.Generator | None = None,
                  rmia_gamma: float = scores_lib.RMIA_GAMMA,
                  rmia_a: float = scores_lib.RMIA_A) -> dict[str, list]:

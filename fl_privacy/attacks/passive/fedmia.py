@@ -1,5 +1,8 @@
 """FedMIA's per-round test against the non-target clients (Zhu et al., CVPR 2025, Eqs. 8-12).
 
+Equation numbers as we read arXiv:2402.06289; not re-checked against the paper's text in
+this revision (unverified).
+
 For a query (x, y), a target client and a round t, the other clients' measurements
 M(I_j^t | x, y), j != target (the "shadows"), estimate the distribution of the measurement of a
 client that did not train on (x, y): N(mu_t, sigma_t^2) after removing shadows that look like
@@ -8,11 +11,13 @@ they did (Eq. 8), and the round's score is Phi((M(I_target^t | x, y) - mu_t) / s
 rounds. Any measurement plugs in (Remark 3): FedMIA-I uses -loss, FedMIA-II the gradient cosine.
 
 Outlier filters (`FILTERS`), applied to each (query, round) column of shadows:
-- `paper` (Eqs. 8-9): remove j when M_j > mu + 3 sigma with mu, sigma the mean and population
+- `paper` (Eqs. 8-9; the default of `scores`: `fedmia_ii` without a suffix): remove j when
+  M_j > mu + 3 sigma with mu, sigma the mean and population
   standard deviation of all K - 1 shadows including j. With m shadows the largest possible
   z-score is (m - 1) / sqrt(m - 1) = sqrt(m - 1) (one value against m - 1 equal ones), so with
   m <= 10 shadows (K <= 11 clients) it can never exceed 3 and the filter never fires.
-- `leave_one_out` (default here): remove j when M_j > mu_{-j} + 3 sigma_{-j}, the mean and
+- `leave_one_out` (ours, `fedmia_ii@leave_one_out`): remove j when M_j > mu_{-j} +
+  3 sigma_{-j}, the mean and
   population standard deviation of the other m - 1 shadows. This is the test the paper's
   argument needs (is client j's value extreme among the clients that did not train on the
   query?) and a shadow that owns the query can fail it at any K.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-FILTERS = ('leave_one_out', 'paper', 'none')
+FILTERS = ('paper', 'leave_one_out', 'none')
 SIGMAS = 3.0
 VARIANCE_FLOOR = 1e-8
 

@@ -328,7 +328,10 @@ def fedmia_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray],
   recording['rounds'] = arrays['fm_rounds']
   g = rows['global']
   owner = np.where(g['labels'] == 1, g['client'], -1)
-  pooled = scores_lib.pooled_round_scores(recording, owner, attack)
+  # Named explicitly: `scores`' default is now the paper's filter; PASTEL's documented numbers
+  # were measured with the leave-one-out one (a switch needs a re-measured PASTEL run).
+  pooled = scores_lib.pooled_round_scores(recording, owner, attack,
+                                          default_filter='leave_one_out')
   final = scores_lib.combine_rounds(pooled['scores'], attack)
   # Entry order of pooled_round_scores: per target k, its members then every other query.
   query_ids, target_ids = [], []

@@ -2,19 +2,25 @@
 arXiv:2312.03262) adapted to FedAvg recordings, server-side.
 
 For a target model theta (the target client's upload of a round), a candidate x and a
-population sample z (data the server holds: by default the recording's test rows, owner -1),
+population sample z (data the server holds: by default the rows no client holds, owner -1),
 the pairwise likelihood ratio is
 
   LR_theta(x, z) = (Pr(x | theta) / Pr(x)) / (Pr(z | theta) / Pr(z))
 
-(Sect. 2 of the paper; Bayes' rule turns Pr(theta | x) / Pr(theta | z) into this form), and
+(Sect. 2 of the paper, unverified; Bayes' rule turns Pr(theta | x) / Pr(theta | z) into this
+form), and
 
   Score_MIA(x; theta) = Pr_{z ~ population}[LR_theta(x, z) >= gamma]
 
-(the paper's Eq. (3) as we number the arXiv version; equation numbers not checked against the
-camera-ready). Pr(x | theta) = p = exp(-loss) of the true label. The reference models are the
+(the paper's Eq. (3) as we number the arXiv version, unverified; the Sect. numbers below are
+unverified too). Pr(x | theta) = p_y = softmax(z)_y of the true label, taken from the logit
+margin m = z_y - logsumexp_{j != y} z_j that the recording holds (`margin`, as LiRA's phi):
+log p_y = -log(1 + exp(-m)) in float64 (`loss_from_margin`), exact where the float32
+cross-entropy rounds to 0 and would make every confident model's p exactly 1. The reference
+models are the
 other clients' uploads of the same round: Pr_OUT(x) is their mean of Pr(x | theta'), and
-Pr(x) is the paper's offline approximation (Sect. 3 and its appendix on the offline attack),
+Pr(x) is the paper's offline approximation (Sect. 3 and its appendix on the offline attack,
+unverified),
 which models Pr_IN(x) as a linear function a Pr_OUT(x) + (1 - a) of Pr_OUT(x):
 
   Pr(x) = ((1 + a) Pr_OUT(x) + (1 - a)) / 2,   0 <= a <= 1,
@@ -26,6 +32,13 @@ itself (z == x is left out of the population, which then has one element fewer).
 Rounds are combined by averaging the per-round scores (`combine_rounds`), as FedMIA's
 Eq. (12) (Zhu et al., CVPR 2025). Everything is computed with log probabilities (log p =
 -loss), so tiny probabilities do not underflow.
+
+Ties: the score is a fraction of a finite population (n_z samples), so many entries can share
+the top score (every population sample beaten in every round). The metrics' ROC puts tied
+scores at one threshold (`eval.metrics.roc_curve`), so a TPR at low FPR never counts a tie
+broken in the members' favour; `evaluate` reports the number of entries tied at the top
+(`top_tied`, of them non-members `top_tied_negatives`) and the population size
+(`rmia_population`) beside the rates.
 """
 
 from __future__ import annotations
@@ -37,14 +50,35 @@ import numpy as np
 from scipy import special
 
 from fl_privacy.attacks.passive import fedmia
+from fl_privacy.attacks.passive import lira
 
+
+
+def loss_from_margin(margin) -> np.ndarray:
+  """-log p_y = log(1 + exp(-m)) from the logit margin m = z_y - logsumexp_{j != y} z_j.
+
+  p_y = sigmoid(m) (softmax of the true label against the others' logsumexp), computed as
+  logaddexp(0, -m) in float64: no cancellation at any m (about exp(-m) for large m, -m for
+  very negative m).
+  """
+  return np.logaddexp(0.0, -np.asarray(margin, np.float64))
+
+
+def recording_loss(recording: dict[str, np.ndarray]) -> np.ndarray:
+  """-log Pr(x | theta) of every (round, client, query) of a recording, from its `margin`
+  (`loss_from_margin`; `lira.phi` refuses a recording without margins)."""
+  return loss_from_margin(lira.phi(recording))
 
 
 def log_marginal(ref_loss, a: float = 1.0) -> np.ndarray:
   """log Pr(x) from the reference models' losses: log(((1 + a) Pr_OUT(x) + (1 - a)) / 2).
 
   RMIA's offline approximation of Pr(x) (module docstring), with Pr_OUT(x) the mean over the
-  reference models of exp(-loss).
+  reference models of exp(-loss). Accurate at both ends: with u = mean(1 - exp(-loss)) (each
+  term by expm1), Pr(x) = 1 - (1 + a) u / 2, so where that is above 1/2 log Pr(x) =
+  log1p(-(1 + a) u / 2), exact for confident models whose losses are 1e-20 (a log-sum-exp
+  there would round log Pr(x) to 0 and tie every such query); elsewhere the log-sum-exp of
+  -loss, exact for losses whose exp underflows.
 
   Args:
     ref_loss: [m, n] losses of m reference models on n samples.
@@ -59,14 +93,18 @@ def log_marginal(ref_loss, a: float = 1.0) -> np.ndarray:
   if ref_loss.ndim != 2 or ref_loss.shape[0] < 1:
     raise ValueError(f'ref_loss must be [m >= 1, n] (got shape {ref_loss.shape})')
   log_out = special.logsumexp(-ref_loss, axis=0) - math.log(ref_loss.shape[0])
-  if a == 1.0:
-    return log_out
-  return np.logaddexp(math.log((1.0 + a) / 2.0) + log_out, math.log((1.0 - a) / 2.0))
+  far = log_out if a == 1.0 else np.logaddexp(math.log((1.0 + a) / 2.0) + log_out,
+                                               math.log((1.0 - a) / 2.0))
+  # 1 - Pr(x) = (1 + a) / 2 * mean(1 - p), each 1 - p = -expm1(-loss) without cancellation.
+  miss = (1.0 + a) / 2.0 * np.mean(-np.expm1(-ref_loss), axis=0)
+  near = np.log1p(-np.minimum(miss, 0.5))
+  return np.where(miss < 0.5, near, far)
 
 
 def pairwise_scores(log_ratio_x, log_ratio_z, gamma: float = 1.0,
                     self_index=None) -> np.ndarray:
-  """Score_MIA(x) = fraction of population z with LR(x, z) >= gamma (RMIA's Eq. (3)).
+  """Score_MIA(x) = fraction of population z with LR(x, z) >= gamma (RMIA's Eq. (3),
+  unverified).
 
   With r = log Pr(. | theta) - log Pr(.), LR(x, z) = exp(r_x - r_z), so LR(x, z) >= gamma iff
   r_z <= r_x - log(gamma); counted by a binary search over the sorted r_z.
@@ -109,7 +147,8 @@ def query_scores(loss, target: int, population, *, gamma: float = 1.0,
   """Per-round RMIA scores of every query against one target client.
 
   Args:
-    loss: [R, K, Q] losses of K clients' uploads on Q queries at R rounds.
+    loss: [R, K, Q] -log Pr(x | theta) of K clients' uploads on Q queries at R rounds
+      (`recording_loss`).
     target: the row of the target client; the other rows are the reference models.
     population: int indices of the population queries (at least two).
     gamma: `pairwise_scores`'s threshold.
@@ -137,7 +176,7 @@ def round_scores(recording: dict[str, np.ndarray], owner, target: int, *, gamma:
   """Per-round RMIA scores of one target's members and non-members.
 
   Args:
-    recording: arrays with `loss` [R, K, Q].
+    recording: arrays with `margin` [R, K, Q] (`recording_loss`).
     owner: [Q] owning client of each query, -1 for test queries.
     target: the target client k.
     gamma: `pairwise_scores`'s threshold.
@@ -151,7 +190,7 @@ def round_scores(recording: dict[str, np.ndarray], owner, target: int, *, gamma:
   owner = np.asarray(owner)
   if population is None:
     population = np.flatnonzero(owner == -1)
-  per_query = query_scores(recording['loss'], target, population, gamma=gamma, a=a)
+  per_query = query_scores(recording_loss(recording), target, population, gamma=gamma, a=a)
   # `scores.target_views` (aligned); scores imports this module, so not called from here.
   members, nonmembers = np.flatnonzero(owner == target), np.flatnonzero(owner != target)
   labels = np.r_[np.ones(members.size, np.int8), np.zeros(nonmembers.size, np.int8)]
@@ -168,7 +207,7 @@ def pooled_round_scores(recording: dict[str, np.ndarray], owner, *, gamma: float
   Returns:
     dict: `scores` [R, N], `labels` [N], `target` [N].
   """
-  num_clients = np.asarray(recording['loss']).shape[1]
+  num_clients = lira.phi(recording).shape[1]
   parts = [round_scores(recording, owner, k, gamma=gamma, a=a, population=population)
            for k in range(num_clients)]
   return dict(scores=np.concatenate([p['scores'] for p in parts], axis=1),

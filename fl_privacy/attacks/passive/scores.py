@@ -19,16 +19,18 @@ Attacks (`ATTACKS`; higher score = member; query q, round t, target k):
 | `avg_cosine` | mean over rounds of cos (Li et al.) |
 | `fedmia_i` | (1/R) sum_t Phi((-loss - mu_t) / sigma_t) over the other clients (Eq. 12, FedMIA-I) |
 | `fedmia_ii` | the same with cos (FedMIA-II) |
-| `lira_offline` | (1/R) sum_t Phi((phi - mu_t) / sigma_t), phi the logit confidence of the true label, mu_t and sigma_t (per query) of the other clients (offline LiRA, `lira`) |
-| `lira_offline_fixed` | the same with one sigma_t per round pooled over the queries (LiRA's fixed variance) |
-| `lira_online` | (1/R) sum_t [log N(phi; mu_in,t, s_in,t^2) - log N(phi; mu_out,t, s_out,t^2)], IN: the server's re-runs of the round from w_t on shadow sets with the query (`fl.shadow`, `loss_in`), OUT: the other clients; per query (online LiRA, Eq. 4) |
-| `lira_online_fixed` | the same with one sigma_t per round pooled over the IN and OUT values of every query (LiRA's fixed variance) |
-| `rmia` | (1/R) sum_t Pr_z[LR_t(x, z) >= gamma] over the population z = the test rows, the other clients as reference models (offline RMIA, `rmia`; `rmia_gamma`, `rmia_a`) |
+| `lira_offline` | (1/R) sum_t Phi((phi - mu_t) / sigma_t), phi the logit margin z_y - logsumexp_{j != y} z_j of the true label (`margin`), mu_t and sigma_t (per query) of the other clients (offline LiRA, `lira`) |
+| `lira_offline_fixed` | the same with one global sigma_t per round pooled over the queries (LiRA's fixed variance) |
+| `lira_online` | (1/R) sum_t [log N(phi; mu_in,t, s_in,t^2) - log N(phi; mu_out,t, s_out,t^2)], IN: the server's re-runs of the round from w_t on shadow sets with the query (`fl.shadow`, `margin_in`), OUT: the other clients; per query (online LiRA, the paper's Gaussian likelihood ratio) |
+| `lira_online_fixed` | the same with the paper's global s_in,t and s_out,t: one IN and one OUT variance per round, each pooled over the queries (LiRA's fixed variance) |
+| `rmia` | (1/R) sum_t Pr_z[LR_t(x, z) >= gamma] over the population z = the test rows, the other clients as reference models, Pr(x \| theta) = sigmoid(margin) (offline RMIA, `rmia`; `rmia_gamma`, `rmia_a`) |
 
-`fedmia_*` use an outlier filter (`fedmia.FILTERS`): `fedmia_ii` the configured one (default
-`leave_one_out`), `fedmia_ii@paper` / `fedmia_ii@none` name one explicitly. LiRA and RMIA
-(`REFERENCE`) use no filter. Online LiRA (`ONLINE`) needs a recording with `loss_in` (IN
-measurements, `fl.recording`'s `in_models`) and refuses one without.
+`fedmia_*` use an outlier filter (`fedmia.FILTERS`): without a suffix the paper's (`paper`,
+Eqs. 8-9; `DEFAULT_FILTER`), `fedmia_ii@leave_one_out` our leave-one-out filter,
+`fedmia_ii@none` none. LiRA and RMIA (`REFERENCE`) use no filter and read the recording's
+logit margins (`margin`; a recording without them is refused). Online LiRA (`ONLINE`) needs a
+recording with `margin_in` (IN measurements, `fl.recording`'s `in_models`) and refuses one
+without.
 
 Non-member scoring (`SCORINGS`):
 - `aligned`: a query keeps its identity across clients and rounds: its round scores are
@@ -84,13 +86,15 @@ UNSUPPORTED = frozenset({('rmia', 'public_code'), ('lira_online', 'public_code')
 # authors' configs use gamma = 2; a = 1 is their "unknown" default, Pr(x) = Pr_OUT(x)).
 RMIA_GAMMA = 2.0
 RMIA_A = 1.0
+# FedMIA's outlier filter when an attack name gives none: the paper's (Eqs. 8-9).
+DEFAULT_FILTER = 'paper'
 
 # Which recorded measurement each attack reads.
 MEASUREMENT = {
     'blackbox_loss': 'loss', 'grad_cosine': 'cos', 'grad_diff': 'diff', 'grad_norm': 'grad_sq',
     'loss_series': 'loss', 'avg_cosine': 'cos', 'fedmia_i': 'loss', 'fedmia_ii': 'cos',
     'lira_offline': 'phi', 'lira_offline_fixed': 'phi', 'lira_online': 'phi',
-    'lira_online_fixed': 'phi', 'rmia': 'loss',
+    'lira_online_fixed': 'phi', 'rmia': 'log_p',
 }
 MEASUREMENT.update({f'{a}_best_round': MEASUREMENT[a] for a in SINGLE})
 
@@ -105,7 +109,7 @@ LABELS = {
 LABELS.update({f'{a}_best_round': f'{LABELS[a]} (best round, optimistic)' for a in SINGLE})
 
 
-def parse(name: str, default_filter: str = 'leave_one_out') -> tuple[str, str | None]:
+def parse(name: str, default_filter: str = DEFAULT_FILTER) -> tuple[str, str | None]:
   """`'fedmia_ii@paper'` -> ('fedmia_ii', 'paper'); filters apply to FedMIA attacks only."""
   base, _, filt = name.partition('@')
   if base not in ATTACKS:
@@ -126,8 +130,9 @@ def supports(name: str, scoring: str) -> bool:
   return (parse(name)[0], scoring) not in UNSUPPORTED
 
 
-def label(name: str, default_filter: str = 'leave_one_out') -> str:
-  """Display name: 'FedMIA-II (leave-one-out filter)', 'Loss-Series', ..."""
+def label(name: str, default_filter: str = DEFAULT_FILTER) -> str:
+  """Display name: 'FedMIA-II (paper filter)', 'FedMIA-II (leave-one-out filter)',
+  'Loss-Series', ..."""
   base, filt = parse(name, default_filter)
   if filt is None:
     return LABELS[base]
@@ -137,10 +142,14 @@ def label(name: str, default_filter: str = 'leave_one_out') -> str:
 def signed_measurement(recording: dict[str, np.ndarray], name: str) -> np.ndarray:
   """The measurement oriented so that higher = member, [R, K, Q] ([R, 1, Q] for grad_sq).
 
-  'phi' is LiRA's logit confidence of the true label (`lira.logit_confidence` of the loss).
+  'phi' is LiRA's statistic, the logit margin of the true label (`lira.phi`); 'log_p' is
+  RMIA's log Pr(x | theta) = log sigmoid(margin) (`rmia.recording_loss`), both from the
+  recording's `margin`, never from the float32 loss.
   """
   if name == 'phi':
-    return lira.logit_confidence(recording['loss'])
+    return lira.phi(recording)
+  if name == 'log_p':
+    return -rmia.recording_loss(recording)
   if name == 'loss':
     return -np.asarray(recording['loss'], np.float64)
   if name == 'grad_sq':
@@ -171,18 +180,20 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
                  ) -> dict[str, Any]:
   """Per-round scores of one target's members and non-members.
 
-  The per-round term of Eq. (5)/(12) of the FedMIA paper: for `kind='fedmia'` the round's
+  The per-round term of Eq. (5)/(12) of the FedMIA paper (equation numbers as the module
+  `fedmia` reads them; unverified against the paper's text): for `kind='fedmia'` the round's
   Phi((M_target - mu_t) / sigma_t) (`fedmia.round_scores`), for 'lira' / 'lira_fixed' offline
   LiRA's Phi on the same columns (`lira.offline_scores`, per-query or fixed variance), for
-  'lira_online' / 'lira_online_fixed' online LiRA's log likelihood ratio (Eq. 4 of the LiRA
-  paper, `lira.online_scores`) with `in_values` as IN and the other clients as OUT, for
-  'rmia' RMIA's pairwise test against the test rows (`rmia.pairwise_scores`), otherwise the
+  'lira_online' / 'lira_online_fixed' online LiRA's log likelihood ratio (the LiRA paper's
+  online test, `lira.online_scores`) with `in_values` as IN and the other clients as OUT, for
+  'rmia' RMIA's pairwise test against the rows no client holds (owner -1,
+  `rmia.pairwise_scores`), otherwise the
   target's own measurement (or the shared one when `values` has a single client row, as
   grad_sq).
 
   Args:
-    values: [R, K or 1, Q] signed measurement (`signed_measurement`; 'phi' for LiRA, the
-      negated loss for RMIA).
+    values: [R, K or 1, Q] signed measurement (`signed_measurement`; 'phi' for LiRA,
+      'log_p' = log Pr(x | theta) for RMIA).
     owner: [Q] owning client of each query, -1 for test queries.
     target: the target client k.
     kind: 'fedmia', 'lira', 'lira_fixed', 'lira_online', 'lira_online_fixed', 'rmia' or
@@ -254,7 +265,7 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
                                          np.delete(view, row, axis=0),
                                          fixed_variance=kind == 'lira_online_fixed')
     elif kind == 'rmia':
-      # values = -loss; r = log Pr(x | theta_target) - log Pr(x) of every column (aligned).
+      # values = log p; r = log Pr(x | theta_target) - log Pr(x) of every column (aligned).
       ratio = view[row] - rmia.log_marginal(-np.delete(view, row, axis=0), rmia_a)
       pop_ratio = values[t, row, population] - rmia.log_marginal(
           -np.delete(values[t][:, population], row, axis=0), rmia_a)
@@ -267,7 +278,7 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
 
 
 def pooled_round_scores(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
-                        scoring: str = 'aligned', default_filter: str = 'leave_one_out',
+                        scoring: str = 'aligned', default_filter: str = DEFAULT_FILTER,
                         rng: np.random.Generator | None = None, rmia_gamma: float = RMIA_GAMMA,
                         rmia_a: float = RMIA_A) -> dict[str, Any]:
   """`round_scores` of every client as target, concatenated (targets in client order).

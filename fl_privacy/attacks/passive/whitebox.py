@@ -1,5 +1,7 @@
 """The white-box membership attack of Nasr, Shokri and Houmansadr (IEEE S&P 2019), passive.
 
+(Section and figure numbers below as we read the paper; unverified against its text.)
+
 Per example (x, y) and observed model w (a client's uploaded model, or the global model) the
 attacker reads (Sect. III-B and Fig. 4 of Nasr et al.): the softmax output f(x; w), the one-hot
 label, the loss L(f(x; w), y), and the gradient of that loss w.r.t. the parameters. As in their
