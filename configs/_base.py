@@ -147,6 +147,21 @@ def _setting(dataset: str, opts: dict) -> str:
   return setting if dataset in SETTING_DATASETS else 'paper'
 
 
+def _check_location(data: ml_collections.ConfigDict, opts: dict) -> None:
+  """`path=` only for the npz data, `data_dir=` only for TFDS data: a location the loader does
+  not read ran the config's own data and recorded the unused path."""
+  readers = {'path': ('npz',), 'data_dir': None}  # None: the TFDS datasets
+  local = ('digits', 'npz', 'synthetic')
+  for key, names in readers.items():
+    if key not in opts:
+      continue
+    ok = data.name in names if names else data.name not in local
+    if not ok:
+      where = ('configs/npz.py' if names else 'the configs of TFDS datasets (cifar10, mnist, ...)')
+      raise ConfigArgError(f'{key}={opts[key]}', f'given only with {where} (the {data.name} '
+                           f'data reads no {key})', opts[key])
+
+
 def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
           experiments: Iterable[str], chunk_size: int | None = None
           ) -> ml_collections.ConfigDict:
@@ -178,6 +193,7 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
   opts = parse_arg(arg)
   smoke = opts.get('smoke', False)
   setting = _setting(dataset, opts)
+  _check_location(data, opts)
   config = ml_collections.ConfigDict()
   config.dataset = dataset
   config.smoke = smoke

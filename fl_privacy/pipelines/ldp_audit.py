@@ -83,12 +83,14 @@ def validate_config(config) -> str:
   validate.subset_of(config, 'ldp_audit.distinguishers', audit.DISTINGUISHERS)
   validate.checked(config, 'ldp_audit.epsilons', defenses.registry.each('epsilon'))
   validate.positive(config, 'ldp_audit.num_trials', integer=True)
+  validate.checked(config, 'ldp_audit.num_trials', validate.trials())
   validate.checked(config, 'ldp_audit.clip_norm', defenses.registry.rule('clip_norm'))
   runner.validate_options(config)
-  vc = config.ldp_audit.violation_confidence
-  if vc is not None:
-    validate.in_range(config, 'ldp_audit.violation_confidence', 0.0, 1.0,
-                      low_inclusive=False, high_inclusive=False)
+  # The flag says the claim is violated; below 95% it flagged points whose 95% lower bound
+  # (the one reported beside it) is below the claim.
+  validate.checked(config, 'ldp_audit.violation_confidence', validate.number(
+      0.95, 1.0, high_open=True, optional=True,
+      words='None = 95% family-wise over the sweep; a violation is not claimed at less'))
   if mechanism == 'ldp_sgd':
     validate.positive(config, 'ldp_audit.pretrain_lr')
     validate.positive(config, 'ldp_audit.collusion_lr')
@@ -120,7 +122,7 @@ def validate_config(config) -> str:
   validate.checked(config, 'ldp_audit.sign_bit', validate.BOOLEAN)
   validate.checked(config, 'ldp_audit.int_bits', validate.number(0, integer=True))
   validate.checked(config, 'ldp_audit.frac_bits', validate.number(0, integer=True))
-  fixed_point.check_format(s.int_bits, s.frac_bits)
+  fixed_point.check_format(s.int_bits, s.frac_bits, section='ldp_audit')
   validate.one_of(config, 'ldp_audit.rng_bits', (32, 16))
   validate.one_of(config, 'ldp_audit.input_pair', INPUT_PAIRS)
   if mechanism == 'ome':
@@ -146,6 +148,11 @@ def prepare(config) -> dict:
     validate.require(label < ds.num_classes and np.any(ds.y == label),
                      'ldp_audit.collusion_label',
                      f'a label present in the {split} split', label)
+  # The crafter screens `candidates` examples of the split: more than it holds was cut to
+  # the split without a word and recorded as asked.
+  validate.require(int(config.ldp_audit.candidates) <= len(ds), 'ldp_audit.candidates',
+                   f'<= {len(ds)}, the examples of the {split!r} split it screens',
+                   config.ldp_audit.candidates)
   state['dataset'] = ds
   return state
 
