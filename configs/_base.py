@@ -171,7 +171,8 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
     dataset: the config's dataset key (passed to every experiment's `section`).
     arg: the string after `:` on the command line (`smoke`, `path=...`,
       `setting=leaky|well_generalising`); parsed strictly by `parse_arg` (unknown or
-      mistyped arguments raise `ConfigArgError`). `setting` (SETTINGS, default 'leaky') goes
+      mistyped arguments raise `ConfigArgError`, and so do `path` for data other than npz
+      and `data_dir` for data other than TFDS: the loader would not read them). `setting` (SETTINGS, default 'leaky') goes
       to the sections of SETTING_SECTIONS and is stored as `config.setting` ('paper' on the
       datasets outside SETTING_DATASETS).
     data: the data section.

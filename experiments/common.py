@@ -32,9 +32,11 @@ a second run of an experiment loads its XLA programs instead of compiling them.
 Exit status: 0 on success (and for `--help`, which lists the flags and where the
 config fields are documented); 2 with one line `error: ...` on stderr, before any
 data is loaded or anything written, when the command line is wrong (a config file
-that does not exist, an unknown or mistyped `:arg`, an unknown override field or
-section, an override of the wrong type, an unknown flag, a config that lacks the
-experiment's section, a workdir that is a file or cannot be written), when the
+that does not exist or is not a config (`ConfigFileError`), an unknown or mistyped
+`:arg`, an unknown override field or section, an override of a field the config file
+built from its arguments (`BUILT_FIELDS`), an override of the wrong type, an unknown
+flag, a config that lacks the experiment's section, an empty `--workdir=`, a workdir
+that is a file or cannot be written, a seed outside int64), when the
 config is invalid (`ConfigError`), the data is unavailable or malformed
 (`DataUnavailableError`, `DataFileError`, `FileNotFoundError`) or the workdir
 holds results of another config (`ResumeError`). 130 on Ctrl-C, after a message
