@@ -308,6 +308,20 @@ def check_command_line(name: str, argv: list[str]) -> str | None:
   return None
 
 
+def refuse_unused(unused: dict[str, str], argv: list[str] | None = None) -> None:
+  """Raises `ConfigError` for a command-line override of a field the run does not read.
+
+  Args:
+    unused: dotted field -> why the run does not read it (`pipelines.base.unused`).
+    argv: the command line (default `sys.argv`).
+  """
+  for typed, dotted in _overrides(sys.argv if argv is None else argv):
+    field = dotted.split('[', 1)[0]
+    if field in unused:
+      raise validate.ConfigError(field, f'left at its default: {unused[field]} (an override '
+                                 'would be recorded as if it ran)', typed)
+
+
 def check_workdir(workdir: str) -> str | None:
   """Why `workdir` cannot hold the run's results, or None; creates nothing.
 
@@ -609,7 +623,11 @@ def run(name: str) -> None:
     # names the install command. One line, exit status 2, as a config error. Any other
     # ImportError is a bug and keeps its traceback.
     sys.exit(_error(f'experiments.{name}: {str(e).splitlines()[0]}'))
-  main(name, pipeline.prepare,
+  def prepare(config):
+    refuse_unused(base.unused(pipeline, config))
+    return pipeline.prepare(config)
+
+  main(name, prepare,
        lambda config, state, store, key: base.sweep(pipeline, config, state, store, key),
        summary=pipeline.SUMMARY, default_config=catalog.get(name).default_config)
 

@@ -130,6 +130,31 @@ def validate_config(config) -> str:
   return mechanism
 
 
+# The fields only some mechanisms read (`unused_fields`); the rest (epsilons, num_trials,
+# delta, violation_confidence) every mechanism reads.
+LDP_SGD_FIELDS = ('crafters', 'distinguishers', 'clip_norm', 'pretrain_steps', 'pretrain_lr',
+                  'batch_size', 'split', 'candidates', 'target_selection', 'white_box_path',
+                  'fgsm_alpha', 'retrogression_alpha', 'collusion_label', 'collusion_steps',
+                  'collusion_lr', 'server_lr', 'server_lr_rule', 'server_step_fraction',
+                  'radius')
+INPUT_FIELDS = {  # field -> the input mechanisms that read it
+    'num_features': ('bitrand', 'ome', 'gaussian'), 'int_bits': ('bitrand', 'ome'),
+    'frac_bits': ('bitrand', 'ome'), 'sign_bit': ('bitrand', 'ome'),
+    'rng_bits': ('bitrand', 'ome'), 'input_pair': ('bitrand', 'ome'), 'ome_alpha': ('ome',),
+    'sensitivity': ('gaussian',),
+}
+
+
+def unused_fields(config) -> dict[str, str]:
+  """The `ldp_audit` fields the configured mechanism does not read (`base.unused`)."""
+  mechanism = config.ldp_audit.mechanism
+  readers = {f: ('ldp_sgd',) for f in LDP_SGD_FIELDS}
+  readers.update(INPUT_FIELDS)
+  return {f'ldp_audit.{field}': f'read only by ldp_audit.mechanism {" or ".join(names)}; '
+                                f'this run audits {mechanism!r}'
+          for field, names in readers.items() if mechanism not in names}
+
+
 def prepare(config) -> dict:
   """Validates the config, then loads the data LDP-SGD's crafters need."""
   mechanism = validate_config(config)

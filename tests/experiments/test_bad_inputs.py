@@ -242,6 +242,10 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.mechanism=bitrand',
                 '--config.ldp_audit.int_bits=40'],
      "config.ldp_audit.int_bits: must be such that 1 <= int_bits + frac_bits <= "),
+    ('override of a field the run does not read', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.int_bits=40'],
+     "config.ldp_audit.int_bits: must be left at its default: read only by "
+     "ldp_audit.mechanism bitrand or ome; this run audits 'ldp_sgd'"),
     ('the same split twice', 'duplicates',
      lambda t: ['--config=configs/digits.py:smoke',
                 "--config.dishonest.duplicate_splits=('train','train')"],
