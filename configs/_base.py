@@ -172,9 +172,9 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
     arg: the string after `:` on the command line (`smoke`, `path=...`,
       `setting=leaky|well_generalising`); parsed strictly by `parse_arg` (unknown or
       mistyped arguments raise `ConfigArgError`, and so do `path` for data other than npz
-      and `data_dir` for data other than TFDS: the loader would not read them). `setting` (SETTINGS, default 'leaky') goes
-      to the sections of SETTING_SECTIONS and is stored as `config.setting` ('paper' on the
-      datasets outside SETTING_DATASETS).
+      and `data_dir` for data other than TFDS: the loader would not read them). `setting`
+      (SETTINGS, default 'leaky') goes to the sections of SETTING_SECTIONS and is stored as
+      `config.setting` ('paper' on the datasets outside SETTING_DATASETS).
     data: the data section.
     experiments: names of the experiment sections this dataset supports.
     chunk_size: trials per jitted chunk (`game.chunk_size`); None lets the runner size
