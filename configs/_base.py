@@ -147,6 +147,21 @@ def _setting(dataset: str, opts: dict) -> str:
   return setting if dataset in SETTING_DATASETS else 'paper'
 
 
+def _check_location(data: ml_collections.ConfigDict, opts: dict) -> None:
+  """`path=` only for the npz data, `data_dir=` only for TFDS data: a location the loader does
+  not read ran the config's own data and recorded the unused path."""
+  readers = {'path': ('npz',), 'data_dir': None}  # None: the TFDS datasets
+  local = ('digits', 'npz', 'synthetic')
+  for key, names in readers.items():
+    if key not in opts:
+      continue
+    ok = data.name in names if names else data.name not in local
+    if not ok:
+      where = ('configs/npz.py' if names else 'the configs of TFDS datasets (cifar10, mnist, ...)')
+      raise ConfigArgError(f'{key}={opts[key]}', f'given only with {where} (the {data.name} '
+                           f'data reads no {key})', opts[key])
+
+
 def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
           experiments: Iterable[str], chunk_size: int | None = None
           ) -> ml_collections.ConfigDict:
@@ -156,9 +171,10 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
     dataset: the config's dataset key (passed to every experiment's `section`).
     arg: the string after `:` on the command line (`smoke`, `path=...`,
       `setting=leaky|well_generalising`); parsed strictly by `parse_arg` (unknown or
-      mistyped arguments raise `ConfigArgError`). `setting` (SETTINGS, default 'leaky') goes
-      to the sections of SETTING_SECTIONS and is stored as `config.setting` ('paper' on the
-      datasets outside SETTING_DATASETS).
+      mistyped arguments raise `ConfigArgError`, and so do `path` for data other than npz
+      and `data_dir` for data other than TFDS: the loader would not read them). `setting`
+      (SETTINGS, default 'leaky') goes to the sections of SETTING_SECTIONS and is stored as
+      `config.setting` ('paper' on the datasets outside SETTING_DATASETS).
     data: the data section.
     experiments: names of the experiment sections this dataset supports.
     chunk_size: trials per jitted chunk (`game.chunk_size`); None lets the runner size
@@ -178,6 +194,7 @@ def build(dataset: str, arg: str | None, *, data: ml_collections.ConfigDict,
   opts = parse_arg(arg)
   smoke = opts.get('smoke', False)
   setting = _setting(dataset, opts)
+  _check_location(data, opts)
   config = ml_collections.ConfigDict()
   config.dataset = dataset
   config.smoke = smoke

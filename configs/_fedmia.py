@@ -70,7 +70,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     record_every: rounds between recordings (must divide num_rounds); the record_every-th,
       2 record_every-th, ... rounds are measured. Paper: 10.
     local_epochs: E of the main setting. Paper: 1.
-    batch_size: B. Paper: 100; digits: 32.
+    batch_size: B. Paper: 100; digits: 32. At most per_client (equal shards draw full
+      minibatches) and the training split's size.
     optimizer: client optimizer (`fl.optimizers.OPTIMIZERS`); 'momentum' is SGD with
       `momentum`. Paper: SGD, lr 0.1, momentum 0.9, weight decay 5e-4.
     learning_rate, momentum, weight_decay: as above.
@@ -119,7 +120,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     dp_clip, dp_delta: update_dp's clipping norm C and the delta of its epsilon.
     augment_sampling_level: augmentation level combined with sampling.
     mixup_public_code: True trains on unmixed inputs with mixed labels, as the authors' code.
-    chunk_size: queries per measurement chunk (memory ~ chunk x parameters; results do not
+    chunk_size: queries per measurement chunk (memory ~ chunk x parameters, refused before
+      the run when 2 x chunk x parameters floats cannot fit; results do not
       depend on it).
   """
   cifar = dataset in ('cifar10', 'cifar100')

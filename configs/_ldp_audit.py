@@ -40,7 +40,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     pretrain_steps, pretrain_lr, batch_size: plain SGD that brings the AuditCNN (Table 2 CNN,
       'SAME' padding so 8x8 digits fit) from initialisation to the audited global model theta_t.
     split: the split the crafter's examples (and the training data) come from.
-    candidates: how many random examples of `split` the crafter screens for x1 and x2.
+    candidates: how many random examples of `split` the crafter screens for x1 and x2, at
+      most the split's size.
     target_selection: 'max_grad_norm' (x1 = the candidate with the largest gradient norm at
       theta_t, x2 = the largest among the other labels: the crafter picks what LDP-SGD's norm
       projection flips least; the paper does not say how its images were picked) or 'random'
@@ -68,8 +69,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       (1e-3: the update-to-weight ratio of ordinary training).
     radius: radius of the parameter set C (the server projects onto this L2 ball); None = the
       norm of the model the server updates (so theta_t lies on C's boundary).
-    violation_confidence: one-sided level of the bound behind the `privacy_violation` flag;
-      None = family-wise 95% over the sweep's points (1 - 0.05 / number of points).
+    violation_confidence: one-sided level of the bound behind the `privacy_violation` flag,
+      in [0.95, 1) (a violation is not claimed at less); None = family-wise 95% over the
+      sweep's points (1 - 0.05 / number of points).
     num_features, int_bits, frac_bits, sign_bit: input mechanisms' vector: r features in the
       fixed-point format (AMI paper: 512 features, 1 + 5 + 4 bits). The audited pair is the
       all-zero vector and the all-maximum vector (every magnitude bit differs), both inside

@@ -32,9 +32,11 @@ a second run of an experiment loads its XLA programs instead of compiling them.
 Exit status: 0 on success (and for `--help`, which lists the flags and where the
 config fields are documented); 2 with one line `error: ...` on stderr, before any
 data is loaded or anything written, when the command line is wrong (a config file
-that does not exist, an unknown or mistyped `:arg`, an unknown override field or
-section, an override of the wrong type, an unknown flag, a config that lacks the
-experiment's section, a workdir that is a file or cannot be written), when the
+that does not exist or is not a config (`ConfigFileError`), an unknown or mistyped
+`:arg`, an unknown override field or section, an override of a field the config file
+built from its arguments (`BUILT_FIELDS`), an override of the wrong type, an unknown
+flag, a config that lacks the experiment's section, an empty `--workdir=`, a workdir
+that is a file or cannot be written, a seed outside int64), when the
 config is invalid (`ConfigError`), the data is unavailable or malformed
 (`DataUnavailableError`, `DataFileError`, `FileNotFoundError`) or the workdir
 holds results of another config (`ResumeError`). 130 on Ctrl-C, after a message
@@ -168,13 +170,41 @@ def _config_value(argv: list[str]) -> str:
   return value
 
 
+class ConfigFileError(ValueError):
+  """A `--config` file that is not a dataset config: not Python, or without `get_config`."""
+
+
 def load_config_file(path: str, arg: str | None):
-  """Loads `path`'s `get_config(arg)` as absl's config flag does (without overrides)."""
+  """Loads `path`'s `get_config(arg)` as absl's config flag does (without overrides).
+
+  Raises:
+    ConfigFileError: the file is not a Python module (no `.py`, or a syntax error) or defines
+      no `get_config` (e.g. a section module, `configs/_ami.py`).
+    validate.ConfigError: `get_config` refused its argument.
+  """
+  shown = os.path.relpath(path, REPO_ROOT) if path.startswith(REPO_ROOT) else path
+  allowed = ('must be a config file: a Python module defining get_config(arg), e.g. '
+             'configs/digits.py')
   spec = importlib.util.spec_from_file_location(
       '_fl_privacy_config_' + os.path.splitext(os.path.basename(path))[0], path)
+  if spec is None or spec.loader is None:
+    raise ConfigFileError(f'--config={shown}: {allowed} (got a file that is not a .py module)')
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise ConfigFileError(f'--config={shown}: {allowed} (got a file Python cannot read: '
+                          f'{type(e).__name__} at line {e.lineno}: {e.msg})') from e
+  except Exception as e:  # pylint: disable=broad-except  # the user's file fails on import
+    first = (str(e).splitlines() or [''])[0]
+    raise ConfigFileError(f'--config={shown}: {allowed} (got a module that fails on import: '
+                          f'{type(e).__name__}: {first})') from e
+  get_config = getattr(module, 'get_config', None)
+  if not callable(get_config):
+    what = ('a section module (configs/_<experiment>.py: its `section` is assembled by a '
+            'dataset config)' if hasattr(module, 'section') else 'a module without get_config')
+    raise ConfigFileError(f'--config={shown}: {allowed} (got {what})')
+  return get_config(arg) if arg else get_config()
 
 
 def _config_files() -> list[str]:
@@ -208,8 +238,23 @@ def _overrides(argv: list[str]) -> list[tuple[str, str]]:
   return out
 
 
+# Top-level fields a config file sets from its arguments (`configs/_base.py: build`): they
+# record what the sections were built for, so an override would record what did not run
+# (`--config.setting=foo` ran the leaky sections and recorded 'foo').
+BUILT_FIELDS = {
+    'smoke': 'given as --config=FILE:smoke[=True|False] (the sections\' sizes are built from '
+             'it)',
+    'setting': 'given as --config=FILE:setting=leaky|well_generalising (the sections are built '
+               'from it)',
+    'dataset': 'the config file\'s own (pick another config file, see python -m configs)',
+}
+
+
 def _check_override(config, typed: str, path: str, config_file: str) -> str | None:
-  """Why the override `typed` (dotted `path`) names no field of `config`, or None."""
+  """Why the override `typed` (dotted `path`) names no field of `config`, or a field the
+  config file built from its arguments (`BUILT_FIELDS`), or None."""
+  if path in BUILT_FIELDS:
+    return str(validate.ConfigError(path, BUILT_FIELDS[path], typed))
   node, walked = config, []
   for part in path.split('.'):
     name = part.split('[', 1)[0]  # `a.b[0]`: check the field `b`
@@ -246,7 +291,7 @@ def check_command_line(name: str, argv: list[str]) -> str | None:
             f'(got no such file {path!r})')
   try:
     config = load_config_file(path, arg or None)
-  except validate.ConfigError as e:
+  except (validate.ConfigError, ConfigFileError) as e:
     return str(e)
   shown = os.path.relpath(path, REPO_ROOT) if path.startswith(REPO_ROOT) else path
   section = SECTIONS.get(name)
@@ -261,6 +306,20 @@ def check_command_line(name: str, argv: list[str]) -> str | None:
     if problem:
       return problem
   return None
+
+
+def refuse_unused(unused: dict[str, str], argv: list[str] | None = None) -> None:
+  """Raises `ConfigError` for a command-line override of a field the run does not read.
+
+  Args:
+    unused: dotted field -> why the run does not read it (`pipelines.base.unused`).
+    argv: the command line (default `sys.argv`).
+  """
+  for typed, dotted in _overrides(sys.argv if argv is None else argv):
+    field = dotted.split('[', 1)[0]
+    if field in unused:
+      raise validate.ConfigError(field, f'left at its default: {unused[field]} (an override '
+                                 'would be recorded as if it ran)', typed)
 
 
 def check_workdir(workdir: str) -> str | None:
@@ -336,7 +395,14 @@ def _apply_seed(config) -> int:
   if _SEED.value is not None:
     config.seed = int(_SEED.value)
   seed = config.get('seed')
-  return validate.number(integer=True, words='or pass --seed').check('seed', seed)
+  return SEED_RULE.check('seed', seed)
+
+
+# Seeds reach numpy and JAX as int64 (`jax.random.key`, `np.int64`): larger ones overflowed
+# after the results files were opened.
+SEED_RULE = validate.Rule('an integer in [-2**63, 2**63 - 1] (seeds are int64; or pass --seed)',
+                          lambda v: isinstance(v, int) and not isinstance(v, bool) and
+                          -2**63 <= v < 2**63)
 
 
 def _error(message: str) -> int:
@@ -468,6 +534,9 @@ def _run(name: str, prepare: Callable[[Any], Any],
   store = None
   workdir = None
   try:
+    if _WORKDIR.value is not None and not _WORKDIR.value.strip():
+      return _error('--workdir=: must be a folder path; leave the flag out for the default '
+                    f'./runs/{name}-<UTC time> (got an empty value)')
     workdir = _WORKDIR.value or default_workdir(name)
     with held_logs() as hold:
       problem, seed, state, store = _start(name, prepare, config, workdir)
@@ -554,7 +623,11 @@ def run(name: str) -> None:
     # names the install command. One line, exit status 2, as a config error. Any other
     # ImportError is a bug and keeps its traceback.
     sys.exit(_error(f'experiments.{name}: {str(e).splitlines()[0]}'))
-  main(name, pipeline.prepare,
+  def prepare(config):
+    refuse_unused(base.unused(pipeline, config))
+    return pipeline.prepare(config)
+
+  main(name, prepare,
        lambda config, state, store, key: base.sweep(pipeline, config, state, store, key),
        summary=pipeline.SUMMARY, default_config=catalog.get(name).default_config)
 

@@ -224,6 +224,21 @@ def delta_curve(decl: Declaration, noise_multiplier: float, epsilons, *,
     return [float(acc.get_delta(e)) for e in epsilons]
 
 
+# The least noise multiplier the calibration searches down to (its bracket's lower end).
+MIN_NOISE_MULTIPLIER = 1e-3
+
+
+class UnreachableTargetError(ValueError):
+  """A target epsilon at or above the epsilon of the least noise calibrated: it asks for no
+  noise, and the calibration finds no bracket (`max_epsilon` is that epsilon)."""
+
+  def __init__(self, target_epsilon: float, max_epsilon: float):
+    self.target_epsilon = target_epsilon
+    self.max_epsilon = max_epsilon
+    super().__init__(f'target_epsilon must be below {max_epsilon:.4g}, the epsilon of noise '
+                     f'multiplier {MIN_NOISE_MULTIPLIER:g} (got {target_epsilon})')
+
+
 def noise_multiplier_for(decl: Declaration, target_epsilon: float, *, delta: float,
                          accountant: str = 'rdp') -> float:
   """The smallest noise multiplier whose `epsilon(decl, ...)` is at most `target_epsilon`.
@@ -245,7 +260,13 @@ def noise_multiplier_for(decl: Declaration, target_epsilon: float, *, delta: flo
       return upper  # PLD below half of RDP's z: not seen; keep the conservative answer
     bracket = dp_accounting.mechanism_calibration.ExplicitBracketInterval(upper / 2, upper)
   else:
-    bracket = dp_accounting.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)
+    floor = epsilon(decl, MIN_NOISE_MULTIPLIER, delta=delta, accountant=accountant)
+    if floor <= target_epsilon:
+      # The search starts above its lower end and finds no noise large enough to matter: it
+      # ended in dp-accounting's NoBracketIntervalFoundError after the results were opened.
+      raise UnreachableTargetError(float(target_epsilon), floor)
+    bracket = dp_accounting.mechanism_calibration.LowerEndpointAndGuess(
+        MIN_NOISE_MULTIPLIER, 1.0)
   with _quiet():
     return float(dp_accounting.calibrate_dp_mechanism(
         lambda: _accountant(decl, accountant),

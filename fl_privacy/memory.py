@@ -80,6 +80,30 @@ def require_batch_fits(field: str, batch_size: int, model, example_shape,
                f'examples x {floats:,} floats x 4 bytes)')
 
 
+def num_parameters(model, example_shape) -> int:
+  """The number of parameters (floats) of `model` on inputs of `example_shape` (shapes only)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jax.ShapeDtypeStruct((1,) + tuple(example_shape), jnp.float32)
+  variables = jax.eval_shape(model.init, jax.random.key(0), x)
+  params = variables.get('params', variables) if hasattr(variables, 'get') else variables
+  return int(sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params)))
+
+
+def require_query_gradients_fit(field: str, chunk: int, model, example_shape) -> None:
+  """A chunk of per-query gradients (`fl.queries.measure`) must fit the device.
+
+  The measurement takes the per-example gradient of `chunk` queries at once and flattens it
+  to [chunk, P]: the gradient pytree and its flattened copy are both alive at the
+  concatenation, so at least 2 x chunk x P floats (ResNet-18 on digits at a chunk of 512:
+  ~43 GiB, which ran out of memory after the results files were opened).
+  """
+  p = num_parameters(model, example_shape)
+  require_fits(field, chunk, 2 * int(chunk) * p * FLOAT_BYTES,
+               f'the per-query gradients ({chunk} queries x {p:,} parameters x 4 bytes, held '
+               'twice while flattened)')
+
+
 def capped_chunk(chunk: int | None, bytes_per_trial: int, budget_bytes: int) -> int | None:
   """An explicit chunk of trials cut so that its trials hold at most `budget_bytes` (>= 1).
 

@@ -74,8 +74,11 @@ def in_range(config, field: str, low: float, high: float, *,
   Infinite and NaN values never pass, even when `high` is `math.inf`: "[0, inf]" means
   finite >= 0 (an inf weight or decay only ends in NaN scores after the training).
   """
-  return checked(config, field, range_rule(low, high, low_inclusive=low_inclusive,
-                                           high_inclusive=high_inclusive))
+  rule = range_rule(low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive)
+  value = _get(config, field)
+  if isinstance(value, (list, tuple)) and not value:
+    raise ConfigError(field, f'a non-empty sequence, every item {rule.allowed}', value)
+  return rule.check(field, value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,9 +210,23 @@ def positive_rule(integer: bool = False, *, sequence: bool = False) -> Rule:
               lambda v: len(v) > 0 and all(one(x) for x in v))
 
 
+# The most trials (games, runs, draws) one point may ask for: the runner counts them in int32
+# (`eval.runner.run_trials`), so a larger count passed validation and failed after the results
+# files were opened.
+MAX_TRIALS = 2**31 - 1
+
+
+def trials(low: int = 1) -> Rule:
+  """A count of trials: an integer in [low, MAX_TRIALS] (what `eval.runner` can count)."""
+  return Rule(f'an integer in [{low}, 2**31 - 1] (trials are counted in int32)',
+              lambda v: _is_integer(v) and low <= v <= MAX_TRIALS)
+
+
 def range_rule(low: float, high: float, *, low_inclusive: bool = True,
                high_inclusive: bool = True) -> Rule:
-  """A finite number (or a sequence of them, every item) in the interval; `in_range`'s text."""
+  """A finite number (or a non-empty sequence of them, every item) in the interval;
+  `in_range`'s text. An empty sequence fails: a sweep of no values ran nothing (an empty
+  `ami.dp_deltas` ended in an IndexError after the results files were opened)."""
   lb = '[' if low_inclusive else '('
   rb = ']' if high_inclusive else ')'
   if math.isinf(high):
@@ -220,5 +237,5 @@ def range_rule(low: float, high: float, *, low_inclusive: bool = True,
   def one(v):
     ok = _is_number(v) and (v >= low if low_inclusive else v > low)
     return ok and (v <= high if high_inclusive else v < high)
-  return Rule(allowed, lambda v: all(one(x) for x in v) if isinstance(v, (list, tuple))
-              else one(v))
+  return Rule(allowed, lambda v: len(v) > 0 and all(one(x) for x in v)
+              if isinstance(v, (list, tuple)) else one(v))

@@ -462,3 +462,16 @@ def test_delta_for_and_calibration_compose_the_truncated_event_under_pld(monkeyp
   assert (pld, pld_event, target, delta) == (dp_accounting.pld.PLDAccountant, truncated, 2.0,
                                              DELTA)
   assert (bracket.endpoint_1, bracket.endpoint_2) == (1.5, 3.0)
+
+
+def test_a_target_above_the_least_noise_is_unreachable_not_a_bracketing_error():
+  # defense.target_epsilon=1e9 ended in dp-accounting's NoBracketIntervalFoundError mid-run.
+  decl = accounting.update_dp(rounds=1)
+  floor = accounting.epsilon(decl, accounting.MIN_NOISE_MULTIPLIER, delta=1e-5)
+  with pytest.raises(accounting.UnreachableTargetError) as info:
+    accounting.noise_multiplier_for(decl, 1e9, delta=1e-5)
+  assert info.value.max_epsilon == pytest.approx(floor) and info.value.target_epsilon == 1e9
+  with pytest.raises(accounting.UnreachableTargetError):
+    accounting.noise_multiplier_for(decl, 1e9, delta=1e-5, accountant='pld')
+  z = accounting.noise_multiplier_for(decl, floor / 2, delta=1e-5)  # below it: calibrated
+  assert z > accounting.MIN_NOISE_MULTIPLIER

@@ -107,3 +107,21 @@ def test_type_and_range_checks_are_declared_rules_everywhere():
   assert not found, f'hand-written type/range checks (declare a validate.Rule): {found}'
   # The detector itself: it must see the form it forbids.
   assert pattern.search("validate.require(isinstance(v, bool), 'x', 'True or False', v)")
+
+
+def test_trials_are_bounded_by_what_the_runner_counts():
+  rule = validate.trials(2)
+  assert rule.ok(2) and rule.ok(2**31 - 1)
+  assert not rule.ok(1) and not rule.ok(2**31) and not rule.ok(3e9) and not rule.ok(1e30)
+  assert not rule.ok(True)
+  with pytest.raises(validate.ConfigError, match=r'config.a.n: must be an integer in '
+                     r'\[2, 2\*\*31 - 1\] \(trials are counted in int32\) \(got 3000000000\)'):
+    rule.check('a.n', 3_000_000_000)
+
+
+def test_an_empty_sweep_is_not_in_range():
+  config = ml_collections.ConfigDict({'a': {'deltas': ()}})
+  assert not validate.range_rule(0.0, 1.0).ok(())
+  with pytest.raises(validate.ConfigError, match=r'config.a.deltas: must be a non-empty '
+                     r'sequence, every item in \[0.0, 1.0\] \(got \(\)\)'):
+    validate.in_range(config, 'a.deltas', 0.0, 1.0)

@@ -51,7 +51,7 @@ CELEBA_RULES = {'attribute': V.Rule(f'a CelebA attribute, one of {tfds_source.CE
                                     lambda v: v in tfds_source.CELEBA_ATTRIBUTES)}
 SYNTHETIC_RULES = {
     'num_examples': V.number(1, integer=True),
-    'num_classes': V.number(2, integer=True),
+    'num_classes': V.number(2, local_sources.MAX_CLASSES, integer=True),
     'shape': V.Rule('(H, W, C) or (d,) of positive integers',
                     lambda v: isinstance(v, (tuple, list)) and len(v) in (1, 3) and
                     all(_is_int(x) and x > 0 for x in v)),
@@ -70,6 +70,13 @@ def validate_data_config(data_config) -> None:
     ConfigError: naming `data.<field>`.
   """
   name = RULES['name'].check('data.name', _get(data_config, 'name'))
+  # A location the loader does not read is refused, not recorded as if the data came from it
+  # (`path=` on digits ran on digits and stored the path).
+  for field, readers in (('path', ('npz',)), ('data_dir', TFDS_DATASETS)):
+    if name not in readers:
+      validate.require(_get(data_config, field) is None, f'data.{field}',
+                       f'None for data.name={name!r} (read only by {", ".join(readers)})',
+                       _get(data_config, field))
   rules = dict(RULES, **{'npz': NPZ_RULES, 'celeb_a': CELEBA_RULES,
                          'synthetic': SYNTHETIC_RULES}.get(name, {}))
   for field, rule in rules.items():

@@ -17,6 +17,9 @@ _NPZ_Y = ('labels', 'y')
 # The largest feature magnitude whose float32 square is finite: a larger one turns every
 # distance, norm and logit computed from it into inf, then NaN scores after the training.
 MAX_FEATURE = float(np.sqrt(np.finfo(np.float32).max))
+# The most classes a file may declare (labels < MAX_CLASSES): the models' output layers and
+# one-hot labels are sized by it, and a label of 1e9 made a 2.6 TB allocation mid-run.
+MAX_CLASSES = 100_000
 
 
 class DataFileError(ValueError):
@@ -61,6 +64,10 @@ def _pick(arrays, names, suffix, path, required):
 
 
 def _as_examples(x: np.ndarray, path: str, name: str) -> np.ndarray:
+  if x.ndim in (3, 4) and x.dtype == np.uint8 and 0 in x.shape[1:]:
+    # A zero height, width or channel count ended in a traceback while hashing the data.
+    raise DataFileError(f'{path}: {name!r} must hold images of positive height, width and '
+                        f'channels; got shape {x.shape}')
   if x.ndim == 3 and x.dtype == np.uint8:
     return x[..., None]  # [N, H, W] greyscale.
   if x.ndim == 4 and x.dtype == np.uint8:
@@ -95,6 +102,9 @@ def _as_labels(y: np.ndarray, n: int, path: str, name: str, x_name: str) -> np.n
   if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
     raise DataFileError(f'{path}: {name!r} (the labels of {x_name!r}) must be non-negative '
                         f'integers, got {y.dtype}')
+  if len(y) and y.max() >= MAX_CLASSES:
+    raise DataFileError(f'{path}: {name!r} (the labels of {x_name!r}) must be < {MAX_CLASSES:,} '
+                        f'(class indices size the models\' outputs); got {int(y.max())}')
   return y.astype(np.int32)
 
 
@@ -173,6 +183,9 @@ def load_npz(path: str) -> dict[str, Dataset]:
       raise DataFileError(f'{path}: num_classes must be a scalar integer, got {nc.dtype} '
                           f'{nc.shape}')
     num_classes = int(nc)
+    if num_classes > MAX_CLASSES:
+      raise DataFileError(f'{path}: num_classes must be at most {MAX_CLASSES:,} (it sizes the '
+                          f'models\' outputs and one-hot labels); got {num_classes}')
   if num_classes < top:
     raise DataFileError(f'{path}: num_classes={num_classes} but a label equals {top - 1}')
   stem = os.path.splitext(os.path.basename(os.fspath(path)))[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from fl_privacy import accounting
 from fl_privacy import validate
 from fl_privacy.defenses import registry
 from fl_privacy.fl import client
@@ -63,15 +64,23 @@ def check_honoured(section, experiment: str, honoured: tuple[str, ...], reason: 
 
 
 def _build_dp(name: str, kwargs: dict[str, Any], setting: Setting, noise_multiplier,
-              target_epsilon, delta: float, accountant: str):
+              target_epsilon, delta: float, accountant: str,
+              target_field: str = 'defense.target_epsilon'):
   """(hooks, metrics, declaration) of DP defense `name`: the Poisson batch sized for the run,
   the noise multiplier given or calibrated, the epsilon of its declaration. Every field is
-  already checked; the builder gets the accountant's z."""
+  already checked; the builder gets the accountant's z. A target epsilon no noise multiplier
+  reaches raises `ConfigError(target_field)`."""
   if name == 'dp_sgd' and kwargs.get('sampling') == 'poisson':
     kwargs['max_batch_size'] = registry.poisson_max_batch(setting)
-  z, metrics = registry.dp_metrics(name, kwargs, setting, noise_multiplier=noise_multiplier,
-                                   target_epsilon=target_epsilon, delta=delta,
-                                   accountant=accountant)
+  try:
+    z, metrics = registry.dp_metrics(name, kwargs, setting, noise_multiplier=noise_multiplier,
+                                     target_epsilon=target_epsilon, delta=delta,
+                                     accountant=accountant)
+  except accounting.UnreachableTargetError as e:
+    raise validate.ConfigError(
+        target_field, f'None or below {e.max_epsilon:.4g} for {name} here (the epsilon of '
+        f'the least noise calibrated, multiplier {accounting.MIN_NOISE_MULTIPLIER:g}; a larger '
+        'target asks for no noise)', e.target_epsilon) from e
   decl = registry.declaration(name, kwargs, setting)
   kwargs['noise_multiplier'] = z
   kwargs.pop('participation', None)
@@ -113,7 +122,8 @@ def configure(section, setting: Setting, *, experiment: str,
     kwargs['participation'] = float(section.participation)
     target = section.target_epsilon
     hooks, metrics, decl = _build_dp(name, kwargs, setting,
-                                     float(section.noise_multiplier), target, delta, acc)
+                                     float(section.noise_multiplier), target, delta, acc,
+                                     target_field=f'{prefix}.target_epsilon')
     if target is not None:
       del params['defense_noise_multiplier']
       params['defense_target_epsilon'] = float(target)

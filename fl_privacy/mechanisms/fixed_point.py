@@ -28,18 +28,21 @@ from fl_privacy import validate
 _MAX_MAGNITUDE_BITS = 30
 
 
-def check_format(int_bits: int, frac_bits: int) -> None:
+def check_format(int_bits: int, frac_bits: int, section: str = '') -> None:
   """Raises `ConfigError` unless the fixed-point format is representable.
 
   Args:
     int_bits: number of integer bits, >= 0.
     frac_bits: number of fractional bits, >= 0.
+    section: the config section holding the two fields (e.g. 'ldp_audit'), so the error
+      names `config.<section>.int_bits`; '' for bare field names.
   """
+  prefix = f'{section}.' if section else ''
   for field, value in (('int_bits', int_bits), ('frac_bits', frac_bits)):
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    validate.require(ok, field, 'an integer >= 0', value)
+    validate.require(ok, prefix + field, 'an integer >= 0', value)
   total = int_bits + frac_bits
-  validate.require(1 <= total <= _MAX_MAGNITUDE_BITS, 'int_bits',
+  validate.require(1 <= total <= _MAX_MAGNITUDE_BITS, prefix + 'int_bits',
                    f'such that 1 <= int_bits + frac_bits <= {_MAX_MAGNITUDE_BITS}',
                    (int_bits, frac_bits))
 

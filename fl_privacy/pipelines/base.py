@@ -14,6 +14,10 @@ A pipeline is a module (registered in `fl_privacy.catalog`) with:
   does none of it.
 - `figures(config, state, store, key) -> None`: tables and figures from the stored points
   (and the run's artifacts), written atomically into `store.workdir`.
+- optionally `unused_fields(config) -> {dotted field: why}`: fields of its section this
+  config's run does not read (e.g. the input mechanisms' fields when LDP-SGD is audited).
+  `experiments.common` refuses a command-line override of one (exit status 2, one line naming
+  it) rather than record a value that did not run; `unused(pipeline, config)` reads it.
 
 `sweep(pipeline, config, state, store, key)` runs the plan through `report.run_point`
 (a saved point is read back, not recomputed), then `figures`. The scaffolding of
@@ -67,6 +71,12 @@ class Pipeline(Protocol):
 
   def figures(self, config, state, store, key) -> None:
     ...
+
+
+def unused(pipeline, config) -> dict[str, str]:
+  """The pipeline's `unused_fields(config)`, or {} when it declares none."""
+  fn = getattr(pipeline, 'unused_fields', None)
+  return dict(fn(config)) if fn is not None else {}
 
 
 def load(name: str) -> ModuleType:

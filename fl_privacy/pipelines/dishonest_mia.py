@@ -65,6 +65,8 @@ _CHUNK_BUDGET_BYTES = 256 << 20
 # which moves a Delta by ~1e-6 relative; Adam's Deltas tie by construction (e.g. many runs at
 # 185.0), and unrounded, that noise broke the ties differently (AUC 0.5075 vs 0.5087 at M = 1).
 DELTA_DIGITS = 4
+# The least image side the trunk keeps features of under 'SAME' padding (its two poolings).
+MIN_SAME_SIZE = 4
 EVEN = validate.Rule('an even number (half inside)', lambda v: v % 2 == 0)
 
 
@@ -73,6 +75,7 @@ def validate_config(config) -> None:
   data_lib.validate_data_config(config.data)
   validate.positive(config, 'dishonest.runs', integer=True)
   validate.checked(config, 'dishonest.runs', EVEN)
+  validate.checked(config, 'dishonest.runs', validate.trials())
   validate.positive(config, 'dishonest.M', integer=True)
   validate.subset_of(config, 'dishonest.optimizers', optimizers_lib.OPTIMIZERS)
   validate.positive(config, 'dishonest.num_batches', integer=True)
@@ -150,20 +153,35 @@ def prepare(config) -> dict:
     validate.require(n < size, field, f'J * batch_size < {size} (the {s.split} split keeps '
                      'one example out for the outside runs)', p['num_batches'])
   model = make_model(config, pool.num_classes)
+  dims = f'{pool.x.shape[1]}x{pool.x.shape[2]}'
   try:
     feature_dim, width = feature_shape(model, pool.x.shape[1:])
-  except (ValueError, TypeError, ZeroDivisionError) as e:  # shape probe of a too-small input
-    raise validate.ConfigError(
-        'dishonest.padding', f"'SAME' for {pool.x.shape[1]}x{pool.x.shape[2]} images "
-        f'(the VALID trunk needs at least 16x16)', s.padding) from e
-  validate.require(feature_dim > 0, 'dishonest.padding',
-                   f"'SAME' for {pool.x.shape[1]}x{pool.x.shape[2]} images", s.padding)
+  except (ValueError, TypeError, ZeroDivisionError):  # shape probe of a too-small input
+    feature_dim, width = 0, 0
+  if feature_dim <= 0:
+    # Images smaller than MIN_SAME_SIZE are the fault under either padding (naming the
+    # padding as the fix read "must be 'SAME' ... (got 'SAME')"); larger ones need 'SAME'.
+    if min(pool.x.shape[1:3]) < MIN_SAME_SIZE:
+      raise validate.ConfigError(
+          'data', f'images of at least {MIN_SAME_SIZE}x{MIN_SAME_SIZE} for the dishonest '
+          "server's trunk (its poolings leave no features of smaller ones under either "
+          'padding)', f'{dims} images of {config.data.name}')
+    validate.require(s.padding == 'SAME', 'dishonest.padding',
+                     f"'SAME' for {dims} images (the VALID trunk needs at least 16x16)",
+                     s.padding)
+    raise validate.ConfigError('data', f'images the dishonest server\'s trunk keeps features '
+                               'of', f'{dims} images of {config.data.name}')
   limit = min(feature_dim, width // 2)
   for p in points:
     field = 'dishonest.M' if p['M'] in tuple(s.M) else 'dishonest.center.M'
     validate.require(p['M'] <= limit, field, f'<= {limit} (feature dimension {feature_dim}, '
                      f'2M <= {width} units of fc1)', p['M'])
-  return dict(pool=pool, splits=splits, points=points, model=model)
+  state = dict(pool=pool, splits=splits, points=points, model=model)
+  for p in points:
+    # Built (and cached) now, so a defense that cannot be built for a point (a target
+    # epsilon no noise reaches) stops the run before the results files are opened.
+    defense_for(config, state, p)
+  return state
 
 
 def make_optimizer(config, name: str):

@@ -96,7 +96,7 @@ def validate_config(config) -> tuple[str, ...]:
   # audit_scores' Clopper-Pearson and GDP bounds need a significance below 1/2.
   validate.in_range(config, 'dp_audit.confidence', 0.5, 1.0, low_inclusive=False,
                     high_inclusive=False)
-  validate.checked(config, 'dp_audit.num_trials', validate.number(1, integer=True))
+  validate.checked(config, 'dp_audit.num_trials', validate.trials())
   validate.checked(config, 'dp_audit.dimension', validate.number(2, integer=True))
   s = config.dp_audit
   validate.checked(config, 'dp_audit.canary_norm',

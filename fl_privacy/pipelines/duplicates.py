@@ -39,6 +39,9 @@ def validate_config(config) -> tuple[str, ...]:
     defenses.check_honoured(config.defense, 'duplicates', ('none',), 'it searches the data '
                             'for duplicates; nothing trains under a defense')
   names = validate.subset_of(config, 'dishonest.duplicate_splits', SPLITS)
+  # A split searched against itself lists every image as its own duplicate.
+  validate.require(len(set(names)) == len(names), 'dishonest.duplicate_splits',
+                   f'distinct splits of {SPLITS}', config.dishonest.duplicate_splits)
   validate.in_range(config, 'dishonest.near_threshold', 0.0, math.inf)
   return names
 

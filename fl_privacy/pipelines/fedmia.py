@@ -190,6 +190,16 @@ def prepare(config) -> dict:
     validate.require(need <= len(train), 'fedmia.per_client' if s.per_client else
                      'fedmia.num_clients', f'K x per_client <= {len(train)} training examples',
                      s.per_client if s.per_client else k)
+  # Equal shards train plain FedAvg on full minibatches (B <= the shard); unequal shards pad
+  # every minibatch to B slots, so a B beyond the data only allocates empty rows (a batch of
+  # 100,000 on digits ran out of memory after the results files were opened).
+  if s.per_client is not None:
+    validate.require(int(s.batch_size) <= int(s.per_client), 'fedmia.batch_size',
+                     f'<= fedmia.per_client = {s.per_client} (each client\'s shard; local '
+                     'training draws full minibatches from it)', s.batch_size)
+  validate.require(int(s.batch_size) <= len(train), 'fedmia.batch_size',
+                   f'<= {len(train)}, the training examples the clients share (a larger '
+                   'batch only pads every minibatch with empty rows)', s.batch_size)
   for name in s.models:
     memory.require_batch_fits('fedmia.batch_size', int(s.batch_size),
                               make_model(config, name, train.num_classes), train.x.shape[1:],
@@ -206,6 +216,9 @@ def prepare(config) -> dict:
     except Exception as e:  # pylint: disable=broad-except
       raise validate.ConfigError('fedmia.models', f'a model that takes {train.x.shape[1:]} '
                                  'inputs', name) from e
+  queries = min(int(s.chunk_size), len(train) + len(test))
+  for name, model in models.items():
+    memory.require_query_gradients_fit('fedmia.chunk_size', queries, model, train.x.shape[1:])
   return dict(train=train, test=test, models=models, trainings=trainings(config),
               optimizer=make_optimizer(config))
 

@@ -83,12 +83,14 @@ def validate_config(config) -> str:
   validate.subset_of(config, 'ldp_audit.distinguishers', audit.DISTINGUISHERS)
   validate.checked(config, 'ldp_audit.epsilons', defenses.registry.each('epsilon'))
   validate.positive(config, 'ldp_audit.num_trials', integer=True)
+  validate.checked(config, 'ldp_audit.num_trials', validate.trials())
   validate.checked(config, 'ldp_audit.clip_norm', defenses.registry.rule('clip_norm'))
   runner.validate_options(config)
-  vc = config.ldp_audit.violation_confidence
-  if vc is not None:
-    validate.in_range(config, 'ldp_audit.violation_confidence', 0.0, 1.0,
-                      low_inclusive=False, high_inclusive=False)
+  # The flag says the claim is violated; below 95% it flagged points whose 95% lower bound
+  # (the one reported beside it) is below the claim.
+  validate.checked(config, 'ldp_audit.violation_confidence', validate.number(
+      0.95, 1.0, high_open=True, optional=True,
+      words='None = 95% family-wise over the sweep; a violation is not claimed at less'))
   if mechanism == 'ldp_sgd':
     validate.positive(config, 'ldp_audit.pretrain_lr')
     validate.positive(config, 'ldp_audit.collusion_lr')
@@ -120,12 +122,37 @@ def validate_config(config) -> str:
   validate.checked(config, 'ldp_audit.sign_bit', validate.BOOLEAN)
   validate.checked(config, 'ldp_audit.int_bits', validate.number(0, integer=True))
   validate.checked(config, 'ldp_audit.frac_bits', validate.number(0, integer=True))
-  fixed_point.check_format(s.int_bits, s.frac_bits)
+  fixed_point.check_format(s.int_bits, s.frac_bits, section='ldp_audit')
   validate.one_of(config, 'ldp_audit.rng_bits', (32, 16))
   validate.one_of(config, 'ldp_audit.input_pair', INPUT_PAIRS)
   if mechanism == 'ome':
     validate.positive(config, 'ldp_audit.ome_alpha')
   return mechanism
+
+
+# The fields only some mechanisms read (`unused_fields`); the rest (epsilons, num_trials,
+# delta, violation_confidence) every mechanism reads.
+LDP_SGD_FIELDS = ('crafters', 'distinguishers', 'clip_norm', 'pretrain_steps', 'pretrain_lr',
+                  'batch_size', 'split', 'candidates', 'target_selection', 'white_box_path',
+                  'fgsm_alpha', 'retrogression_alpha', 'collusion_label', 'collusion_steps',
+                  'collusion_lr', 'server_lr', 'server_lr_rule', 'server_step_fraction',
+                  'radius')
+INPUT_FIELDS = {  # field -> the input mechanisms that read it
+    'num_features': ('bitrand', 'ome', 'gaussian'), 'int_bits': ('bitrand', 'ome'),
+    'frac_bits': ('bitrand', 'ome'), 'sign_bit': ('bitrand', 'ome'),
+    'rng_bits': ('bitrand', 'ome'), 'input_pair': ('bitrand', 'ome'), 'ome_alpha': ('ome',),
+    'sensitivity': ('gaussian',),
+}
+
+
+def unused_fields(config) -> dict[str, str]:
+  """The `ldp_audit` fields the configured mechanism does not read (`base.unused`)."""
+  mechanism = config.ldp_audit.mechanism
+  readers = {f: ('ldp_sgd',) for f in LDP_SGD_FIELDS}
+  readers.update(INPUT_FIELDS)
+  return {f'ldp_audit.{field}': f'read only by ldp_audit.mechanism {" or ".join(names)}; '
+                                f'this run audits {mechanism!r}'
+          for field, names in readers.items() if mechanism not in names}
 
 
 def prepare(config) -> dict:
@@ -146,6 +173,11 @@ def prepare(config) -> dict:
     validate.require(label < ds.num_classes and np.any(ds.y == label),
                      'ldp_audit.collusion_label',
                      f'a label present in the {split} split', label)
+  # The crafter screens `candidates` examples of the split: more than it holds was cut to
+  # the split without a word and recorded as asked.
+  validate.require(int(config.ldp_audit.candidates) <= len(ds), 'ldp_audit.candidates',
+                   f'<= {len(ds)}, the examples of the {split!r} split it screens',
+                   config.ldp_audit.candidates)
   state['dataset'] = ds
   return state
 

@@ -33,6 +33,7 @@ def validate_config(config) -> tuple[float, ...]:
   """Checks the `toy` and `game` sections; returns the swept values of p."""
   p = validate.checked(config, 'toy.p', P)
   validate.positive(config, 'toy.num_trials', integer=True)
+  validate.checked(config, 'toy.num_trials', validate.trials())
   validate.positive(config, 'game.chunk_size', integer=True)
   return tuple(float(v) for v in (p if isinstance(p, (list, tuple)) else (p,)))
 

@@ -108,6 +108,9 @@ def test_npz_bad_files_raise_clear_errors(tmp_path, arrays, match):
     ({'name': 'synthetic', 'num_classes': 1}, 'data.num_classes'),
     ({'name': 'synthetic', 'shape': (4, 4)}, 'data.shape'),
     ({'name': 'cifar10', 'data_dir': 3}, 'data.data_dir'),
+    ({'name': 'digits', 'path': 'x.npz'}, 'data.path'),
+    ({'name': 'digits', 'data_dir': '/tfds'}, 'data.data_dir'),
+    ({'name': 'npz', 'path': 'x.npz', 'data_dir': '/tfds'}, 'data.data_dir'),
 ])
 def test_validate_data_config_names_the_field(cfg, field):
   with pytest.raises(ConfigError) as err:
@@ -119,7 +122,7 @@ def test_validate_accepts_every_known_name_with_defaults(tmp_path):
   path = tmp_path / 'ok.npz'
   np.savez(path, x=np.zeros((2, 2)), y=np.zeros(2, int))
   for name in DATASETS:
-    validate_data_config({'name': name, 'path': str(path)})
+    validate_data_config({'name': name, 'path': str(path)} if name == 'npz' else {'name': name})
 
 
 def test_validate_accepts_config_dict():

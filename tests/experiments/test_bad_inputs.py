@@ -154,7 +154,116 @@ ROWS = [
     ('file that is not an npz', 'ami',
      lambda t: _npz_flags(_text(t)),
      "must be an .npz archive of named arrays (np.savez)"),
+    # Results say what ran (issue 29): each class of input that ran something else, or failed
+    # after the results files were opened.
+    ('config file that is not Python', 'ami',
+     lambda t: [f'--config={_write(t, "notpy.py", "this is not python(")}'],
+     "must be a config file: a Python module defining get_config(arg), e.g. configs/digits.py "
+     "(got a file Python cannot read: SyntaxError at line 1"),
+    ('config file without get_config', 'ami',
+     lambda t: ['--config=configs/_ami.py'],
+     "--config=configs/_ami.py: must be a config file: a Python module defining get_config(arg)"
+     ", e.g. configs/digits.py (got a section module"),
+    ('seed beyond 64 bits', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--seed=99999999999999999999999'],
+     "config.seed: must be an integer in [-2**63, 2**63 - 1] (seeds are int64; or pass --seed)"),
+    ('empty workdir', 'toy_game',
+     lambda t: ['--config=configs/toy.py:smoke', '--workdir='],
+     "--workdir=: must be a folder path; leave the flag out for the default"),
+    ('override of the setting the config was built for', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.setting=foo'],
+     "config.setting: must be given as --config=FILE:setting=leaky|well_generalising (the "
+     "sections are built from it) (got '--config.setting=foo')"),
+    ('override of smoke', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.smoke=False'],
+     "config.smoke: must be given as --config=FILE:smoke[=True|False] (the sections' sizes are "
+     "built from it)"),
+    ('file path for data that reads no file', 'duplicates',
+     lambda t: ['--config=configs/digits.py:path=x.npz'],
+     "--config=FILE:path=x.npz: must be given only with configs/npz.py (the digits data reads "
+     "no path)"),
+    ('data field the data does not read', 'duplicates',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.data.data_dir=/tmp'],
+     "config.data.data_dir: must be None for data.name='digits' (read only by mnist,"),
+    ('more trials than int32 counts', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ami.num_trials=3000000000'],
+     "config.ami.num_trials: must be an integer in [2, 2**31 - 1] (trials are counted in int32) "
+     "(got 3000000000)"),
+    ('an empty sweep', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ami.dp_deltas=()'],
+     "config.ami.dp_deltas: must be a non-empty sequence, every item in (0.0, 1.0) (got ())"),
+    ('extractor weights the extractor does not read', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke',
+                f'--config.ami.extractor_weights={_file(t)}'],
+     "config.ami.extractor_weights: must be '' unless ami.extractor is 'resnet18'"),
+    ('extractor weights that are not an npz', 'ami',
+     lambda t: _npz_flags(_npz(t, 'img', images=_images(), labels=_labels())) + [
+         '--config.ami.extractor=resnet18', f'--config.ami.extractor_weights={_file(t)}'],
+     "config.ami.extractor_weights: must be '' or an .npz of ResNet-18 weights (np.savez, no "
+     "pickled arrays"),
+    ('a DP target epsilon no noise reaches', 'dishonest_mia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_dp',
+                '--config.defense.target_epsilon=1e9'],
+     "config.defense.target_epsilon: must be None or below 2.2e+06 for update_dp here"),
+    ('a batch larger than the data', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.batch_size=100000'],
+     "config.fedmia.batch_size: must be <= 1438, the training examples the clients share"),
+    ('a batch larger than the shard', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.per_client=4',
+                '--config.fedmia.batch_size=32'],
+     "config.fedmia.batch_size: must be <= fedmia.per_client = 4 (each client's shard"),
+    ('npz with a huge label', 'ami',
+     lambda t: _npz_flags(_npz(t, 'label', images=_images(), labels=_huge_label())),
+     "'labels' (the labels of 'images') must be < 100,000 (class indices size the models' "
+     "outputs); got 1000000000"),
+    ('npz with a huge num_classes', 'ami',
+     lambda t: _npz_flags(_npz(t, 'classes', images=_images(), labels=_labels(),
+                               num_classes=np.int64(10**9))),
+     "num_classes must be at most 100,000 (it sizes the models' outputs and one-hot labels); "
+     "got 1000000000"),
+    ('npz of images without channels', 'ami',
+     lambda t: _npz_flags(_npz(t, 'nochan', images=np.zeros((60, 8, 8, 0), np.uint8),
+                               labels=_labels())),
+     "'images' must hold images of positive height, width and channels; got shape "
+     "(60, 8, 8, 0)"),
+    ('npz of 1x1 images for the dishonest server', 'dishonest_mia',
+     lambda t: _npz_flags(_npz(t, 'tiny', images=_images(300)[:, :1, :1],
+                               labels=_labels(300))),
+     "config.data: must be images of at least 4x4 for the dishonest server's trunk"),
+    ('a violation flagged below 95%', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.ldp_audit.violation_confidence=0.3'],
+     "config.ldp_audit.violation_confidence: must be None or a finite number in [0.95, 1)"),
+    ('more crafter candidates than the split holds', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.candidates=100000'],
+     "config.ldp_audit.candidates: must be <= 1438, the examples of the 'train' split it "
+     "screens (got 100000)"),
+    ('fixed-point format out of range', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.mechanism=bitrand',
+                '--config.ldp_audit.int_bits=40'],
+     "config.ldp_audit.int_bits: must be such that 1 <= int_bits + frac_bits <= "),
+    ('override of a field the run does not read', 'ldp_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.int_bits=40'],
+     "config.ldp_audit.int_bits: must be left at its default: read only by "
+     "ldp_audit.mechanism bitrand or ome; this run audits 'ldp_sgd'"),
+    ('the same split twice', 'duplicates',
+     lambda t: ['--config=configs/digits.py:smoke',
+                "--config.dishonest.duplicate_splits=('train','train')"],
+     "config.dishonest.duplicate_splits: must be distinct splits of ('train', 'test', "
+     "'validation') (got ('train', 'train'))"),
 ]
+
+
+def _huge_label():
+  y = _labels().astype(np.int64)
+  y[7] = 10**9
+  return y
+
+
+def _write(tmp_path, name, text):
+  path = tmp_path / name
+  path.write_text(text)
+  return path
 
 
 def _file(tmp_path):

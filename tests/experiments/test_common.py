@@ -166,3 +166,46 @@ def test_run_point_computes_once(tmp_path):
   assert common.run_point(store, {'a': 1}, compute) == {'m': 1.5}
   assert len(calls) == 1
   assert store.get({'a': 1})['n_trials'] == 3
+
+
+def test_refuse_unused_names_an_override_the_run_does_not_read():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy import validate  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import base  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import ldp_audit  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  unused = base.unused(ldp_audit, config)  # mechanism 'ldp_sgd': the input fields are unused
+  assert 'ldp_audit.int_bits' in unused and 'ldp_audit.candidates' not in unused
+  argv = ['prog', '--config.ldp_audit.candidates=3']
+  common.refuse_unused(unused, argv)  # read by ldp_sgd: fine
+  with pytest.raises(validate.ConfigError, match=r'config.ldp_audit.int_bits: must be left at '
+                     r"its default: read only by ldp_audit.mechanism bitrand or ome"):
+    common.refuse_unused(unused, argv + ['--config.ldp_audit.int_bits=40'])
+  config.ldp_audit.mechanism = 'gaussian'
+  unused = base.unused(ldp_audit, config)
+  assert 'ldp_audit.candidates' in unused and 'ldp_audit.int_bits' in unused
+  assert 'ldp_audit.sensitivity' not in unused and 'ldp_audit.num_features' not in unused
+  assert base.unused(object(), config) == {}  # a pipeline that declares none
+
+
+@pytest.mark.parametrize('text,needle', [
+    ('this is not python(', 'got a file Python cannot read: SyntaxError at line 1'),
+    ('x = 1\n', 'got a module without get_config'),
+    ('def section(dataset, smoke):\n  pass\n', 'got a section module'),
+    ('raise RuntimeError("boom")\n', 'got a module that fails on import: RuntimeError: boom'),
+])
+def test_load_config_file_refuses_what_is_not_a_config(tmp_path, text, needle):
+  path = tmp_path / 'c.py'
+  path.write_text(text)
+  with pytest.raises(common.ConfigFileError, match=needle):
+    common.load_config_file(str(path), None)
+  txt = tmp_path / 'c.txt'
+  txt.write_text('hello')
+  with pytest.raises(common.ConfigFileError, match='got a file that is not a .py module'):
+    common.load_config_file(str(txt), None)
+
+
+def test_seed_rule_is_int64():
+  assert common.SEED_RULE.ok(0) and common.SEED_RULE.ok(2**63 - 1) and common.SEED_RULE.ok(-2**63)
+  assert not common.SEED_RULE.ok(2**63) and not common.SEED_RULE.ok(1.5)
+  assert not common.SEED_RULE.ok(True)
