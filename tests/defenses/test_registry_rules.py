@@ -183,7 +183,8 @@ def test_the_specification_table():
   assert registry.DEFENSES['gaussian'].defaults == {'sigma': None}
   assert registry.ADVERSARY == {'ami': 'server', 'dishonest_mia': 'server', 'fedmia': 'server',
                                 'pastel': None, 'duplicates': None, 'ldp_audit': None,
-                                'dp_audit': None, 'toy_game': None, 'flower_audit': 'server'}
+                                'dp_audit': None, 'toy_game': None, 'flower_audit': 'server',
+                                'training_audit': None}
 
 
 # Minimal params for make(name, ...).
