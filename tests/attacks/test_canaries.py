@@ -449,3 +449,24 @@ def test_gaussian_fit_by_hand_with_unbiased_variances():
   mu, eps = canaries.gaussian_fit_epsilon(ins, outs, 1e-5)
   assert mu == pytest.approx(1.0 / math.sqrt(5.0))
   assert eps == pytest.approx(auditing.gdp_epsilon(1.0 / math.sqrt(5.0), 1e-5))
+
+
+@pytest.mark.parametrize('with_mask', [True, False])
+def test_gradient_canary_loss_on_a_mixed_batch_is_the_mean_over_its_real_rows(with_mask):
+  model, params = _model()
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  loss_fn = losses.make_loss_fn(model.apply)
+  coords = np.array([7, 3])
+  hook = canaries.gradient_canary_loss(client_lib.IDENTITY.loss, CLASSES, coords,
+                                       np.array([1.0, -1.0], np.float32), 2.5, ravel)
+  x = np.random.default_rng(1).normal(size=(4, DIM_IN)).astype(np.float32)
+  y = np.array([1, CLASSES + 1, 2, CLASSES], np.int32)
+  mask = jnp.asarray([1.0, 1.0, 1.0, 0.0]) if with_mask else None
+  got = hook(None, loss_fn, params, jnp.asarray(x), jnp.asarray(y), mask, None)
+  ce = losses.per_example_cross_entropy(model.apply(params, x[[0, 2]]), y[[0, 2]])
+  w = ravel(params)
+  if with_mask:   # rows 0, 1, 2 are real: two data rows and canary 1 (sign -1, coordinate 3)
+    want = (ce.sum() - 2.5 * w[3]) / 3
+  else:           # every row: canary 0 (sign +1, coordinate 7) too
+    want = (ce.sum() - 2.5 * w[3] + 2.5 * w[7]) / 4
+  np.testing.assert_allclose(got, want, rtol=1e-5)
