@@ -86,9 +86,10 @@ def validate_config(config) -> dict[str, Any]:
   s = config.training_audit
   chosen = validate.subset_of(config, 'training_audit.defenses', DEFENSES)
   samplings = validate.subset_of(config, 'training_audit.samplings', ALL_SAMPLINGS)
-  validate.require(any(x in samplings for d in chosen for x in SAMPLINGS[d]),
-                   'training_audit.samplings', 'one a chosen defense offers (' + ', '.join(
-                       f'{d}: {SAMPLINGS[d]}' for d in chosen) + ')', s.samplings)
+  for d in chosen:   # a chosen defense with none of its samplings would silently not run
+    validate.require(any(x in samplings for x in SAMPLINGS[d]), 'training_audit.samplings',
+                     'one a chosen defense offers for each of them (' + ', '.join(
+                         f'{c}: {SAMPLINGS[c]}' for c in chosen) + ')', s.samplings)
   validate.checked(config, 'training_audit.epsilons', registry.each('epsilon'))
   validate.in_range(config, 'training_audit.epsilons', 0.0, 50.0, low_inclusive=False)
   validate.checked(config, 'training_audit.delta', registry.rule('delta'))

@@ -8,8 +8,6 @@ import pytest
 from tests.experiments import training_audit_plants as plants
 
 DEFENSES = ('update_dp', 'central_dp', 'weak_dp')
-LDP = ('--config.training_audit.direction=random',
-       '--config.training_audit.num_canary_clients=6000')
 
 
 @pytest.fixture(scope='module')
@@ -18,10 +16,6 @@ def runs(tmp_path_factory):
       'half': plants.run(tmp_path_factory, 'half', DEFENSES, ('none',), 'half_noise'),
       'none': plants.run(tmp_path_factory, 'none', DEFENSES, ('none',)),
       'clip': plants.run(tmp_path_factory, 'clip', ('update_dp',), ('none',), 'clip_mismatch'),
-      'ldp_half': plants.run(tmp_path_factory, 'ldp_half', ('ldp_sgd',), ('none',),
-                             'half_noise', *LDP),
-      'ldp_none': plants.run(tmp_path_factory, 'ldp_none', ('ldp_sgd',), ('none',), 'none',
-                             *LDP),
   }
 
 
@@ -33,8 +27,11 @@ def test_half_noise_is_flagged(runs, defense):
       runs['none'][key]['gdp_mu_estimate'])
 
 
-def test_ldp_sgd_at_twice_its_epsilon_is_flagged(runs):
-  plants.flagged(runs['ldp_half'], runs['ldp_none'], ('ldp_sgd', 'none', 'client'))
+# LDP-SGD at twice its epsilon is flagged by the mechanism audit (test_dp_audit.py); in one
+# training it takes 6,000 random-direction canary clients (a 70 s run kept out of the suite):
+#   python -m experiments.training_audit --config=configs/digits.py:smoke \
+#     --config.training_audit.defenses="('ldp_sgd',)" --config.training_audit.plant=half_noise \
+#     --config.training_audit.direction=random --config.training_audit.num_canary_clients=6000
 
 
 def test_noise_from_another_clip_than_the_one_applied_is_flagged(runs):
