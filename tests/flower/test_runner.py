@@ -104,8 +104,8 @@ def test_recording_from_a_flower_run_has_the_recording_layout(federation):
   rec = strategies.recording_from_uploads(federation['model'].apply, federation['log'].rounds,
                                           qx, qy, chunk_size=5)
   assert {k: v.shape for k, v in rec.items()} == {
-      'loss': (2, 3, 5), 'cos': (2, 3, 5), 'diff': (2, 3, 5), 'grad_sq': (2, 5),
-      'rounds': (2,), 'node_ids': (3,), 'num_examples': (2, 3)}
+      'loss': (2, 3, 5), 'cos': (2, 3, 5), 'diff': (2, 3, 5), 'margin': (2, 3, 5),
+      'grad_sq': (2, 5), 'rounds': (2,), 'node_ids': (3,), 'num_examples': (2, 3)}
   assert np.all(np.isfinite(rec['loss'])) and np.all(np.abs(rec['cos']) <= 1 + 1e-6)
 
 
