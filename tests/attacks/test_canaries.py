@@ -470,3 +470,19 @@ def test_gradient_canary_loss_on_a_mixed_batch_is_the_mean_over_its_real_rows(wi
   else:           # every row: canary 0 (sign +1, coordinate 7) too
     want = (ce.sum() - 2.5 * w[3] + 2.5 * w[7]) / 4
   np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_audit_defaults_to_dependent_canaries_and_accepts_two_a_world():
+  scores = np.array([3.0, 2.5, -1.0, -0.5])
+  world = np.array([True, True, False, False])
+  m = canaries.audit(scores, world, 'update_dp', 1.0, delta=1e-5, confidence=0.95)
+  assert m['canaries_independent'] == 0.0
+  assert m['counted_bounds'] == 'epsilon_one_run,epsilon_one_run_fdp'
+  assert math.isnan(m['profile_epsilon']) and math.isnan(m['profile_violation'])
+  assert m['n_in'] == 2 and m['n_out'] == 2
+
+
+def test_gaussian_fit_below_unit_spread():
+  mu, _ = canaries.gaussian_fit_epsilon(np.array([0.0, 0.2]), np.array([0.1, 0.3]), 1e-5)
+  # variances 0.02 each: pooled sd sqrt(0.02); means 0.1 and 0.2.
+  assert mu == pytest.approx(0.1 / math.sqrt(0.02))
