@@ -218,20 +218,20 @@ class Scores(NamedTuple):
 def _client_observers(dirs: jax.Array, num_real: int, num_rounds: int, clip_norm: float,
                       ravel: Callable):
   """observe / reduce of canary clients: each canary's own upload projected (server), and
-  the real participants' uploads clipped to C and projected (the known contributions)."""
+  the real participants' uploads clipped to C, summed and projected once (the known
+  contributions: one J x P product per round, not one per client)."""
   def observe(k, t, i, global_params, upload):
     del k, t, global_params
-    flat = ravel(upload)
-    own = flat @ dirs[jnp.clip(i - num_real, 0, dirs.shape[0] - 1)]
-    known = jnp.where(i < num_real, dirs @ ravel(dp.clip_tree(upload, clip_norm)), 0.0)
-    return own, known
+    own = ravel(upload) @ dirs[jnp.clip(i - num_real, 0, dirs.shape[0] - 1)]
+    clipped = jnp.where(i < num_real, ravel(dp.clip_tree(upload, clip_norm)), 0.0)
+    return own, clipped
 
   def reduce(state, t, seen, part):
     own_sum, known = state
-    own, real = seen
+    own, clipped = seen
     p = part.astype(jnp.float32)
     return (own_sum + own[num_real:] * p[num_real:],
-            known.at[t].set(jnp.sum(real * p[:, None], axis=0)))
+            known.at[t].set(dirs @ jnp.sum(clipped * p[:, None], axis=0)))
 
   init = (jnp.zeros(dirs.shape[0]), jnp.zeros((num_rounds, dirs.shape[0])))
   return observe, reduce, init
