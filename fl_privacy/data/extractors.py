@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import functools
 import re
+import zipfile
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy import validate
 from fl_privacy.data.dataset import rng_from_key
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
@@ -207,3 +209,22 @@ class SmallCNN(nn.Module):
 
   def __call__(self, x):
     return self.fc2(self.embed(x))
+
+
+def check_weights(path: str, extractor: str, field: str) -> None:
+  """Refuses (ConfigError naming `field`) weights the run would not read or could not load:
+  any weights beside an extractor other than 'resnet18' (they would be recorded as if they
+  ran), a file that is not an .npz archive, or one `load_resnet18_weights` rejects."""
+  if not path:
+    return
+  validate.require(extractor == 'resnet18', field,
+                   "'' unless ami.extractor is 'resnet18' (the only extractor with weights)",
+                   path)
+  allowed = ("'' or an .npz of ResNet-18 weights (np.savez, no pickled arrays; see "
+             'fl_privacy/data/extractors.py)')
+  validate.require(zipfile.is_zipfile(path), field, allowed, f'{path}: not an .npz archive')
+  try:
+    load_resnet18_weights(path)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    why = (str(e).splitlines() or [type(e).__name__])[0].removeprefix(f'{path}: ')
+    raise validate.ConfigError(field, allowed, f'{path}: {why}') from e

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-import zipfile
 from typing import Any
 
 from absl import logging
@@ -114,21 +113,8 @@ def validate_config(config) -> None:
                    (config.ami.int_bits, config.ami.frac_bits))
   validate.checked(config, 'ami.extractor_weights', validate.Rule(
       "'' or an existing .npz file", lambda w: not w or os.path.isfile(w)))
-  weights = config.ami.extractor_weights
-  if weights:
-    # Weights the 'identity' extractor never reads were recorded as if they ran.
-    validate.require(config.ami.extractor == 'resnet18', 'ami.extractor_weights',
-                     "'' unless ami.extractor is 'resnet18' (the only extractor with weights)",
-                     weights)
-    allowed = ("'' or an .npz of ResNet-18 weights (np.savez, no pickled arrays; see "
-               'fl_privacy/data/extractors.py)')
-    validate.require(zipfile.is_zipfile(weights), 'ami.extractor_weights', allowed,
-                     f'{weights}: not an .npz archive')
-    try:
-      data_lib.extractors.load_resnet18_weights(weights)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-      why = (str(e).splitlines() or [type(e).__name__])[0].removeprefix(f'{weights}: ')
-      raise validate.ConfigError('ami.extractor_weights', allowed, f'{weights}: {why}') from e
+  data_lib.extractors.check_weights(config.ami.extractor_weights, config.ami.extractor,
+                                    'ami.extractor_weights')
   defenses.configured.check_honoured(
       config.defense, 'ami', AMI_DEFENSES,
       'the game decides from the chosen neuron on the batch the client trains on, not from '
