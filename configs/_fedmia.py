@@ -120,9 +120,17 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     dp_clip, dp_delta: update_dp's clipping norm C and the delta of its epsilon.
     augment_sampling_level: augmentation level combined with sampling.
     mixup_public_code: True trains on unmixed inputs with mixed labels, as the authors' code.
+    replicates: R independent trainings of every setting (replicate r's key fold_in(run key,
+      r) redraws the partition, w_0 and the clients' keys; a defense and the undefended run of
+      the same replicate share them): every rate, AUC and paired claim is reported over the R
+      trainings (`eval.replicated`: the t-interval over replicates, or the hierarchical
+      bootstrap, as the result's `interval_method` says), each replicate stored and resumed on
+      its own. Default 3 (smoke: 2).
     chunk_size: queries per measurement chunk (memory ~ chunk x parameters, refused before
       the run when 2 x chunk x parameters floats cannot fit; results do not
-      depend on it).
+      depend on it). Digits: 32 (measured on the 2-core machine, one leaky main training
+      with online LiRA's IN models: 10 s at chunk 32 vs 36 s at 512, the small MLP's
+      per-example gradients staying in cache; benchmarks.fedmia_measure); CIFAR: 256.
   """
   cifar = dataset in ('cifar10', 'cifar100')
   s = ml_collections.ConfigDict()
@@ -159,7 +167,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.dp_delta = 1e-5
   s.augment_sampling_level = 2
   s.mixup_public_code = False
-  s.chunk_size = 256 if cifar else 512
+  s.chunk_size = 256 if cifar else 32
+  s.replicates = 3
   if not cifar and setting == 'leaky':
     s.num_clients = 20
     s.per_client = 16
@@ -177,5 +186,6 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     s.betas = (float('inf'), 1.0)
     s.client_counts = ()
     s.epoch_counts = ()
-    s.chunk_size = 512
+    s.chunk_size = 32
+    s.replicates = 2
   return s

@@ -86,8 +86,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
 
   Fields:
     parts: subset of ('fedmia', 'dishonest', 'dp', 'training').
-    num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 (FedMIA needs two
-      non-target clients): 10.
+    num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 when parts has
+      'fedmia' (FedMIA needs two non-target clients), else >= 2: 10.
     per_client: training examples per node (IID shards of the train split): 128 (a multiple
       of batch_size, so one local epoch visits every example: the dishonest detector's
       assumption).

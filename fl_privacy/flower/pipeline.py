@@ -168,8 +168,10 @@ def validate_config(config) -> dict[str, Any]:
   settings."""
   s = config.flower_audit
   parts = validate.subset_of(config, 'flower_audit.parts', PARTS)
+  # Only FedMIA needs two non-target clients; the other parts run on any deployment of >= 2.
   validate.checked(config, 'flower_audit.num_clients', validate.number(
-      3, integer=True, words='FedMIA needs two non-target clients'))
+      3, integer=True, words='FedMIA needs two non-target clients') if 'fedmia' in parts else
+                   validate.number(2, integer=True))
   for field in ('per_client', 'num_rounds', 'record_every', 'local_epochs', 'batch_size',
                 'chunk_size', 'dishonest.num_components', 'dishonest.targets_in',
                 'dp.num_trials', 'dp.dimension'):

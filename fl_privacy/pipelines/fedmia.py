@@ -41,8 +41,10 @@ from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
 from fl_privacy.pipelines import base
+from fl_privacy.pipelines import fedmia_defenses
 from fl_privacy.pipelines import fedmia_figures
 from fl_privacy.pipelines import fedmia_online
+from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.pipelines import fedmia_tables
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
@@ -50,9 +52,8 @@ from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
 NAME = 'fedmia'
-# The defenses FedMIA's Sect. 4.4 / Appendix A.2 sweeps (and quantisation, which its code has).
-DEFENSES = ('update_noise', 'update_dp', 'sparsify', 'quantize', 'mixup', 'augment',
-            'sampling', 'augment_sampling')
+DEFENSES = fedmia_defenses.DEFENSES
+defense_for = fedmia_defenses.defense_for
 LR_SCHEDULES = optimizers_lib.LR_SCHEDULES
 # The headline columns: logged per saved point and printed as a table at the end of a run.
 SUMMARY = summary.Table('FedMIA (TPR at 0.1% FPR and AUC: 95% intervals)', (
@@ -120,7 +121,8 @@ def validate_config(config) -> None:
   validate.one_of(config, 'fedmia.outlier_filter', passive.FILTERS)
   validate.subset_of(config, 'fedmia.nonmember_scoring', passive.SCORINGS)
   validate.subset_of(config, 'fedmia.sweep_scoring', passive.SCORINGS)
-  _validate_defenses(config)
+  fedmia_defenses.validate_config(config)
+  validate.positive(config, 'fedmia.replicates', integer=True)
   validate.positive(config, 'fedmia.chunk_size', integer=True)
 
 
@@ -232,7 +234,8 @@ def partition(config, state, key, beta: float, num_clients: int) -> list[np.ndar
 
 
 def record(config, state, key, tr: dict, in_models: int = 0) -> dict[str, np.ndarray]:
-  """Trains one setting and returns its recording (`fl.recording.record_shards`)."""
+  """Trains one setting and returns its recording (`fl.recording.record_shards`); `key` is
+  the replicate's key (`fedmia_replicates.key`)."""
   s = config.fedmia
   beta, num_clients, epochs = tr['beta'], tr['num_clients'], tr['local_epochs']
   return recording_lib.record_shards(
@@ -245,42 +248,6 @@ def record(config, state, key, tr: dict, in_models: int = 0) -> dict[str, np.nda
       optimizer=state['optimizer'], epochs=int(epochs), batch_size=int(s.batch_size),
       hooks=None if tr['defense'] == 'none' else defense_for(config, state, tr).hooks,
       chunk_size=int(s.chunk_size), in_models=in_models)
-
-
-def _validate_defenses(config) -> None:
-  """`fedmia.defenses` and the fields its defenses share, by the defense registry's rules."""
-  s = config.fedmia
-  defenses.configured.validate_sweep(s.defenses, DEFENSES, 'fedmia.defenses')
-  fields = defenses.registry.FIELDS
-  fields['clip_norm'].rule.check('fedmia.dp_clip', s.dp_clip)
-  fields['delta'].rule.check('fedmia.dp_delta', s.dp_delta)
-  fields['augment_level'].rule.check('fedmia.augment_sampling_level', s.augment_sampling_level)
-  fields['mixup_public_code'].rule.check('fedmia.mixup_public_code', s.mixup_public_code)
-  defenses.check_honoured(config.defense, NAME, ('none',),
-                          'FedMIA sweeps its own defenses in fedmia.defenses')
-
-
-def defense_for(config, state, tr: dict) -> defenses.Configured:
-  """The defense of training `tr` from the defense registry (hooks, and DP metrics), built
-  once per training (update_dp: T rounds against the server, replace-one,
-  `accounting.update_dp`)."""
-  cache = state.setdefault('defenses', {})
-  key = (tr['defense'], tr['defense_param'], tr['local_epochs'], tr['num_clients'])
-  if key not in cache:
-    s, train = config.fedmia, state['train']
-    name, value = tr['defense'], tr['defense_param']
-    setting = defenses.Setting(
-        num_classes=int(train.num_classes),
-        image_shape=train.x.shape[1:] if train.is_image else None,
-        batch_size=int(s.batch_size), epochs=int(tr['local_epochs']),
-        rounds=int(s.num_rounds), num_clients=int(tr['num_clients']))
-    fixed = {'update_dp': {'clip_norm': float(s.dp_clip)},
-             'mixup': {'public_code': bool(s.mixup_public_code)},
-             'augment_sampling': {'level': int(s.augment_sampling_level)}}.get(name, {})
-    cache[key] = defenses.configured.sweep_point(
-        name, int(value) if name in ('quantize', 'augment') else value, setting,
-        experiment=NAME, prefix='fedmia.defenses', fixed=fixed, delta=float(s.dp_delta))
-  return cache[key]
 
 
 def describe(tr: dict) -> str:
@@ -303,42 +270,58 @@ def attack_plan(config, tr: dict) -> list[tuple[str, str]]:
 
 
 def point_metrics(config, key, rec: dict, tr: dict, attack: str, scoring: str,
-                  dp_metrics: dict | None = None) -> dict:
-  """The results metrics of one (training, attack, scoring)."""
+                  dp_metrics: dict | None = None, replicate: int = 0) -> dict:
+  """The metrics of one (training, attack, scoring) on one replicate's recording, and its
+  scored entries (`evaluate.recording_metrics(..., entries=True)`)."""
   s = config.fedmia
+  params = point_params(tr, attack, scoring)
   return evaluate_lib.recording_metrics(
       rec, attack, scoring=scoring, single_round=int(s.single_round),
       default_filter=s.outlier_filter, dp_metrics=dp_metrics, dp_delta=float(s.dp_delta),
-      rng=data_lib.rng_from_key(point_key(key, point_params(tr, attack, scoring))),
-      num_resamples=int(s.bootstrap_resamples), **fedmia_figures.attack_options(config))
+      rng=data_lib.rng_from_key(point_key(key, dict(params, replicate=int(replicate)))),
+      num_resamples=int(s.bootstrap_resamples), entries=True,
+      **fedmia_figures.attack_options(config))
 
 
-def recorded(config, state, key, artifacts: ArtifactStore, tr: dict) -> dict[str, np.ndarray]:
-  """Training `tr`'s recording: read from the artifacts, else trained and saved."""
-  rec = artifacts.load(training_params(tr))
+def recorded(config, state, key, artifacts: ArtifactStore, tr: dict,
+             replicate: int = 0) -> dict[str, np.ndarray]:
+  """Replicate `replicate` of training `tr`: read from the artifacts, else trained (key
+  `fedmia_replicates.key(key, replicate)`) and saved on its own, so an interrupted run
+  resumes at the first replicate not stored."""
+  params = dict(training_params(tr), replicate=int(replicate))
+  rec = artifacts.load(params)
   n_in = fedmia_online.in_models(config, attack_plan(config, tr))
   if rec is None or fedmia_online.stale(rec, n_in):  # e.g. stored without online LiRA's IN
-    logging.info('training %s', describe(tr))
-    rec = record(config, state, key, tr, n_in)
-    artifacts.save(training_params(tr), rec)
+    logging.info('training %s, replicate %d', describe(tr), replicate)
+    rec = record(config, state, fedmia_replicates.key(key, replicate), tr, n_in)
+    artifacts.save(params, rec)
   return rec
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, scoring) point. A training's recording is read or trained only
-  when one of its points is not stored yet, and dropped after its last point."""
+  """Every (training, attack, scoring) point over `fedmia.replicates` replicated trainings.
+  A training's replicates are read or trained when one of its points is not stored yet, and
+  dropped after its last point; each point's metrics are `fedmia_replicates.combine` of the
+  replicates'."""
   artifacts = ArtifactStore(store.workdir, RECORDED)
+  replicates = int(config.fedmia.replicates)
   points = []
   for tr in state['trainings']:
     cache = {}
 
     def compute(tr=tr, a='', sc='', cache=cache):
-      if 'rec' not in cache:
-        cache['rec'] = recorded(config, state, key, artifacts, tr)
-      rec = cache['rec']
-      # n counts the loss scores the attack ranked (examples x recorded rounds).
-      return (point_metrics(config, key, rec, tr, a, sc, defense_for(config, state, tr).metrics),
-              int(len(rec['owner']) * rec['loss'].shape[1]))
+      if 'recs' not in cache:
+        cache['recs'] = [recorded(config, state, key, artifacts, tr, r)
+                         for r in range(replicates)]
+      dp = defense_for(config, state, tr).metrics
+      per = [point_metrics(config, key, rec, tr, a, sc, dp, r)
+             for r, rec in enumerate(cache['recs'])]
+      m = fedmia_replicates.combine(
+          per, rng=data_lib.rng_from_key(point_key(key, dict(point_params(tr, a, sc),
+                                                            replicated=1))),
+          num_resamples=int(config.fedmia.bootstrap_resamples))
+      # n counts the loss scores the attack ranked (examples x recorded rounds x replicates).
+      return m, int(sum(len(r['owner']) * r['loss'].shape[1] for r in cache['recs']))
 
     plan_tr = attack_plan(config, tr)
     for i, (attack, scoring) in enumerate(plan_tr):
@@ -350,14 +333,16 @@ def plan(config, state, store, key) -> list[base.Point]:
 
 
 def figures(config, state, store, key) -> None:
-  """`rounds.json`, table1.md (with the paired claims), claims.json, table2.md and the figures,
-  from the stored points and the main trainings' recordings."""
+  """`rounds.json`, table1.md (with the paired claims over the replicates), claims.json,
+  table2.md and the figures, from the stored points and the main trainings' recordings (ROC
+  and rounds curves: replicate 0's)."""
   artifacts = ArtifactStore(store.workdir, RECORDED)
-  main_records = {tr['model']: recorded(config, state, key, artifacts, tr)
-                  for tr in state['trainings'] if tr['sweep'] == 'main'}
-  curves = fedmia_figures.round_curves(config, key, main_records)
+  main = {tr['model']: [recorded(config, state, key, artifacts, tr, r)
+                        for r in range(int(config.fedmia.replicates))]
+          for tr in state['trainings'] if tr['sweep'] == 'main'}
+  first = {model: recs[0] for model, recs in main.items()}
+  curves = fedmia_figures.round_curves(config, key, first)
   atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
                            fedmia_tables.dumps(curves))
-  fedmia_tables.write(config, store.points, store.workdir, main_records, key)
-  fedmia_figures.save_all(config, key, store.points, main_records, curves, store.workdir)
-
+  fedmia_tables.write(config, store.points, store.workdir, main, key)
+  fedmia_figures.save_all(config, key, store.points, first, curves, store.workdir)

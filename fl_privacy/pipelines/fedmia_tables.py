@@ -9,15 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from fl_privacy import data as data_lib
-from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import metrics as metrics_lib
-from fl_privacy.eval import paired
+from fl_privacy.eval import replicated
 from fl_privacy.eval import stats
+from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.report import atomic
 from fl_privacy.report import json_safe
-from fl_privacy.report import point_key
 
 TABLE1 = 'table1.md'
 TABLE2 = 'table2.md'
@@ -30,16 +28,7 @@ PAPER_ALEXNET_CIFAR100 = {
     'fedmia_i': (53.78, 0.90), 'fedmia_ii': (66.98, 0.89),
 }
 _SCORING = {'public_code': 'public code', 'public_code_2024': 'public code 2024'}
-# The paper's ordering claims at low FPR: (winner, losers), FedMIA with the paper's filter
-# (no suffix) and with ours (leave-one-out) beside it.
-_LOO = '@leave_one_out'
-ORDERING = tuple((w + f, losers) for w, losers in (
-    ('fedmia_ii', ('grad_cosine', 'avg_cosine')), ('fedmia_i', ('blackbox_loss', 'loss_series')))
-                 for f in ('', _LOO))
-# Beside the paper's claims, FedMIA-II (both filters) against the state of the art.
-STATE_OF_THE_ART = tuple((w, ('lira_offline', 'lira_offline_fixed', 'lira_online',
-                              'lira_online_fixed', 'rmia'))
-                         for w in ('fedmia_ii', 'fedmia_ii' + _LOO))
+ORDERING = fedmia_replicates.ORDERING
 
 
 def dumps(obj: Any) -> str:
@@ -74,9 +63,15 @@ def _distinct(m: dict, name: str) -> str:
 
 
 def _difference(p: dict, a: dict, name: str = 'tpr_at_fpr_1e-3') -> str:
-  """p - a of a TPR in percentage points with Newcombe's hybrid score 95% interval."""
+  """p - a of a TPR in percentage points: over R >= 2 replicates the mean of the per-replicate
+  differences with the t-interval over them (the same trainings, paired), else Newcombe's
+  hybrid score 95% interval (independent samples assumed)."""
   if p is None or a is None:
     return ''
+  if len(p.get(f'{name}_replicates', ())) > 1 and len(a.get(f'{name}_replicates', ())) > 1:
+    d = np.asarray(p[f'{name}_replicates'], float) - np.asarray(a[f'{name}_replicates'], float)
+    mean, low, high = replicated.t_interval(d, bounds=(-1.0, 1.0))
+    return f'{100 * mean:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}] (t, paired)'
   counts = [(int(round(_f(m[name]) * int(m['n_pos']))), int(m['n_pos'])) for m in (p, a)]
   d, low, high = stats.newcombe_difference(*counts[0], *counts[1])
   return f'{100 * d:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]'
@@ -128,59 +123,6 @@ def _ordering_lines(idx, config, model) -> list[str]:
 def attack_options(config) -> dict:
   """RMIA's threshold and offline parameter from the config (`scores.pooled_round_scores`)."""
   return dict(rmia_gamma=float(config.fedmia.rmia_gamma), rmia_a=float(config.fedmia.rmia_a))
-
-
-def claims(config, key, records: dict) -> dict[str, list[dict]]:
-  """Paired comparisons on the main recordings: {model: [{winner, loser, ...}]}.
-
-  Each claim of ORDERING and STATE_OF_THE_ART whose two attacks are in `fedmia.attacks`,
-  scored aligned, as `evaluate.compare` (A - B in AUC and TPR@0.1% FPR, the same query-cluster
-  bootstrap resamples for both, `bootstrap_resamples` of them, from a Generator keyed by the
-  pair and model).
-  """
-  s = config.fedmia
-  out = {}
-  for model, rec in records.items():
-    single = list(np.asarray(rec['rounds']) + 1).index(int(s.single_round))
-    rows = []
-    for winner, losers in ORDERING + STATE_OF_THE_ART:
-      for loser in (l for l in losers if winner in s.attacks and l in s.attacks):
-        rng = data_lib.rng_from_key(point_key(key, {'claim': winner, 'versus': loser,
-                                                   'model': model}))
-        result = evaluate_lib.compare(
-            rec, winner, loser, rng=rng, single_index=single, default_filter=s.outlier_filter,
-            num_resamples=int(s.bootstrap_resamples), **attack_options(config))
-        rows.append(dict(winner=winner, loser=loser, **result))
-    out[model] = rows
-  return out
-
-
-def _claim_lines(config, rows: list[dict]) -> list[str]:
-  if not rows:
-    return []
-  s = config.fedmia
-  lines = ['### Claims as paired differences (aligned)', '',
-           'A minus B on the same members and non-members; 95% intervals of a query-cluster '
-           f'bootstrap in which both attacks see the same {s.bootstrap_resamples} resamples '
-           "(thresholds re-selected on each): the paper's claims (FedMIA-II over Grad-Cosine and "
-           'Avg-Cosine, FedMIA-I over Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA '
-           "and RMIA, each for FedMIA with the paper's filter and with ours (leave-one-out).",
-           '',
-           '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
-           'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |',
-           '|' + '---|' * 10]
-  for r in rows:
-    lines.append(
-        f'| {scores_lib.label(r["winner"], s.outlier_filter)} | '
-        f'{scores_lib.label(r["loser"], s.outlier_filter)} | {_f(r["auc_a"]):.3f} | '
-        f'{_f(r["auc_b"]):.3f} | {_f(r["auc_diff"]):+.3f} [{_f(r["auc_diff_low"]):+.3f}, '
-        f'{_f(r["auc_diff_high"]):+.3f}] | '
-        f'{paired.verdict(_f(r["auc_diff_low"]), _f(r["auc_diff_high"]))} | '
-        f'{100 * _f(r["tpr_a"]):.2f} | {100 * _f(r["tpr_b"]):.2f} | '
-        f'{100 * _f(r["tpr_diff"]):+.2f} [{100 * _f(r["tpr_diff_low"]):+.2f}, '
-        f'{100 * _f(r["tpr_diff_high"]):+.2f}] | '
-        f'{paired.verdict(_f(r["tpr_diff_low"]), _f(r["tpr_diff_high"]))} |')
-  return lines + ['']
 
 
 def _rmia_ties(m: dict | None) -> str:
@@ -270,7 +212,7 @@ def table1(config, points: list[dict], claims_: dict | None = None) -> str:
     lines += [ties, ''] if ties else []
     lines += ["### The paper's ordering at 0.1% FPR (separate intervals)", '']
     lines += _ordering_lines(idx, config, model) + ['']
-    lines += _claim_lines(config, (claims_ or {}).get(model, []))
+    lines += fedmia_replicates.claim_lines(config, (claims_ or {}).get(model, []))
     lines += _sweep_tables(config, idx, model)
   return '\n'.join(lines) + '\n'
 
@@ -358,7 +300,7 @@ def write(config, points: list[dict], workdir: str, records: dict | None = None,
           key=None) -> None:
   """table1.md and table2.md; given the main recordings and the run key, also the paired
   claims (`claims`) in table1.md and claims.json."""
-  found = claims(config, key, records) if records else {}
+  found = fedmia_replicates.claims(config, key, records) if records else {}
   if found:
     atomic.atomic_write_text(os.path.join(workdir, CLAIMS), dumps(found))
   atomic.atomic_write_text(os.path.join(workdir, TABLE1), table1(config, points, found))

@@ -159,6 +159,7 @@ def prepare(config) -> dict:
   # Shard sizes, each client's held-out rows >= a batch, the test share per client.
   passive_pastel.check_shards(len(train), len(test), k, s.per_client,
                               float(s.validation_fraction), int(s.batch_size))
+  _check_calibrations(config, len(train), len(test))
   model = make_model(config, train.num_classes)
   memory.require_batch_fits('pastel.batch_size', int(s.batch_size), model, train.x.shape[1:], k)
   for rep in s.pastel_representations:
@@ -166,6 +167,26 @@ def prepare(config) -> dict:
                                                 tuple(s.pastel_layers), rep, s.model)
   return dict(train=train, test=test, model=model, layers=layers,
               x_train=data_lib.to_float(train.x), x_test=data_lib.to_float(test.x))
+
+
+def _check_calibrations(config, num_train: int, num_test: int) -> None:
+  """Every DP baseline calibrated to every target epsilon before any training (one the
+  accountant cannot reach, e.g. 1e9, stopped the run after the undefended trainings). The
+  members per client do not depend on the key, so any replicate's split gives them."""
+  s = _s(config)
+  split = passive_pastel.client_split(
+      jax.random.key(0), num_train, num_test, int(s.num_clients), float(s.validation_fraction),
+      None if s.per_client is None else int(s.per_client))
+  for defense in (d for d in s.defenses if d in DP_DEFENSES):
+    for eps in s.epsilons:
+      try:
+        dp_accounting(config, split, defense, float(eps))
+      except (validate.ConfigError, ValueError) as e:
+        # The registry's target_epsilon may be None; an entry of pastel.epsilons may not.
+        why = (e.allowed if isinstance(e, validate.ConfigError) else str(e)).removeprefix(
+            'None or ')
+        raise validate.ConfigError('pastel.epsilons', f'{why} ({defense} at epsilon {eps:g})',
+                                   tuple(s.epsilons)) from None
 
 
 def trainings(config) -> list[dict]:

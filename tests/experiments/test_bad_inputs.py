@@ -18,6 +18,7 @@ import pytest
 from configs import _base
 from experiments import common
 from tests.experiments import cli
+from tests.experiments import forkserver
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -135,6 +136,10 @@ ROWS = [
      lambda t: _npz_flags(_npz(t, 'empty', images=_images(0), labels=_labels(0))),
      "empty.npz: too small: 'images' holds 0 examples; needs at least 3 (20% are held out "
      "as the test split)"),
+    ('a target epsilon no DP baseline can be calibrated to', 'pastel',
+     lambda t: ['--config=configs/digits.py:smoke', "--config.pastel.defenses=('none','ldp')",
+                '--config.pastel.epsilons=(1e9,)'],
+     "config.pastel.epsilons: must be below"),
     ('an infinite PASTEL weight', 'pastel',
      lambda t: ['--config=configs/digits.py:smoke', '--config.pastel.pastel_weights=(1e999,)'],
      "config.pastel.pastel_weights: must be a finite number >= 0 (got (inf,))"),
@@ -288,14 +293,23 @@ def _run(experiment, flags, cwd=REPO):
                         cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 
+@pytest.fixture(scope='module')
+def server():
+  # The rows run in forks of one interpreter that imported the library once (forkserver.py);
+  # one real subprocess per experiment below checks what a fork cannot (import-time output).
+  client = forkserver.Client(REPO, cli.env(JAX_PLATFORMS='cpu'))
+  yield client
+  client.close()
+
+
 @pytest.mark.parametrize('row,experiment,make_flags,needle', ROWS, ids=[r[0] for r in ROWS])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, row, experiment,
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, server, row, experiment,
                                                             make_flags, needle):
   del row
   flags = make_flags(tmp_path)
   if not any(f.startswith('--workdir') for f in flags):
     flags.append(f'--workdir={tmp_path / "never"}')
-  proc = _run(experiment, flags)
+  proc = server.run(experiment, flags, cwd=REPO, env=cli.env(JAX_PLATFORMS='cpu'))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert 'Traceback' not in proc.stderr
   # The error is the only line: no INFO lines or JAX backend probing before it.
@@ -316,7 +330,7 @@ _BAD_FIELD = {
     'ldp_audit': ('--config.ldp_audit.clip_norm=-1.0', 'config.ldp_audit.clip_norm'),
     'pastel': ('--config.pastel.pastel_weights=(1e999,)', 'config.pastel.pastel_weights'),
     'toy_game': ('--config.toy.p=(1.5,)', 'config.toy.p'),
-    'flower_audit': ('--config.flower_audit.num_clients=2', 'config.flower_audit.num_clients'),
+    'flower_audit': ('--config.flower_audit.num_clients=1', 'config.flower_audit.num_clients'),
     'training_audit': ('--config.training_audit.per_client=100000',
                        'config.training_audit.per_client'),
 }

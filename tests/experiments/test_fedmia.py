@@ -58,18 +58,25 @@ def test_results_schema_and_files(smoke):
     assert m['test_error'] == pytest.approx(1 - m['test_accuracy'])
     for name in ('log_auc', 'filter_removed_fraction', 'dp_epsilon'):
       assert name in m
-    # Honest low-FPR statistics on every point: distinct queries behind the threshold, and the
-    # query-cluster bootstrap interval around the TPR.
+    # Honest low-FPR statistics on every point: distinct queries behind the threshold (summed
+    # over the replicates' trainings), and intervals over the replicated trainings.
     assert 0 < m['n_neg_distinct'] <= m['n_neg']
+    assert m['replicates'] == s['replicates'] == 2 and m['interval_method'] == 't'
+    for name in ('auc', 'tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
+      assert len(m[f'{name}_replicates']) == 2
+      assert float(m[name]) == pytest.approx(np.mean(m[f'{name}_replicates']))
+      assert len(m['conditional']) == 2 and name in m['conditional'][1]
     for name in ('tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
       assert 0 <= m[f'{name}_distinct_negatives'] <= m['n_neg_distinct']
-      assert float(m[f'{name}_boot_low']) <= float(m[name]) <= float(m[f'{name}_boot_high'])
+      # The wider of the t-interval and Clopper-Pearson on the pooled counts is reported.
+      width = float(m[f'{name}_ci_high']) - float(m[f'{name}_ci_low'])
+      assert width >= float(m[f'{name}_cp_high']) - float(m[f'{name}_cp_low']) - 1e-12
   for name in ('results.csv', 'table1.md', 'table2.md', 'rounds.json', 'fedmia_roc.png',
                'fedmia_noniid.png', 'fedmia_rounds.png', 'fedmia_clients_epochs.png',
                'fedmia_defenses.png'):
     assert (workdir / name).exists(), name
-  assert len(list((workdir / 'recorded').glob('*.npz'))) == 1 + len(s['betas']) - 1 + sum(
-      len(v) for v in s['defenses'].values())
+  assert len(list((workdir / 'recorded').glob('*.npz'))) == s['replicates'] * (
+      1 + len(s['betas']) - 1 + sum(len(v) for v in s['defenses'].values()))
   table = (workdir / 'table1.md').read_text()
   assert '| Attack | TPR@0.1% FPR (aligned)' in table and "paper's ordering" in table
   for row in ('| FedMIA-II (leave-one-out filter) |', '| LiRA (offline) |',
@@ -79,6 +86,11 @@ def test_results_schema_and_files(smoke):
   assert 'public code minus aligned, TPR@0.1% (points)' in table and 'distinct negatives' in table
   assert 'inflation' not in table.lower()
   assert 'Hypervolume' in (workdir / 'table2.md').read_text()
+  # The paired claims are over the replicated trainings, and say which interval they report.
+  rows = next(iter(json.loads((workdir / 'claims.json').read_text()).values()))
+  assert rows and all(r['num_trainings'] == 2 and r['interval_method'] == 't' for r in rows)
+  assert all(len(r['auc_diff_replicates']) == 2 for r in rows)
+  assert "Student's t over the per-replicate values" in table
 
 
 def test_resume_neither_retrains_nor_rescores(smoke):
@@ -89,6 +101,25 @@ def test_resume_neither_retrains_nor_rescores(smoke):
   again = json.loads((workdir / 'results.json').read_text())
   assert [p['metrics'] for p in again['points']] == [p['metrics'] for p in results['points']]
   assert {p: p.stat().st_mtime_ns for p in (workdir / 'recorded').glob('*.npz')} == artifacts
+
+
+def test_replicates_are_independent_trainings_stored_on_their_own(smoke):
+  workdir, results = smoke
+  by_replicate = {}
+  for path in (workdir / 'recorded').glob('*defense-none*.npz'):
+    if 'beta-inf' in path.name:
+      with np.load(path) as f:
+        by_replicate[path.name] = (f['loss'].copy(), f['owner'].copy())
+  assert len(by_replicate) == 2, sorted(by_replicate)
+  (loss_a, owner_a), (loss_b, owner_b) = by_replicate.values()
+  # Replicate keys fold_in(run key, r): other shards and other trainings.
+  assert not np.array_equal(owner_a, owner_b) and not np.allclose(loss_a, loss_b)
+  # Per-replicate values differ, so the t-interval has a width.
+  main = next(p['metrics'] for p in results['points'] if p['params']['attack'] == 'fedmia_ii'
+              and p['params']['defense'] == 'none' and p['params']['beta'] == 'inf'
+              and p['params']['nonmember_scoring'] == 'aligned')
+  assert main['auc_replicates'][0] != main['auc_replicates'][1]
+  assert float(main['auc_ci_low']) < float(main['auc']) < float(main['auc_ci_high'])
 
 
 @pytest.mark.parametrize('override,field', [

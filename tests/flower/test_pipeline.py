@@ -151,6 +151,13 @@ def test_validate_config_names_the_field(overrides, field):
     pipeline.validate_config(_config(**overrides))
 
 
+def test_two_nodes_refused_only_where_fedmia_runs():
+  # FedMIA needs two non-target clients; the DP, dishonest and training parts do not.
+  assert pipeline.validate_config(_config(num_clients=2, parts=('dp', 'dishonest')))
+  with pytest.raises(validate.ConfigError, match='flower_audit.num_clients'):
+    pipeline.validate_config(_config(num_clients=1, parts=('dp',)))
+
+
 @pytest.mark.parametrize('override, field', [
     ('--config.flower_audit.num_clients=2', 'flower_audit.num_clients'),
     ('--config.flower_audit.dp.settings.local_dp_eps1.wrapper=adaptive',

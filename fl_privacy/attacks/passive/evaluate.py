@@ -178,7 +178,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
              rng: np.random.Generator | None = None,
              audit_delta: float | None = None, rmia_gamma: float = scores_lib.RMIA_GAMMA,
              rmia_a: float = scores_lib.RMIA_A,
-             num_resamples: int = BOOT_RESAMPLES) -> dict[str, Any]:
+             num_resamples: int = BOOT_RESAMPLES,
+             entries_out: dict | None = None) -> dict[str, Any]:
   """Metrics of `attack` on a recording (see `scores` for the attacks and scorings).
 
   Args:
@@ -195,6 +196,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
       since the entries of one training are dependent).
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
     num_resamples: resamples of the query-cluster bootstrap.
+    entries_out: when given, filled with the scored entries (`scores, labels, target,
+      groups`, as `final_scores` returns them).
 
   Returns:
     `score_metrics` (with the groups of `scores.pooled_queries`, so distinct negatives and,
@@ -208,6 +211,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
   f = final_scores(recording, owner, attack, scoring=scoring, single_index=single_index,
                    default_filter=default_filter, rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
   final, labels, pooled = f['scores'], f['labels'], f['pooled']
+  if entries_out is not None:
+    entries_out.update({k: f[k] for k in ('scores', 'labels', 'target', 'groups')})
   m = score_metrics(final, labels, f['target'], f['groups'], boot_rng, num_resamples)
   m['round'] = f['round']
   if scores_lib.parse(attack, default_filter)[0] == 'rmia':
@@ -243,7 +248,8 @@ def upload_loss_gap(recording: dict[str, np.ndarray]) -> float:
 def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring: str,
                       single_round: int, default_filter: str, rng: np.random.Generator,
                       dp_metrics: dict[str, Any] | None = None,
-                      dp_delta: float | None = None, **options) -> dict[str, Any]:
+                      dp_delta: float | None = None, entries: bool = False,
+                      **options) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
   """`evaluate` on a recording that carries its `owner` (`fl.recording.record_shards`).
 
   Args:
@@ -255,9 +261,11 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
     dp_delta: the DP defense's delta: when `dp_metrics` declare a DP unit (`dp_unit`), the
       attack's epsilon-unit estimates at it too (`evaluate`'s `audit_delta`; not certified
       bounds, see `eval.auditing.attack_bounds`).
+    entries: also return the scored entries (`final_scores`' `scores, labels, target,
+      groups`), which `eval.replicated` pools over replicated trainings.
 
   Returns:
-    `evaluate`'s metrics, the final model's `test_accuracy` with its Clopper-Pearson
+    `evaluate`'s metrics (with `entries`: (metrics, entries)), the final model's `test_accuracy` with its Clopper-Pearson
     interval, `n_test`, `test_error`, `train_accuracy` (with interval) on the clients' rows and
     `generalisation_gap` = train - test accuracy (NaN for recordings without members),
     `upload_loss_gap` (`upload_loss_gap`), `dp_metrics` (`dp_epsilon` inf when it has none) and
@@ -265,10 +273,11 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
   """
   dp_metrics = dp_metrics or {}
   recorded = list(np.asarray(recording['rounds']) + 1)
+  out = {}
   m = evaluate(recording, recording['owner'], attack, scoring=scoring,
                single_index=recorded.index(int(single_round)), default_filter=default_filter,
                rng=rng, audit_delta=float(dp_delta) if 'dp_unit' in dp_metrics else None,
-               **options)
+               entries_out=out if entries else None, **options)
   n_test = int(recording['num_test'])
   correct = int(recording['test_correct'][-1])
   acc = stats.rate('test_accuracy', correct, n_test)
@@ -287,7 +296,7 @@ def recording_metrics(recording: dict[str, np.ndarray], attack: str, *, scoring:
   m.update(dp_metrics)
   m.setdefault('dp_epsilon', math.inf)
   m['train_seconds'] = float(recording['train_seconds'])
-  return m
+  return (m, out) if entries else m
 
 
 def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *,
