@@ -177,13 +177,16 @@ def _query_bootstrap_auc(scores, labels, groups, rng, num_resamples, confidence)
 
 def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
                num_resamples: int = 200, fpr: float | None = None,
-               confidence: float = 0.95, hierarchical: bool = True
+               confidence: float = 0.95, hierarchical: bool = True, auc: bool = True
                ) -> dict[str, dict[str, tuple[float, float]]]:
   """One simulated experiment of `num_trainings` trainings: quantity -> method -> interval.
 
-  Quantities `auc_a`, `auc_diff` and, with `fpr`, `tpr_a`. `hierarchical=False` leaves out
-  `eval.replicated`'s bootstrap (its t-interval needs none), for quick checks.
+  Quantities `auc_a`, `auc_diff` (unless `auc=False`) and, with `fpr`, `tpr_a`.
+  `hierarchical=False` leaves out `eval.replicated`'s bootstrap (its t-interval needs none),
+  for quick checks. The t-interval is left out for one training (it has none).
   """
+  if not auc and fpr is None:
+    raise ValueError('nothing to measure: auc=False needs an fpr')
   sim = simulate(design, num_trainings, rng)
   reps_a, reps_b = replicates(sim, 'a'), replicates(sim, 'b')
   n = design.num_entries
@@ -194,37 +197,39 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
                 # Queries of different trainings are different clusters.
                 groups=(np.arange(num_trainings)[:, None] * n + sim['groups'][None, :]
                         ).reshape(-1))
-  out: dict[str, dict[str, tuple[float, float]]] = dict(auc_a={}, auc_diff={})
+  out: dict[str, dict[str, tuple[float, float]]] = dict(auc_a={}, auc_diff={}) if auc else {}
   # With one training the pooled entries are that training's: one conditional interval.
   conditional = [('conditional_one', one)] + (
       [('conditional_pooled', pooled)] if num_trainings > 1 else [])
   for name, data in conditional:
-    out['auc_a'][name] = _query_bootstrap_auc(data['scores_a'], data['labels'],
-                                              data['groups'], rng, num_resamples, confidence)
-    diff = paired.compare(data['scores_a'], data['scores_b'], data['labels'], data['groups'],
-                          rng=rng, num_resamples=num_resamples, confidence=confidence,
-                          fpr=fpr if fpr is not None else 1e-3)
-    out['auc_diff'][name] = (diff['auc_diff_low'], diff['auc_diff_high'])
+    if auc:
+      out['auc_a'][name] = _query_bootstrap_auc(data['scores_a'], data['labels'],
+                                                data['groups'], rng, num_resamples, confidence)
+      diff = paired.compare(data['scores_a'], data['scores_b'], data['labels'],
+                            data['groups'], rng=rng, num_resamples=num_resamples,
+                            confidence=confidence, fpr=fpr if fpr is not None else 1e-3)
+      out['auc_diff'][name] = (diff['auc_diff_low'], diff['auc_diff_high'])
     if fpr is not None:
       _, low, high = bootstrap.tpr_at_fpr_interval(
           data['scores_a'], data['labels'], data['groups'], fpr, rng=rng,
           num_resamples=num_resamples, confidence=confidence)
       out.setdefault('tpr_a', {})[name] = (low, high)
   fprs = {'tpr': fpr} if fpr is not None else {}
+  methods = ((('t', '_t'),) if num_trainings > 1 else ()) + (
+      ('hierarchical_bootstrap', '_boot'), ('reported', ''))
   if hierarchical:
     level = replicated.metrics(reps_a, rng=rng, num_resamples=num_resamples, fprs=fprs,
                                confidence=confidence)
-    diff = replicated.compare(reps_a, reps_b, rng=rng, num_resamples=num_resamples,
-                              confidence=confidence, fpr=fpr if fpr is not None else 1e-3)
-    for quantity, key, res in (('auc_a', 'auc', level), ('auc_diff', 'auc_diff', diff)):
-      for method, suffix in (('t', '_t'), ('hierarchical_bootstrap', '_boot'),
-                             ('reported', '')):
-        out[quantity][method] = (res[f'{key}{suffix}_low'], res[f'{key}{suffix}_high'])
+    if auc:
+      diff = replicated.compare(reps_a, reps_b, rng=rng, num_resamples=num_resamples,
+                                confidence=confidence, fpr=fpr if fpr is not None else 1e-3)
+      for quantity, key, res in (('auc_a', 'auc', level), ('auc_diff', 'auc_diff', diff)):
+        for method, suffix in methods:
+          out[quantity][method] = (res[f'{key}{suffix}_low'], res[f'{key}{suffix}_high'])
     if fpr is not None:
-      for method, suffix in (('t', '_t'), ('hierarchical_bootstrap', '_boot'),
-                             ('clopper_pearson', '_cp'), ('reported', '')):
+      for method, suffix in methods + (('clopper_pearson', '_cp'),):
         out['tpr_a'][method] = (level[f'tpr{suffix}_low'], level[f'tpr{suffix}_high'])
-  else:
+  elif auc:
     aucs = [float(x) for x in row_auc(sim['scores_a'], sim['labels'])]
     diffs = [float(x) for x in row_auc(sim['scores_a'], sim['labels'])
              - row_auc(sim['scores_b'], sim['labels'])]
@@ -235,8 +240,8 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
 
 def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
              rng: np.random.Generator, num_experiments: int, num_resamples: int = 200,
-             fpr: float | None = None, confidence: float = 0.95, hierarchical: bool = True
-             ) -> dict[tuple[str, str], dict[str, Any]]:
+             fpr: float | None = None, confidence: float = 0.95, hierarchical: bool = True,
+             auc: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
   """Empirical coverage of every interval of `experiment` over `num_experiments` experiments.
 
   Args:
@@ -248,7 +253,7 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     num_resamples: B of every bootstrap.
     fpr: also the TPR at this FPR (the estimand must hold `tpr_a`).
     confidence: nominal two-sided level.
-    hierarchical: as in `experiment`.
+    hierarchical, auc: as in `experiment`.
 
   Returns:
     (quantity, method) -> `covered` (count), `num_experiments`, `coverage`, `coverage_low`
@@ -261,8 +266,8 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
   for _ in range(num_experiments):
     for quantity, methods in experiment(design, num_trainings, rng=rng,
                                         num_resamples=num_resamples, fpr=fpr,
-                                        confidence=confidence,
-                                        hierarchical=hierarchical).items():
+                                        confidence=confidence, hierarchical=hierarchical,
+                                        auc=auc).items():
       for method, interval in methods.items():
         tallies.setdefault((quantity, method), []).append(interval)
   out = {}
@@ -271,8 +276,10 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     value = truth[quantity]
     covered = int(((low <= value) & (value <= high)).sum())
     cp = stats.clopper_pearson(covered, low.size, 0.95)
+    finite = np.isfinite(high - low)
     out[(quantity, method)] = dict(
         covered=covered, num_experiments=int(low.size), coverage=covered / low.size,
-        coverage_low=cp[0], coverage_high=cp[1], mean_width=float(np.nanmean(high - low)),
+        coverage_low=cp[0], coverage_high=cp[1],
+        mean_width=float((high - low)[finite].mean()) if finite.any() else float('nan'),
         missed_low=int((high < value).sum()), missed_high=int((low > value).sum()))
   return out
