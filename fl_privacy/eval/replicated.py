@@ -97,6 +97,8 @@ class _Replicate:
     self.order = np.argsort(self.scores, kind='mergesort')
     s = self.scores[self.order]
     y_sorted = self.labels[self.order]
+    self.is_member = y_sorted
+    self.members = np.flatnonzero(y_sorted)
     self.y_float = y_sorted.astype(np.float64)
     run_end = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
     self.run_start = np.r_[0, run_end[:-1] + 1]
@@ -132,43 +134,57 @@ def _sorted_statistics(rep: _Replicate, w: np.ndarray, fprs: np.ndarray
   rule. Float64 sums of integer weights are exact below 2^53.
   """
   w = w.astype(np.float64, copy=False)
-  pos = w * rep.y_float
-  neg = w - pos
   if rep.ties:
-    pos = np.add.reduceat(pos, rep.run_start, axis=1)  # weight of each run, [b, runs]
-    neg = np.add.reduceat(neg, rep.run_start, axis=1)
-  neg_cum = np.cumsum(neg, axis=1)
-  total_neg, total_pos = neg_cum[:, -1], pos.sum(axis=1)
+    pos = np.add.reduceat(w * rep.y_float, rep.run_start, axis=1)  # weight of each run
+    neg = np.add.reduceat(w, rep.run_start, axis=1) - pos
+    neg_cum = np.cumsum(neg, axis=1)
+    total_pos = pos.sum(axis=1)
+    # A run's members beat the non-members below it and tie with half of its own.
+    beaten = (pos * (neg_cum - neg / 2.0)).sum(axis=1)
+  else:
+    # One entry a run: a member beats the non-member weight below it, read at the members
+    # only (about 1 / K of the entries).
+    pos = None
+    neg = np.where(rep.is_member, 0.0, w)
+    neg_cum = np.cumsum(neg, axis=1)
+    member_w = w[:, rep.members]
+    total_pos = member_w.sum(axis=1)
+    beaten = (member_w * neg_cum[:, rep.members]).sum(axis=1)
+  total_neg = neg_cum[:, -1]
   tprs = np.empty((fprs.size, w.shape[0]))
   with np.errstate(invalid='ignore', divide='ignore'):
-    # A run's members beat the non-members below it and tie with half of its own.
-    auc = (pos * (neg_cum - neg / 2.0)).sum(axis=1) / (total_pos * total_neg)
+    auc = beaten / (total_pos * total_neg)
     if fprs.size:
-      num_runs = pos.shape[1]
+      num_runs = neg.shape[1]
+
+      def tail(rows, length):
+        top = slice(num_runs - length, None)
+        run_pos = pos[rows, top] if pos is not None else w[rows, top] * rep.y_float[top]
+        return _tail_tprs(run_pos, neg[rows, top], neg_cum[rows, top], total_pos[rows],
+                          total_neg[rows], fprs)
+
       length = rep.tail_runs(float(fprs.max()))
-      tprs[:], full = _tail_tprs(pos, neg, neg_cum, total_pos, total_neg, fprs, length)
+      tprs[:], full = tail(slice(None), length)
       # Rows whose whole tail is admissible may admit runs below it: redone on all runs.
       redo = np.flatnonzero(full) if length < num_runs else np.zeros(0, int)
       if redo.size:
-        tprs[:, redo], _ = _tail_tprs(pos[redo], neg[redo], neg_cum[redo], total_pos[redo],
-                                      total_neg[redo], fprs, num_runs)
+        tprs[:, redo], _ = tail(redo, num_runs)
   bad = (total_pos == 0) | (total_neg == 0)
   auc[bad] = np.nan
   tprs[:, bad] = np.nan
   return auc, tprs
 
 
-def _tail_tprs(pos, neg, neg_cum, total_pos, total_neg, fprs, length):
-  """TPRs [F, b] from the top `length` runs, and whether all of them are admissible at
-  max(fprs) [b] (then lower runs might be too).
+def _tail_tprs(pos, neg, neg_cum, total_pos, total_neg, fprs):
+  """TPRs [F, b] from the top L runs (`pos`, `neg`, `neg_cum` [b, L] in ascending order of
+  score), and whether all L are admissible at max(fprs) [b] (then lower runs might be too).
 
   From the top down, the false positives of the threshold at a run (non-member weight at or
   above it) are non-decreasing, so the admissible runs are the first ones and the best TPR
   is the member weight down to the last of them.
   """
-  top = slice(None, -length - 1 if length < pos.shape[1] else None, -1)
-  fp = (total_neg[:, None] - neg_cum + neg)[:, top]  # [b, length], from the top
-  tp = np.cumsum(pos[:, top], axis=1)
+  fp = (total_neg[:, None] - neg_cum + neg)[:, ::-1]
+  tp = np.cumsum(pos[:, ::-1], axis=1)
   out = np.empty((fprs.size, pos.shape[0]))
   full = np.zeros(pos.shape[0], bool)
   for i, f in enumerate(fprs):
@@ -176,7 +192,7 @@ def _tail_tprs(pos, neg, neg_cum, total_pos, total_neg, fprs, length):
     best = np.take_along_axis(tp, np.maximum(admissible - 1, 0)[:, None], 1)[:, 0]
     out[i] = np.where(admissible > 0, best / total_pos, 0.0)
     if f == fprs.max():
-      full = admissible == length
+      full = admissible == pos.shape[1]
   return out, full
 
 
@@ -295,8 +311,9 @@ def hierarchical_resamples(attacks: Sequence[Sequence[_Replicate]], fprs: np.nda
     b_idx, j_idx = np.nonzero(slots == r)
     if b_idx.size == 0:
       continue
-    clients = bootstrap.resample_counts(rep.num_targets, b_idx.size, rng)
-    queries = bootstrap.resample_counts(rep.num_groups, b_idx.size, rng)
+    # Float multiplicities: the weights' products and sums stay exact integers below 2^53.
+    clients = bootstrap.resample_counts(rep.num_targets, b_idx.size, rng).astype(np.float64)
+    queries = bootstrap.resample_counts(rep.num_groups, b_idx.size, rng).astype(np.float64)
     step = max(1, CHUNK_ELEMENTS // max(rep.scores.size, 1))
     for start in range(0, b_idx.size, step):
       rows = slice(start, start + step)
