@@ -17,8 +17,8 @@ The estimand is the expected value over trainings of a statistic of one training
 A's AUC minus B's, its TPR at a low FPR), computed by a large Monte Carlo over independent
 trainings (`estimand`, with its standard error). `coverage` runs simulated experiments of R
 trainings each and counts how often each interval holds the estimand, with a Clopper-Pearson
-interval on every coverage (Davison and Hinkley, 1997, Sect. 5.7 for checking coverage by
-simulation). Intervals: `conditional_one` (the query-cluster bootstrap of one training,
+interval on every coverage (coverage checked by simulation as in Davison and Hinkley, 1997,
+Ch. 5). Intervals: `conditional_one` (the query-cluster bootstrap of one training,
 `eval.paired` / `eval.bootstrap` as they are), `conditional_pooled` (the same on all R
 trainings' entries pooled, queries of different trainings distinct), and `eval.replicated`'s
 `t`, `hierarchical_bootstrap` and `reported` intervals; for TPR also `clopper_pearson` (the

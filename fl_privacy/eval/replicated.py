@@ -31,7 +31,8 @@ Intervals, each at `confidence` (two-sided):
   at or above the threshold chosen on all entries pooled, out of all members. With a handful
   of true positives the percentile bootstrap under-covers (its resamples cannot put mass
   where the data have none); the exact binomial interval does not, though it ignores the
-  dependence between entries. The wider of the two is reported.
+  dependence between entries. The wider of it and the interval `interval_method` names is
+  reported.
 
 Which interval is reported is `interval_method`: 't' for 2 <= R < MIN_BOOTSTRAP_REPLICATES,
 'hierarchical_bootstrap' from there on, 'two_way_bootstrap_conditional' for R = 1 (one
@@ -100,7 +101,8 @@ class _Replicate:
     self.is_member = y_sorted
     self.members = np.flatnonzero(y_sorted)
     self.y_float = y_sorted.astype(np.float64)
-    run_end = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
+    # Compared, not differenced: equal infinite scores are one run (inf - inf is NaN).
+    run_end = np.r_[np.nonzero(s[1:] != s[:-1])[0], s.size - 1]
     self.run_start = np.r_[0, run_end[:-1] + 1]
     self.ties = run_end.size < s.size
     # Non-member entries in the runs from the top down, for the tail a low FPR can reach.

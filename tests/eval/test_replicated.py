@@ -53,6 +53,19 @@ def test_weighted_auc_equals_sklearn_with_sample_weight(ties):
   assert np.isnan(replicated.weighted_auc(rep['scores'], rep['labels'], only_members)[0])
 
 
+def test_equal_infinite_scores_tie():
+  scores = np.array([np.inf, np.inf, 1.0, 0.0, -np.inf, 2.0, -np.inf])
+  labels = np.array([1, 0, 1, 0, 0, 1, 1])
+  w = np.array([2, 1, 1, 3, 1, 1, 2])
+  finite = np.clip(scores, -1e300, 1e300)
+  assert replicated.weighted_auc(scores, labels, w) == pytest.approx(
+      skm.roc_auc_score(labels, finite, sample_weight=w), abs=1e-12)
+  copies = np.repeat(np.arange(7), w)
+  for f in (0.0, 0.2, 0.5):
+    assert replicated.weighted_tpr_at_fpr(scores, labels, f, w) == metrics.tpr_at_fpr(
+        finite[copies], labels[copies], f)
+
+
 @pytest.mark.parametrize('ties', [False, True])
 def test_weighted_tpr_equals_the_tpr_of_repeated_entries(ties):
   rng = np.random.default_rng(1)
