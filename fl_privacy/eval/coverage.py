@@ -28,7 +28,7 @@ pooled counts).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -177,13 +177,14 @@ def _query_bootstrap_auc(scores, labels, groups, rng, num_resamples, confidence)
 
 def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
                num_resamples: int = 200, fpr: float | None = None,
-               confidence: float = 0.95, hierarchical: bool = True, auc: bool = True
+               confidence: float = 0.95, hierarchical: bool = True, auc: bool = True,
+               conditional: Sequence[str] = ('conditional_one', 'conditional_pooled')
                ) -> dict[str, dict[str, tuple[float, float]]]:
   """One simulated experiment of `num_trainings` trainings: quantity -> method -> interval.
 
   Quantities `auc_a`, `auc_diff` (unless `auc=False`) and, with `fpr`, `tpr_a`.
   `hierarchical=False` leaves out `eval.replicated`'s bootstrap (its t-interval needs none),
-  for quick checks. The t-interval is left out for one training (it has none).
+  and `conditional` names the conditional intervals computed, for quick checks. The t-interval is left out for one training (it has none).
   """
   if not auc and fpr is None:
     raise ValueError('nothing to measure: auc=False needs an fpr')
@@ -199,9 +200,12 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
                         ).reshape(-1))
   out: dict[str, dict[str, tuple[float, float]]] = dict(auc_a={}, auc_diff={}) if auc else {}
   # With one training the pooled entries are that training's: one conditional interval.
-  conditional = [('conditional_one', one)] + (
-      [('conditional_pooled', pooled)] if num_trainings > 1 else [])
-  for name, data in conditional:
+  conditional_data = [(name, data) for name, data in (('conditional_one', one),
+                                                      ('conditional_pooled', pooled))
+                      if name in conditional]
+  if num_trainings == 1:
+    conditional_data = conditional_data[:1]
+  for name, data in conditional_data:
     if auc:
       out['auc_a'][name] = _query_bootstrap_auc(data['scores_a'], data['labels'],
                                                 data['groups'], rng, num_resamples, confidence)
@@ -241,7 +245,9 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
 def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
              rng: np.random.Generator, num_experiments: int, num_resamples: int = 200,
              fpr: float | None = None, confidence: float = 0.95, hierarchical: bool = True,
-             auc: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
+             auc: bool = True,
+             conditional: Sequence[str] = ('conditional_one', 'conditional_pooled')
+             ) -> dict[tuple[str, str], dict[str, Any]]:
   """Empirical coverage of every interval of `experiment` over `num_experiments` experiments.
 
   Args:
@@ -253,7 +259,7 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     num_resamples: B of every bootstrap.
     fpr: also the TPR at this FPR (the estimand must hold `tpr_a`).
     confidence: nominal two-sided level.
-    hierarchical, auc: as in `experiment`.
+    hierarchical, auc, conditional: as in `experiment`.
 
   Returns:
     (quantity, method) -> `covered` (count), `num_experiments`, `coverage`, `coverage_low`
@@ -267,7 +273,7 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     for quantity, methods in experiment(design, num_trainings, rng=rng,
                                         num_resamples=num_resamples, fpr=fpr,
                                         confidence=confidence, hierarchical=hierarchical,
-                                        auc=auc).items():
+                                        auc=auc, conditional=conditional).items():
       for method, interval in methods.items():
         tallies.setdefault((quantity, method), []).append(interval)
   out = {}
