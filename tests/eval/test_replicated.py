@@ -1,0 +1,233 @@
+"""`eval.replicated` and `eval.coverage`: weighted statistics against sklearn and copied
+entries, the t-interval by hand, Owen's two-way weights, the checks, and coverage by
+simulation (the t-interval over replicates near 95%, the conditional interval well below it
+when trainings differ)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from sklearn import metrics as skm
+
+from fl_privacy.eval import bootstrap
+from fl_privacy.eval import coverage
+from fl_privacy.eval import metrics
+from fl_privacy.eval import paired
+from fl_privacy.eval import replicated
+from fl_privacy.eval import stats
+
+FPRS = [0.0, 1e-3, 0.01, 0.05, 0.2, 0.5, 1.0]
+
+
+def _rep(rng, num_clients=4, num_queries=30, shift=1.0, ties=False):
+  """One training's entries: every query scored against every client, query q owned by
+  client q % K for the first half of the queries, by no one after."""
+  target = np.repeat(np.arange(num_clients), num_queries) + 10  # ids need not be 0 .. K - 1
+  groups = np.tile(np.arange(num_queries), num_clients) * 3
+  owner = np.where(np.arange(num_queries) < num_queries // 2,
+                   np.arange(num_queries) % num_clients, -1)
+  labels = (owner[groups // 3] == target - 10).astype(int)
+  scores = rng.normal(size=target.size) + shift * labels + rng.normal(size=num_queries)[groups // 3]
+  if ties:
+    scores = np.round(scores)
+  return dict(scores=scores, labels=labels, target=target, groups=groups)
+
+
+@pytest.mark.parametrize('ties', [False, True])
+def test_weighted_auc_equals_sklearn_with_sample_weight(ties):
+  rng = np.random.default_rng(0)
+  rep = _rep(rng, ties=ties)
+  w = rng.integers(0, 4, size=(25, rep['scores'].size))
+  got = replicated.weighted_auc(rep['scores'], rep['labels'], w)
+  for b in range(w.shape[0]):
+    want = skm.roc_auc_score(rep['labels'], rep['scores'], sample_weight=w[b])
+    assert got[b] == pytest.approx(want, abs=1e-12)
+  assert replicated.weighted_auc(rep['scores'], rep['labels'], w[3]) == pytest.approx(got[3])
+  ones = np.ones(rep['scores'].size, int)
+  assert replicated.weighted_auc(rep['scores'], rep['labels'], ones) == pytest.approx(
+      metrics.roc_auc(rep['scores'], rep['labels']), abs=1e-12)
+  only_members = rep['labels'].astype(int)[None, :]
+  assert np.isnan(replicated.weighted_auc(rep['scores'], rep['labels'], only_members)[0])
+
+
+def test_equal_infinite_scores_tie():
+  scores = np.array([np.inf, np.inf, 1.0, 0.0, -np.inf, 2.0, -np.inf])
+  labels = np.array([1, 0, 1, 0, 0, 1, 1])
+  w = np.array([2, 1, 1, 3, 1, 1, 2])
+  finite = np.clip(scores, -1e300, 1e300)
+  assert replicated.weighted_auc(scores, labels, w) == pytest.approx(
+      skm.roc_auc_score(labels, finite, sample_weight=w), abs=1e-12)
+  copies = np.repeat(np.arange(7), w)
+  for f in (0.0, 0.2, 0.5):
+    assert replicated.weighted_tpr_at_fpr(scores, labels, f, w) == metrics.tpr_at_fpr(
+        finite[copies], labels[copies], f)
+
+
+@pytest.mark.parametrize('ties', [False, True])
+def test_weighted_tpr_equals_the_tpr_of_repeated_entries(ties):
+  rng = np.random.default_rng(1)
+  rep = _rep(rng, num_clients=10, num_queries=200, ties=ties)
+  s, y = rep['scores'], rep['labels']
+  w = rng.integers(0, 3, size=(12, s.size))
+  # Weight taken off the top of the ranking moves a low FPR's threshold below the tail that
+  # `tail_runs` looks at first: the redo on all runs must find it.
+  w[0, np.argsort(-s)[:300]] = 0
+  got = replicated.weighted_tpr_at_fpr(s, y, FPRS, w)
+  for b in range(w.shape[0]):
+    copies = np.repeat(np.arange(s.size), w[b])
+    np.testing.assert_array_equal(got[:, b], metrics.tpr_at_fpr(s[copies], y[copies], FPRS))
+  assert replicated.weighted_tpr_at_fpr(s, y, 0.01, np.ones(s.size)) == metrics.tpr_at_fpr(
+      s, y, 0.01)
+  with pytest.raises(ValueError, match='fpr'):
+    replicated.weighted_tpr_at_fpr(s, y, 1.5, w)
+  with pytest.raises(ValueError, match='non-negative'):
+    replicated.weighted_tpr_at_fpr(s, y, 0.1, -w)
+
+
+def test_t_interval_matches_scipy_by_hand():
+  values = [0.61, 0.64, 0.58, 0.66, 0.60]
+  mean, low, high = replicated.t_interval(values, 0.95)
+  sem = np.std(values, ddof=1) / np.sqrt(5)
+  q = sps.t.ppf(0.975, 4)  # 2.776: a normal quantile (1.96) would be far narrower
+  assert mean == pytest.approx(np.mean(values))
+  assert (low, high) == pytest.approx((mean - q * sem, mean + q * sem), rel=1e-12)
+  assert (low, high) == pytest.approx(sps.t.interval(0.95, 4, loc=mean, scale=sem), rel=1e-12)
+  assert replicated.t_interval(values, 0.9)[2] < high
+  assert replicated.t_interval([0.2, 0.9], 0.95, (0.0, 1.0))[1:] == (0.0, 1.0)
+  one = replicated.t_interval([0.7])
+  assert one[0] == 0.7 and np.isnan(one[1]) and np.isnan(one[2])
+
+
+def test_hierarchical_bootstrap_weighs_entries_by_client_times_query_multiplicity():
+  rng = np.random.default_rng(2)
+  reps = [_rep(rng, num_clients=3, num_queries=12, shift=s) for s in (0.5, 1.5)]
+  checked = [replicated._Replicate(r, i) for i, r in enumerate(reps)]
+  (auc, tpr), = replicated.hierarchical_resamples([checked], np.array([0.1]),
+                                                  rng=np.random.default_rng(7), num_resamples=6)
+  # The same draws, in the same order, applied by copying entries.
+  draws = np.random.default_rng(7)
+  slots = draws.integers(0, 2, size=(6, 2))
+  want_auc = np.zeros((6, 2))
+  want_tpr = np.zeros((6, 2))
+  for r, rep in enumerate(reps):
+    b_idx, j_idx = np.nonzero(slots == r)
+    clients = bootstrap.resample_counts(3, b_idx.size, draws)
+    queries = bootstrap.resample_counts(12, b_idx.size, draws)
+    client = bootstrap.group_index(rep['target'])[0]
+    query = bootstrap.group_index(rep['groups'])[0]
+    for i, (b, j) in enumerate(zip(b_idx, j_idx)):
+      w = clients[i][client] * queries[i][query]
+      copies = np.repeat(np.arange(w.size), w)
+      y, s = rep['labels'][copies], rep['scores'][copies]
+      want_auc[b, j] = skm.roc_auc_score(y, s) if 0 < y.sum() < y.size else np.nan
+      want_tpr[b, j] = metrics.tpr_at_fpr(s, y, 0.1) if 0 < y.sum() < y.size else np.nan
+  np.testing.assert_allclose(auc, want_auc.mean(axis=1), atol=1e-12)
+  np.testing.assert_allclose(tpr[0], want_tpr.mean(axis=1), atol=1e-12)
+
+
+def test_metrics_estimator_intervals_and_counts():
+  rng = np.random.default_rng(3)
+  reps = [_rep(rng, num_clients=5, num_queries=80, shift=s) for s in (0.8, 1.0, 1.3)]
+  out = replicated.metrics(reps, rng=np.random.default_rng(4), num_resamples=300,
+                           fprs={'tpr_at_fpr_1e-2': 1e-2})
+  aucs = [metrics.roc_auc(r['scores'], r['labels']) for r in reps]
+  assert out['auc_replicates'] == pytest.approx(aucs)
+  assert out['auc'] == pytest.approx(np.mean(aucs))
+  assert out['interval_method'] == 't' and out['num_trainings'] == 3
+  assert (out['auc_low'], out['auc_high']) == (out['auc_t_low'], out['auc_t_high'])
+  assert (out['auc_t_low'], out['auc_t_high']) == pytest.approx(
+      replicated.t_interval(aucs, 0.95)[1:])
+  assert out['auc_boot_low'] < out['auc'] < out['auc_boot_high']
+  assert out['num_targets'] == 15 and out['num_queries'] == 240
+  assert out['num_entries'] == 1200 and out['num_members'] == 120
+  assert out['num_resamples'] == 300
+  name = 'tpr_at_fpr_1e-2'
+  pooled_s = np.concatenate([r['scores'] for r in reps])
+  pooled_y = np.concatenate([r['labels'] for r in reps])
+  hits = round(metrics.tpr_at_fpr(pooled_s, pooled_y, 1e-2) * 120)
+  assert out[f'{name}_members_above'] == hits
+  assert (out[f'{name}_cp_low'], out[f'{name}_cp_high']) == stats.clopper_pearson(hits, 120)
+  assert out[f'{name}_distinct_negatives'] == sum(
+      bootstrap.distinct_negatives(r['scores'], r['labels'], r['groups'], 1e-2) for r in reps)
+  width = out[f'{name}_high'] - out[f'{name}_low']
+  assert width == pytest.approx(max(out[f'{name}_t_high'] - out[f'{name}_t_low'],
+                                    out[f'{name}_cp_high'] - out[f'{name}_cp_low']))
+  assert out[f'{name}_interval'] in ('t', 'clopper_pearson')
+
+
+def test_one_training_has_no_t_interval_and_says_what_it_reports():
+  rng = np.random.default_rng(5)
+  out = replicated.metrics([_rep(rng, num_queries=60)], rng=rng, num_resamples=200)
+  assert out['num_trainings'] == 1
+  assert out['interval_method'] == 'two_way_bootstrap_conditional'
+  assert np.isnan(out['auc_t_low']) and np.isnan(out['auc_t_high'])
+  assert (out['auc_low'], out['auc_high']) == (out['auc_boot_low'], out['auc_boot_high'])
+  for name in replicated.DEFAULT_FPRS:
+    assert out[f'{name}_interval'] in ('two_way_bootstrap_conditional', 'clopper_pearson')
+    assert not np.isnan(out[f'{name}_low'])
+  assert replicated.interval_method(2) == 't'
+  assert replicated.interval_method(replicated.MIN_BOOTSTRAP_REPLICATES) == (
+      'hierarchical_bootstrap')
+
+
+def test_compare_is_paired_and_refuses_different_entries():
+  rng = np.random.default_rng(6)
+  reps = [_rep(rng) for _ in range(3)]
+  same = replicated.compare(reps, reps, rng=rng, num_resamples=100, fpr=0.05)
+  for name in ('auc_diff', 'tpr_diff'):
+    assert same[name] == same[f'{name}_low'] == same[f'{name}_high'] == 0.0
+    assert same[f'{name}_boot_low'] == same[f'{name}_boot_high'] == 0.0
+  assert same['auc_verdict'].startswith('no difference')
+  better = [dict(r, scores=r['scores'] + 3.0 * np.asarray(r['labels'])) for r in reps]
+  out = replicated.compare(better, reps, rng=rng, num_resamples=100, fpr=0.05)
+  assert out['interval_method'] == 't' and out['auc_diff_low'] > 0
+  assert out['auc_verdict'] == paired.verdict(out['auc_diff_low'], out['auc_diff_high'])
+  assert out['auc_verdict'].startswith('A better')
+  assert out['auc_diff_replicates'] == pytest.approx(
+      [metrics.roc_auc(a['scores'], a['labels']) - metrics.roc_auc(b['scores'], b['labels'])
+       for a, b in zip(better, reps)])
+  for field in ('labels', 'target', 'groups'):
+    other = [dict(r) for r in reps]
+    other[1] = dict(other[1], **{field: np.roll(other[1][field], 1)})
+    with pytest.raises(ValueError, match=f'replicate 1: A and B differ in {field}'):
+      replicated.compare(reps, other, rng=rng, num_resamples=10)
+  with pytest.raises(ValueError, match='replicates'):
+    replicated.compare(reps, reps[:2], rng=rng, num_resamples=10)
+  with pytest.raises(ValueError, match='lacks'):
+    replicated.metrics([{'scores': reps[0]['scores']}], rng=rng, num_resamples=10)
+
+
+def test_row_statistics_of_the_simulation_equal_the_metrics():
+  design = coverage.Design(num_clients=4, num_queries=30)
+  sim = coverage.simulate(design, 6, np.random.default_rng(8))
+  assert (sim['labels'].sum(axis=1) == design.num_members).all()
+  aucs = coverage.row_auc(sim['scores_a'], sim['labels'])
+  tprs = coverage.row_tpr_at_fpr(sim['scores_a'], sim['labels'], 0.05)
+  for r in range(6):
+    assert aucs[r] == pytest.approx(metrics.roc_auc(sim['scores_a'][r], sim['labels'][r]))
+    assert tprs[r] == metrics.tpr_at_fpr(sim['scores_a'][r], sim['labels'][r], 0.05)
+
+
+def test_coverage_t_near_nominal_conditional_below_it_under_a_training_effect():
+  # A strong training effect: the signal's sd over trainings is 0.8 around 1.0.
+  design = dataclasses.replace(coverage.Design(num_clients=5, num_queries=20),
+                               training_sd=0.8)
+  rng = np.random.default_rng(9)
+  truth = coverage.estimand(design, rng=rng, num_trainings=40000)
+  n = 300
+  result = coverage.coverage(design, 3, truth, rng=rng, num_experiments=n, num_resamples=100,
+                             hierarchical=False, conditional=('conditional_pooled',))
+  # Acceptance region of a two-sided binomial test at level 0.002 for a true coverage
+  # anywhere in [0.93, 0.97] (the t-interval is exact only for normal replicate values).
+  low, high = sps.binom.ppf(0.001, n, 0.93), sps.binom.ppf(0.999, n, 0.97)
+  for quantity in ('auc_a', 'auc_diff'):
+    t = result[(quantity, 't')]
+    assert low <= t['covered'] <= high, (quantity, t)
+    # The query-cluster bootstrap of the pooled entries misses the training effect: its
+    # coverage is clearly below 95% (the 99.9% upper Clopper-Pearson bound under 0.9).
+    pooled = result[(quantity, 'conditional_pooled')]
+    assert stats.clopper_pearson_one_sided(pooled['covered'], n, 0.999) < 0.9, (quantity,
+                                                                                  pooled)
