@@ -342,6 +342,10 @@ def _reported(method: str, t: tuple[float, float], boot: tuple[float, float]
   return t if method == 't' else boot
 
 
+def _bootstraps(resample: bool | None, method: str) -> bool:
+  return method != 't' if resample is None else bool(resample)
+
+
 def _check_resampling(num_resamples: int, confidence: float) -> None:
   if num_resamples < 1:
     raise ValueError(f'num_resamples must be positive (got {num_resamples})')
@@ -351,7 +355,7 @@ def _check_resampling(num_resamples: int, confidence: float) -> None:
 
 def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
             num_resamples: int = 1000, fprs: Mapping[str, float] = DEFAULT_FPRS,
-            confidence: float = 0.95) -> dict[str, Any]:
+            confidence: float = 0.95, resample: bool | None = None) -> dict[str, Any]:
   """AUC and TPR at low FPRs over R replicated trainings, with intervals (module docstring).
 
   Args:
@@ -361,6 +365,10 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
     num_resamples: B.
     fprs: name -> target FPR of each TPR reported.
     confidence: two-sided level of every interval.
+    resample: run the hierarchical bootstrap; None (default) only where `interval_method`
+      reports it (R = 1 or R >= MIN_BOOTSTRAP_REPLICATES): about 5 s a call at 3 x 60,000
+      entries, which a sweep of hundreds of points reporting the t-interval need not pay.
+      Without it the `_boot_` fields are NaN and `num_resamples` is 0.
 
   Returns:
     `num_trainings`, `num_targets` and `num_queries` (distinct per replicate, summed),
@@ -379,8 +387,11 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
   targets = np.asarray([fprs[n] for n in names], np.float64)
   checked = _check(reps)
   method = interval_method(len(checked))
-  (boot_auc, boot_tprs), = hierarchical_resamples([checked], targets, rng=rng,
-                                                  num_resamples=num_resamples)
+  if _bootstraps(resample, method):
+    (boot_auc, boot_tprs), = hierarchical_resamples([checked], targets, rng=rng,
+                                                    num_resamples=num_resamples)
+  else:
+    boot_auc, boot_tprs = np.full(0, np.nan), np.full((targets.size, 0), np.nan)
   pooled_scores = np.concatenate([r.scores for r in checked])
   pooled_labels = np.concatenate([r.labels for r in checked])
   num_members = int(pooled_labels.sum())
@@ -422,7 +433,7 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
 
 def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, Any]], *,
             rng: np.random.Generator, num_resamples: int = 1000, fpr: float = 1e-3,
-            confidence: float = 0.95) -> dict[str, Any]:
+            confidence: float = 0.95, resample: bool | None = None) -> dict[str, Any]:
   """A minus B over R replicated trainings, paired on the same entries (module docstring).
 
   Args:
@@ -432,6 +443,7 @@ def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, A
     num_resamples: B.
     fpr: the low FPR of the TPR comparison.
     confidence: two-sided level.
+    resample: as in `metrics` (None: only where it is the reported interval).
 
   Returns:
     `num_trainings`, `interval_method`, `confidence`, `fpr`, `num_resamples`; `auc_a`, `auc_b`
@@ -457,8 +469,12 @@ def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, A
                          'needs the same entries in the same order')
   method = interval_method(len(a))
   targets = np.asarray([fpr], np.float64)
-  (auc_a, tpr_a), (auc_b, tpr_b) = hierarchical_resamples([a, b], targets, rng=rng,
-                                                          num_resamples=num_resamples)
+  if _bootstraps(resample, method):
+    (auc_a, tpr_a), (auc_b, tpr_b) = hierarchical_resamples([a, b], targets, rng=rng,
+                                                            num_resamples=num_resamples)
+  else:
+    auc_a = auc_b = np.full(0, np.nan)
+    tpr_a = tpr_b = np.full((1, 0), np.nan)
   boot_diffs = dict(auc=auc_a - auc_b, tpr=tpr_a[0] - tpr_b[0])
   out: dict[str, Any] = dict(num_trainings=len(a), interval_method=method,
                              confidence=confidence, fpr=float(fpr),

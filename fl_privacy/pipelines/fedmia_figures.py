@@ -6,7 +6,8 @@
 - `fedmia_rounds.png`: TPR@0.1% FPR against the number of rounds (Fig. 5a).
 - `fedmia_clients_epochs.png`: TPR@0.1% FPR against K and against E (Fig. 5b, d).
 - `fedmia_defenses.png`: test error against TPR@0.1% FPR for each defense (Fig. 6).
-Error bars are 95% Clopper-Pearson intervals.
+Error bars are the points' 95% intervals over the replicated trainings (`_ci_low/_ci_high`:
+`fedmia_replicates.combine`); the ROC and the rounds curves are replicate 0's training.
 """
 
 from __future__ import annotations

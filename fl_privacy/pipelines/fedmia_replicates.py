@@ -156,7 +156,7 @@ def claim_lines(config, rows: list[dict]) -> list[str]:
   s = config.fedmia
   r0 = rows[0]
   lines = ['### Claims as paired differences (aligned)', '',
-           f'A minus B on the same members and non-members of {r0["replicates"]} replicated '
+           f'A minus B on the same members and non-members of {r0["num_trainings"]} replicated '
            'trainings: the mean of the per-replicate differences with a 95% interval '
            f'({METHODS.get(r0["interval_method"], r0["interval_method"])}), '
            "thresholds re-selected on each resample: the paper's claims (FedMIA-II over "

@@ -132,7 +132,7 @@ def test_metrics_estimator_intervals_and_counts():
   rng = np.random.default_rng(3)
   reps = [_rep(rng, num_clients=5, num_queries=80, shift=s) for s in (0.8, 1.0, 1.3)]
   out = replicated.metrics(reps, rng=np.random.default_rng(4), num_resamples=300,
-                           fprs={'tpr_at_fpr_1e-2': 1e-2})
+                           fprs={'tpr_at_fpr_1e-2': 1e-2}, resample=True)
   aucs = [metrics.roc_auc(r['scores'], r['labels']) for r in reps]
   assert out['auc_replicates'] == pytest.approx(aucs)
   assert out['auc'] == pytest.approx(np.mean(aucs))
@@ -173,10 +173,22 @@ def test_one_training_has_no_t_interval_and_says_what_it_reports():
       'hierarchical_bootstrap')
 
 
+def test_the_bootstrap_runs_by_default_only_where_it_is_reported():
+  rng = np.random.default_rng(8)
+  reps = [_rep(rng, num_queries=40) for _ in range(3)]
+  out = replicated.metrics(reps, rng=rng, num_resamples=50)
+  assert out['interval_method'] == 't' and out['num_resamples'] == 0
+  assert np.isnan(out['auc_boot_low']) and not np.isnan(out['auc_low'])
+  diff = replicated.compare(reps, reps, rng=rng, num_resamples=50)
+  assert diff['num_resamples'] == 0 and np.isnan(diff['auc_diff_boot_low'])
+  one = replicated.metrics(reps[:1], rng=rng, num_resamples=50)
+  assert one['num_resamples'] == 50 and not np.isnan(one['auc_boot_low'])
+
+
 def test_compare_is_paired_and_refuses_different_entries():
   rng = np.random.default_rng(6)
   reps = [_rep(rng) for _ in range(3)]
-  same = replicated.compare(reps, reps, rng=rng, num_resamples=100, fpr=0.05)
+  same = replicated.compare(reps, reps, rng=rng, num_resamples=100, fpr=0.05, resample=True)
   for name in ('auc_diff', 'tpr_diff'):
     assert same[name] == same[f'{name}_low'] == same[f'{name}_high'] == 0.0
     assert same[f'{name}_boot_low'] == same[f'{name}_boot_high'] == 0.0
