@@ -227,17 +227,14 @@ def log_auc(scores, labels, min_fpr: float = 1e-3) -> float:
   if not 0.0 < min_fpr < 1.0:
     raise ValueError(f'min_fpr must be in (0, 1) (got {min_fpr})')
   fpr, tpr, _ = roc_curve(scores, labels)
-  ln10 = math.log(10.0)
-  total = 0.0
-  for f0, f1, t0, t1 in zip(fpr[:-1], fpr[1:], tpr[:-1], tpr[1:]):
-    lo, hi = max(f0, min_fpr), min(f1, 1.0)
-    if hi <= lo:
-      continue  # vertical segment, or entirely below min_fpr
-    slope = (t1 - t0) / (f1 - f0)
-    intercept = t0 - slope * f0
-    # integral of (intercept + slope * 10^u) du over [log10 lo, log10 hi].
-    total += intercept * (math.log10(hi) - math.log10(lo))
-    total += slope * (hi - lo) / ln10
+  f0, f1, t0, t1 = fpr[:-1], fpr[1:], tpr[:-1], tpr[1:]
+  lo, hi = np.maximum(f0, min_fpr), np.minimum(f1, 1.0)
+  keep = hi > lo  # drops vertical segments and those entirely below min_fpr
+  f0, f1, t0, t1, lo, hi = (a[keep] for a in (f0, f1, t0, t1, lo, hi))
+  slope = (t1 - t0) / (f1 - f0)
+  intercept = t0 - slope * f0
+  # integral of (intercept + slope * 10^u) du over [log10 lo, log10 hi], segment by segment.
+  total = np.sum(intercept * (np.log10(hi) - np.log10(lo)) + slope * (hi - lo) / math.log(10.0))
   return float(total / -math.log10(min_fpr))
 
 

@@ -79,10 +79,10 @@ def score_metrics(scores: np.ndarray, labels: np.ndarray,
   m = {'auc': auc, 'auc_ci_low': low, 'auc_ci_high': high,
        'log_auc': metrics_lib.log_auc(scores, labels), 'n_pos': n_pos, 'n_neg': n_neg}
   m.update(top_ties(scores, labels))
-  for name, fpr in FPRS.items():
-    tpr = metrics_lib.tpr_at_fpr(scores, labels, fpr)
+  tprs = metrics_lib.tpr_at_fpr(scores, labels, list(FPRS.values()))  # one ROC for both
+  for name, tpr in zip(FPRS, tprs):
     # The TPR is a count of members above a threshold: its interval is that count's.
-    m.update(stats.rate(name, int(round(tpr * n_pos)), n_pos))
+    m.update(stats.rate(name, int(round(float(tpr) * n_pos)), n_pos))
   if groups is not None:
     groups = np.asarray(groups)
     m['n_neg_distinct'] = int(np.unique(groups[~labels]).size)
@@ -195,7 +195,7 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
       units at that delta (`eval.auditing.attack_bounds`: an estimate, not a certified bound,
       since the entries of one training are dependent).
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
-    num_resamples: resamples of the query-cluster bootstrap.
+    num_resamples: resamples of the query-cluster bootstrap (0: none, no `_boot_` fields).
     entries_out: when given, filled with the scored entries (`scores, labels, target,
       groups`, as `final_scores` returns them).
 
@@ -207,7 +207,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     non-member query was removed; the filter's job), and for RMIA `rmia_population` (the
     population size n_z its scores are fractions of).
   """
-  boot_rng = None if rng is None else rng.spawn(1)[0]
+  # num_resamples 0: no query-cluster bootstrap (a replicated run reports other intervals).
+  boot_rng = None if rng is None or not num_resamples else rng.spawn(1)[0]
   f = final_scores(recording, owner, attack, scoring=scoring, single_index=single_index,
                    default_filter=default_filter, rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
   final, labels, pooled = f['scores'], f['labels'], f['pooled']
