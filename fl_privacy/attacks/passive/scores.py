@@ -235,16 +235,21 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
     population = np.flatnonzero(np.asarray(owner) == -1)
     position = np.full(values.shape[2], -1, np.int64)  # of each query in the population
     position[population] = np.arange(population.size)
+  aligned = np.concatenate([members, nonmembers])
   for t in range(num_rounds):
     if scoring != 'public_code':
-      idx = np.broadcast_to(np.concatenate([members, nonmembers]), (rows, n_pos + n_neg))
+      # Every client's row read at the same columns: a plain column gather (the same values
+      # as take_along_axis with the columns broadcast to every row, without its index array).
+      target_idx = aligned
+      view = values[t][:, aligned]  # [rows, n]
     else:
       if rng is None:
         raise ValueError("scoring='public_code' needs an rng")
       # A fresh non-member draw for every client in this round (positions misaligned).
       idx = np.stack([np.concatenate([members, nonmembers[rng.permutation(n_neg)]])
                       for _ in range(rows)])
-    view = np.take_along_axis(values[t], idx, axis=1)  # [rows, n]
+      target_idx = idx[row]
+      view = np.take_along_axis(values[t], idx, axis=1)  # [rows, n]
     if kind == 'fedmia':
       s, rem = fedmia.round_scores(view, row, outlier_filter)
       out_scores[t] = s
@@ -261,7 +266,7 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
       out_scores[t] = lira.offline_scores(view, row, fixed_variance=kind == 'lira_fixed')
     elif kind in ('lira_online', 'lira_online_fixed'):
       # IN values follow the target's row: the query whose membership is tested there.
-      out_scores[t] = lira.online_scores(view[row], in_values[t][:, idx[row]],
+      out_scores[t] = lira.online_scores(view[row], in_values[t][:, target_idx],
                                          np.delete(view, row, axis=0),
                                          fixed_variance=kind == 'lira_online_fixed')
     elif kind == 'rmia':
@@ -269,7 +274,7 @@ def round_scores(values: np.ndarray, owner: np.ndarray, target: int, *, kind: st
       ratio = view[row] - rmia.log_marginal(-np.delete(view, row, axis=0), rmia_a)
       pop_ratio = values[t, row, population] - rmia.log_marginal(
           -np.delete(values[t][:, population], row, axis=0), rmia_a)
-      out_scores[t] = rmia.pairwise_scores(ratio, pop_ratio, rmia_gamma, position[idx[row]])
+      out_scores[t] = rmia.pairwise_scores(ratio, pop_ratio, rmia_gamma, position[target_idx])
     else:
       out_scores[t] = view[row]
   labels = np.r_[np.ones(n_pos, np.int8), np.zeros(n_neg, np.int8)]
