@@ -16,7 +16,7 @@ peak RSS column (VmHWM) belongs to that chunk size alone.
   python -m benchmarks.fedmia_measure --models=mlp --chunks=64,512
 
 Throughput: query x client measurements per second. The chunk size the experiment uses by
-default (`fedmia.chunk_size`: 512 on digits, 256 on the CIFAR configs) is always measured and
+default (`fedmia.chunk_size`: 32 on digits, 256 on the CIFAR configs) is always measured and
 marked "config default"; the last printed line, the JSON summary of `benchmarks.common.report`,
 headlines the first model at that default vs its reference (the fastest chunk is a row of its
 own).

@@ -98,9 +98,11 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       and CIFAR-100); the paper's text not checked for it.
     rmia_a: RMIA's offline parameter a in [0, 1] (Pr(x) = ((1 + a) Pr_OUT(x) + 1 - a) / 2):
       0.33 on cifar10, 0.6 on cifar100 (the authors' configs), 1.0 elsewhere.
-    bootstrap_resamples: resamples of the query-cluster bootstrap interval of every TPR at low
-      FPR (`_boot_low` / `_boot_high`). 1,000: about 0.05 s per point on digits (measured,
-      docs/experiments/fedmia.md), a few % of the default run.
+    bootstrap_resamples: resamples of the bootstraps: with one replicate the query-cluster
+      bootstrap of every TPR at low FPR (`_boot_low` / `_boot_high`), with R >= 2 replicates
+      the hierarchical bootstrap of `eval.replicated`, run only where it is the reported
+      interval (R > 30; below, the t-interval over the replicates is reported and the
+      `_boot_` fields are NaN). 1,000.
     outlier_filter: FedMIA's filter when the name gives none: 'paper' (default: the paper's
       Eqs. 8-9, which cannot fire with <= 10 shadows), 'leave_one_out' (ours), 'none'. Tables
       label each FedMIA row with its filter.

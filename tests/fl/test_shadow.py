@@ -100,6 +100,10 @@ def test_loss_in_is_the_documented_shadow_draw():
                      optimizer=_per_round, epochs=2, batch_size=3)
   qx, qy = np.concatenate(xs + [px]), np.concatenate(ys + [py])
   pool_index = np.r_[np.full(20, -1), np.arange(12)]
+  # Jitted once per round's optimizer: op by op, the 24 re-runs took most of a minute.
+  run = jax.jit(functools.partial(shadow.in_loss, MODEL.apply, epochs=2, batch_size=3),
+                static_argnames=('optimizer',))
+  opts = [_per_round(0), _per_round(1)]  # one object per round: a static argument
   for t, w_t in ((0, params), (1, w1)):
     for m in range(3):
       k_tm = shadow.shadow_key(key, t, m)
@@ -107,9 +111,9 @@ def test_loss_in_is_the_documented_shadow_draw():
       for q in (0, 19, 20, 31):
         k = jax.random.fold_in(k_tm, q)
         pos = shadow.insert_position(jax.random.fold_in(k, 0), rows, pool_index[q])
-        got, margin = shadow.in_loss(
-            MODEL.apply, w_t, px[np.asarray(rows)], py[np.asarray(rows)], pos, qx[q], qy[q],
-            key=jax.random.fold_in(k, 1), optimizer=_per_round(t), epochs=2, batch_size=3,
+        got, margin = run(
+            w_t, px[np.asarray(rows)], py[np.asarray(rows)], pos, qx[q], qy[q],
+            key=jax.random.fold_in(k, 1), optimizer=opts[t],
             mask=jnp.ones(size))  # padded shards: the masked path
         np.testing.assert_allclose(float(got), rec['loss_in'][t, m, q], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(float(margin), rec['margin_in'][t, m, q], rtol=1e-5,
