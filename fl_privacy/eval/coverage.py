@@ -184,7 +184,8 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
 
   Quantities `auc_a`, `auc_diff` (unless `auc=False`) and, with `fpr`, `tpr_a`.
   `hierarchical=False` leaves out `eval.replicated`'s bootstrap (its t-interval needs none),
-  and `conditional` names the conditional intervals computed, for quick checks. The t-interval is left out for one training (it has none).
+  and `conditional` names the conditional intervals computed, for quick checks. The
+  t-interval is left out for one training (it has none).
   """
   if not auc and fpr is None:
     raise ValueError('nothing to measure: auc=False needs an fpr')
@@ -234,9 +235,9 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
       for method, suffix in methods + (('clopper_pearson', '_cp'),):
         out['tpr_a'][method] = (level[f'tpr{suffix}_low'], level[f'tpr{suffix}_high'])
   elif auc:
-    aucs = [float(x) for x in row_auc(sim['scores_a'], sim['labels'])]
-    diffs = [float(x) for x in row_auc(sim['scores_a'], sim['labels'])
-             - row_auc(sim['scores_b'], sim['labels'])]
+    auc_a = row_auc(sim['scores_a'], sim['labels'])
+    aucs = [float(x) for x in auc_a]
+    diffs = [float(x) for x in auc_a - row_auc(sim['scores_b'], sim['labels'])]
     out['auc_a']['t'] = tuple(replicated.t_interval(aucs, confidence, (0.0, 1.0))[1:])
     out['auc_diff']['t'] = tuple(replicated.t_interval(diffs, confidence, (-1.0, 1.0))[1:])
   return out

@@ -101,17 +101,25 @@ def test_t_interval_matches_scipy_by_hand():
   assert one[0] == 0.7 and np.isnan(one[1]) and np.isnan(one[2])
 
 
-def test_hierarchical_bootstrap_weighs_entries_by_client_times_query_multiplicity():
+@pytest.mark.parametrize('num_resamples,chunk', [(6, None), (1, None), (5, 40)])
+def test_hierarchical_bootstrap_weighs_entries_by_client_times_query_multiplicity(
+    num_resamples, chunk, monkeypatch):
+  if chunk is not None:
+    # A chunk of one resample (36 entries a replicate): the chunk loop's bounds are exercised.
+    monkeypatch.setattr(replicated, 'CHUNK_ELEMENTS', chunk)
   rng = np.random.default_rng(2)
-  reps = [_rep(rng, num_clients=3, num_queries=12, shift=s) for s in (0.5, 1.5)]
+  reps = [_rep(rng, num_clients=3, num_queries=12, shift=s) for s in (0.5, 1.0, 1.5)]
   checked = [replicated._Replicate(r, i) for i, r in enumerate(reps)]
   (auc, tpr), = replicated.hierarchical_resamples([checked], np.array([0.1]),
-                                                  rng=np.random.default_rng(7), num_resamples=6)
+                                                  rng=np.random.default_rng(7),
+                                                  num_resamples=num_resamples)
   # The same draws, in the same order, applied by copying entries.
   draws = np.random.default_rng(7)
-  slots = draws.integers(0, 2, size=(6, 2))
-  want_auc = np.zeros((6, 2))
-  want_tpr = np.zeros((6, 2))
+  slots = draws.integers(0, 3, size=(num_resamples, 3))
+  if num_resamples == 1:
+    assert np.unique(slots).size < 3  # a replicate left out: the loop must go on past it
+  want_auc = np.zeros((num_resamples, 3))
+  want_tpr = np.zeros((num_resamples, 3))
   for r, rep in enumerate(reps):
     b_idx, j_idx = np.nonzero(slots == r)
     clients = bootstrap.resample_counts(3, b_idx.size, draws)
@@ -126,6 +134,46 @@ def test_hierarchical_bootstrap_weighs_entries_by_client_times_query_multiplicit
       want_tpr[b, j] = metrics.tpr_at_fpr(s, y, 0.1) if 0 < y.sum() < y.size else np.nan
   np.testing.assert_allclose(auc, want_auc.mean(axis=1), atol=1e-12)
   np.testing.assert_allclose(tpr[0], want_tpr.mean(axis=1), atol=1e-12)
+
+
+@pytest.mark.parametrize('ties', [False, True])
+def test_low_fpr_threshold_below_the_tail_is_found(ties):
+  # Low FPRs only, so the first pass reads only the top runs (`tail_runs`); zero weight on
+  # the top 600 entries puts the threshold below them for some rows, which must be redone.
+  rng = np.random.default_rng(11)
+  rep = _rep(rng, num_clients=10, num_queries=400, ties=ties)
+  s, y = rep['scores'], np.asarray(rep['labels'])
+  checked = replicated._Replicate(rep, 0)
+  assert checked.tail_runs(0.01) < np.unique(s).size
+  w = rng.integers(0, 3, size=(6, s.size))
+  top = np.argsort(-s)[:600]
+  top_negatives = top[y[top] == 0]
+  w[:3, top_negatives] = 0
+  # Row 3 keeps 25 of them (about 0.75% of its non-member weight): its tail is wholly
+  # admissible at 1% but not at 0.5%, so the redo must follow the largest FPR.
+  w[3, top_negatives] = 0
+  w[3, top_negatives[:25]] = 1
+  low = [1e-3, 0.01, 0.005]
+  got = replicated.weighted_tpr_at_fpr(s, y, low, w)
+  for b in range(w.shape[0]):
+    copies = np.repeat(np.arange(s.size), w[b])
+    np.testing.assert_array_equal(got[:, b], metrics.tpr_at_fpr(s[copies], y[copies], low))
+
+
+def test_one_entry_of_a_class_is_enough_and_none_is_nan():
+  scores = np.array([0.1, 0.4, 0.35, 0.8, 0.2])
+  labels = np.array([0, 1, 0, 1, 0])
+  one_member = np.array([[1, 1, 1, 0, 1]])  # W_pos = 1
+  one_nonmember = np.array([[0, 1, 1, 1, 0]])  # W_neg = 1
+  for w in (one_member, one_nonmember):
+    want = skm.roc_auc_score(labels, scores, sample_weight=w[0])
+    assert replicated.weighted_auc(scores, labels, w)[0] == pytest.approx(want)
+    copies = np.repeat(np.arange(5), w[0])
+    assert replicated.weighted_tpr_at_fpr(scores, labels, 0.5, w)[0] == metrics.tpr_at_fpr(
+        scores[copies], labels[copies], 0.5)
+  for w in ([[0, 1, 0, 1, 0]], [[1, 0, 1, 0, 1]]):  # members only, non-members only
+    assert np.isnan(replicated.weighted_auc(scores, labels, np.array(w))[0])
+    assert np.isnan(replicated.weighted_tpr_at_fpr(scores, labels, 0.5, np.array(w))[0])
 
 
 def test_metrics_estimator_intervals_and_counts():
