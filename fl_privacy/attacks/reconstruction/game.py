@@ -1,0 +1,163 @@
+"""One reconstruction trial: the server sends a model, one client trains, the server reads.
+
+A trial draws the client's N = J x B examples from a pool, builds the model the server sends
+(honest, or with the imprint block crafted in front: `imprint.inject` + `imprint.craft`),
+runs the client's real round (`fl.local.client_update`: E epochs of J minibatches of B, the
+defense's hooks at every point, its upload hook last) and hands the upload to the attack:
+
+- `imprint`: `imprint.recover_update` (Fowl et al. 2022, Eq. (2)), up to N inputs;
+- `analytic`: `analytic.recover_update` on the honest model's first dense layer (Phong et
+  al. 2018), one input;
+- `inversion`: `inversion.invert` of the upload's direction (Geiping et al. 2020), N inputs,
+  labels from iDLG where N = 1 and given otherwise (their batch experiments' assumption).
+
+`make_trial(game)` is the `trial_fn(key, index, x_pool, y_pool, cuts)` of
+`eval.runner.run_trials`: everything random comes from the trial's key by `fold_in`, so a
+trial's outcome depends only on it. Scores are computed on the host (`metrics`), from the
+returned pool indices of the client's examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fl_privacy.attacks.reconstruction import analytic
+from fl_privacy.attacks.reconstruction import imprint
+from fl_privacy.attacks.reconstruction import inversion
+from fl_privacy.fl import client
+from fl_privacy.fl import local
+from fl_privacy.fl import losses
+
+ATTACKS = ('imprint', 'analytic', 'inversion')
+# Outputs of one trial.
+OUTCOME_FIELDS = ('index', 'recovered', 'valid', 'label')
+
+
+@dataclasses.dataclass(frozen=True)
+class Game:
+  """One configuration (static across its trials).
+
+  Attributes:
+    attack: one of `ATTACKS`.
+    model: the honest Flax model (the imprint attack puts its block in front).
+    batch_size: B.
+    num_batches: J; the client holds N = J x B examples.
+    epochs: E.
+    optimizer: the client's optax optimizer.
+    input_layer: the honest model's dense layer on the flat input (the analytic attack's).
+    output_layer: its classifier (iDLG reads its bias).
+    hooks: the client's defense (`fl.client.ClientHooks`); None trains plain FedAvg.
+    num_bins: the imprint layer's width n.
+    scale, restore_scale: `imprint.craft`'s.
+    inversion: `inversion.Settings`.
+    value_range: the inputs' range (the inversion's box).
+  """
+  attack: str
+  model: nn.Module
+  batch_size: int
+  num_batches: int = 1
+  epochs: int = 1
+  optimizer: optax.GradientTransformation = dataclasses.field(
+      default_factory=lambda: optax.sgd(0.1))
+  input_layer: str = 'fc1'
+  output_layer: str = 'fc2'
+  hooks: client.ClientHooks | None = None
+  num_bins: int = 0
+  scale: float = imprint.SCALE
+  restore_scale: float = imprint.RESTORE_SCALE
+  inversion: inversion.Settings = inversion.Settings()
+  value_range: tuple[float, float] = (0.0, 1.0)
+
+  def __post_init__(self):
+    if self.attack not in ATTACKS:
+      raise ValueError(f'attack must be one of {ATTACKS} (got {self.attack!r})')
+    if self.attack == 'imprint' and self.num_bins < self.num_examples:
+      raise ValueError(f'the imprint layer needs at least N = {self.num_examples} bins '
+                       f'(got {self.num_bins})')
+
+  @property
+  def num_examples(self) -> int:
+    return self.batch_size * self.num_batches
+
+  @property
+  def num_recovered(self) -> int:
+    """Rows of the `recovered` output: N, or 1 for the analytic attack."""
+    return 1 if self.attack == 'analytic' else self.num_examples
+
+
+def sent_model(game: Game) -> nn.Module:
+  """The architecture the server sends: the imprint attack's block in front of the model."""
+  return imprint.inject(game.model, game.num_bins) if game.attack == 'imprint' else game.model
+
+
+def loss_fn_for(model: nn.Module):
+  """Mean cross-entropy of `model` as a function of its params (masks and soft labels as
+  `fl.losses` takes them, so every defense's hooks apply)."""
+  return losses.make_loss_fn(lambda p, x: model.apply({'params': p}, x))
+
+
+def _layer(params: Any, game: Game, name: str) -> Any:
+  return params[imprint.BASE][name] if game.attack == 'imprint' else params[name]
+
+
+def server_params(game: Game, key: jax.Array, x_example: jax.Array, cuts: jax.Array) -> Any:
+  """The parameters the server sends: a random model, crafted for the imprint attack."""
+  k_init, k_craft = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+  params = sent_model(game).init(k_init, x_example[None])['params']
+  if game.attack == 'imprint':
+    params = imprint.craft(params, cuts, k_craft, scale=game.scale,
+                           restore_scale=game.restore_scale)
+  return params
+
+
+def attack(game: Game, key: jax.Array, params: Any, upload: Any, x_shape: tuple, labels
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The server's reading of one upload: (recovered flat inputs [K, d], valid [K], label)."""
+  n = game.num_examples
+  label = inversion.idlg_label(_layer(upload, game, game.output_layer)['bias'])
+  if game.attack == 'imprint':
+    rec, valid, _ = imprint.recover_update(upload, n)
+  elif game.attack == 'analytic':
+    layer = _layer(upload, game, game.input_layer)
+    x, ok = analytic.recover_update(layer['kernel'], layer['bias'])
+    rec, valid = x[None], ok[None]
+  else:
+    loss_fn = loss_fn_for(sent_model(game))
+    grad_fn = lambda x, y: jax.grad(loss_fn)(params, x, y)
+    y = label[None] if n == 1 else labels
+    x, _ = inversion.invert(key, grad_fn, upload, x_shape, y, game.inversion,
+                            game.value_range)
+    rec, valid = x.reshape(n, -1), jnp.ones(n, bool)
+  lo, hi = game.value_range
+  # The server knows the data's range: clipping a recovery into it is free.
+  return jnp.clip(rec, lo, hi), valid, label
+
+
+def run(game: Game, key: jax.Array, x_pool: jax.Array, y_pool: jax.Array, cuts: jax.Array
+        ) -> dict[str, jax.Array]:
+  """One trial. Keys: `fold_in(key, 0)` the server's model, 1 the client's data, 2 the
+  client's round (shuffling and the defense), 3 the attack (the inversion's restarts)."""
+  k_model, k_data, k_train, k_attack = (jax.random.fold_in(key, i) for i in range(4))
+  n = game.num_examples
+  index = jax.random.permutation(k_data, x_pool.shape[0])[:n].astype(jnp.int32)
+  x, y = x_pool[index], y_pool[index]
+  params = server_params(game, k_model, x[0], cuts)
+  upload, _ = local.client_update(loss_fn_for(sent_model(game)), params, x, y, key=k_train,
+                                  hooks=game.hooks, optimizer=game.optimizer,
+                                  epochs=game.epochs, batch_size=game.batch_size)
+  rec, valid, label = attack(game, k_attack, params, upload, x.shape, y)
+  return dict(index=index, recovered=rec, valid=valid, label=label)
+
+
+def make_trial(game: Game):
+  """`trial_fn(key, index, x_pool, y_pool, cuts)` for `eval.runner.run_trials`."""
+  def trial_fn(key, index, x_pool, y_pool, cuts):
+    del index  # the key is already fold_in(run_key, index)
+    return run(game, key, x_pool, y_pool, cuts)
+  return trial_fn
