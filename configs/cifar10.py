@@ -17,4 +17,4 @@ from configs import _base
 
 def get_config(arg=None):
   return _base.build('cifar10', arg, data=_base.data_section('cifar10'),
-                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'))
+                     experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'reconstruction'))

@@ -31,4 +31,4 @@ from configs import _base
 def get_config(arg=None):
   return _base.build('digits', arg, data=_base.data_section('digits'),
                      experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                  'dp_audit', 'flower_audit', 'training_audit'))
+                                  'dp_audit', 'flower_audit', 'training_audit', 'reconstruction'))

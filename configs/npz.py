@@ -19,4 +19,4 @@ from configs import _base
 def get_config(arg=None):
   return _base.build('npz', arg, data=_base.data_section('npz'),
                      experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                  'dp_audit', 'training_audit'))
+                                  'dp_audit', 'training_audit', 'reconstruction'))
