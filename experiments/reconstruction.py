@@ -23,7 +23,18 @@ Fields: configs/_reconstruction.py. Expected results: docs/experiments/reconstru
 
 from __future__ import annotations
 
-from experiments import common
+import os
+
+# On CPU this experiment is compile-bound: dozens of small programs (one per client shape and
+# defense strength), each running its trials in under a second. XLA's backend optimisation
+# level 0 compiles them about 2.5x faster (measured: the smoke run 2m11 -> 1m04 with the
+# runner's one-trial groups); outcomes agree (the same numbers to 3 decimals). Set before JAX
+# starts; a flag the user gives wins.
+if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                             ' --xla_backend_optimization_level=0').strip()
+
+from experiments import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if __name__ == '__main__':
   common.run('reconstruction')

@@ -82,7 +82,7 @@ def images_figure(images: dict, names: list[str]):
 
 
 def _tick(p: dict) -> str:
-  eps = p['metrics'].get('dp_epsilon')
+  eps = p['metrics'].get('dp_epsilon', p['metrics'].get('ldp_epsilon'))
   text = f'{p["params"]["strength"]:g}'
   if eps is not None:
     e = float(eps) if not isinstance(eps, str) else math.inf
@@ -207,7 +207,8 @@ def table_markdown(config, points: list[dict]) -> str:
     d = q.get('defense', 'none') + (f' ({q["dp_sgd_sampling"]})'
                                     if q.get('dp_sgd_sampling') else '')
     s = '-' if q.get('strength') is None else f'{q["strength"]:g}'
-    lines.append(f'| {q["attack"]} | {d} | {s} | {_cell(m, "dp_epsilon")} | '
+    eps = _cell(m, 'dp_epsilon') if 'dp_epsilon' in m else _cell(m, 'ldp_epsilon')
+    lines.append(f'| {q["attack"]} | {d} | {s} | {eps} | '
                  f'{q["batch_size"]} | {q["num_batches"]} | {q["epochs"]} | {m["n_trials"]} | '
                  f'{_cell(m, "exact")} | {_cell(m, "recovered")} | {_cell(m, "all_exact")} | '
                  f'{_cell(m, "psnr_mean", 1)} | {_cell(m, "ssim_mean", 2)} | '
