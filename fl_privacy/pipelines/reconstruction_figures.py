@@ -54,8 +54,7 @@ def _image(ax, values, shape):
   img = np.zeros(shape) if values is None else np.clip(np.asarray(values), 0, 1)
   img = img[..., 0] if img.shape[-1] == 1 else img
   ax.imshow(img, cmap='gray', vmin=0, vmax=1)
-  ax.set_xticks([])
-  ax.set_yticks([])
+  ax.axis('off')   # pictures, not plots: no axes to label
 
 
 def images_figure(images: dict, names: list[str]):
@@ -74,8 +73,9 @@ def images_figure(images: dict, names: list[str]):
         else:
           ax.axis('off')
       if c == 0:
-        axes[2 * r, 0].set_ylabel(f'{name}\ntrue', fontsize=7)
-        axes[2 * r + 1, 0].set_ylabel('recovered', fontsize=7)
+        for k, text in ((0, f'{name}\ntrue'), (1, 'recovered')):
+          axes[2 * r + k, 0].text(-0.15, 0.5, text, transform=axes[2 * r + k, 0].transAxes,
+                                  ha='right', va='center', fontsize=7)
   fig.suptitle('True inputs (upper row) and what the server recovered (lower row), first '
                'trial; blank: nothing recovered', fontsize=9)
   return fig
@@ -101,7 +101,7 @@ def defense_figure(config, points: list[dict]):
     return None
   ncol = min(4, len(groups))
   nrow = -(-len(groups) // ncol)
-  fig, axes = plt.subplots(nrow, ncol, figsize=(3.6 * ncol, 3.2 * nrow), squeeze=False)
+  fig, axes = plt.subplots(nrow, ncol, figsize=(5.4 * ncol, 3.4 * nrow), squeeze=False)
   thr = float(config.reconstruction.psnr_threshold)
   for ax, (name, sampling) in zip(axes.flat, groups):
     same = lambda p: (p['params'].get('defense') == name and
@@ -130,11 +130,11 @@ def defense_figure(config, points: list[dict]):
     ax.set_xticks(x)
     ax.set_xticklabels([_tick(next(p for p in mine if p['params']['strength'] == s))
                         for s in strengths], fontsize=7)
-    ax.set_ylim(-0.05, 1.05)
+    figures.rate_limits(ax)
     ax.set_title(name + (f' ({sampling})' if sampling else ''), fontsize=9)
     ax.set_xlabel('strength (weakest first)')
     ax.set_ylabel(f'fraction (recovered: PSNR > {thr:g} dB)')
-    ax.legend(fontsize=6, loc='best')
+    figures.legend_outside(ax, fontsize=6)
   for ax in list(axes.flat)[len(groups):]:
     ax.axis('off')
   fig.suptitle('Inputs recovered vs defense strength (95% Clopper-Pearson intervals)',
@@ -150,7 +150,7 @@ def batch_figure(config, points: list[dict]):
           p['params'].get('strength') is None]
   if not base:
     return None
-  fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+  fig, axes = plt.subplots(1, 3, figsize=(15, 3.4))
   for ax, field, fixed in ((axes[0], 'batch_size', {'num_batches': 1, 'epochs': 1}),
                            (axes[1], 'num_batches', {'epochs': 1}),
                            (axes[2], 'epochs', {'num_batches': 1})):
@@ -168,11 +168,11 @@ def batch_figure(config, points: list[dict]):
                         [v['exact_ci_high'] - v['exact'] for v in m]], marker='o', capsize=3,
                   label=attack if field == 'batch_size' else f'{attack} (B={centre})')
     ax.set_xscale('log', base=2)
-    ax.set_ylim(-0.05, 1.05)
+    figures.rate_limits(ax)
     ax.set_xlabel({'batch_size': 'B (examples, one step)', 'num_batches': 'J (minibatches)',
                    'epochs': 'E (local epochs)'}[field])
-    ax.set_ylabel('fraction recovered exactly')
-    ax.legend(fontsize=7, loc='best')
+    ax.set_ylabel('recovered exactly (fraction of examples)')
+    figures.legend_outside(ax, fontsize=7)
   fig.suptitle('Exact recovery (max abs error < 1/255) of the client\'s examples, 95% '
                'Clopper-Pearson', fontsize=10)
   fig.tight_layout()
