@@ -88,6 +88,8 @@ def validate_config(config) -> None:
   validate.in_range(config, f'{p}.dp_delta', 0.0, 1.0, low_inclusive=False,
                     high_inclusive=False)
   validate.subset_of(config, f'{p}.defense_attacks', ATTACKS)
+  validate.checked(config, f'{p}.multi_step_attacks',
+                   validate.Rule(f'a subset of {ATTACKS}', lambda v: set(v) <= set(ATTACKS)))
   validate.subset_of(config, f'{p}.dp_sgd_samplings', ('poisson', 'shuffle'))
   validate_sweep(s.defenses)
   if 'analytic' in s.attacks or 'analytic' in s.defense_attacks:
@@ -129,8 +131,8 @@ def validate_sweep(sweep) -> None:
     values = (values,) if isinstance(values, (int, float)) else tuple(values)
     d = defenses.DEFENSES[name]
     rule = defenses.registry.FIELDS[d.params[swept_param(name)]].rule
-    validate.require(len(values) > 0 and all(rule.ok(v) for v in values), field,
-                     f'non-empty, each {rule.allowed}', sweep[name])
+    validate.require(all(rule.ok(v) for v in values), field,
+                     f'each {rule.allowed} (empty: not swept)', sweep[name])
 
 
 def grid(config) -> list[dict]:
@@ -141,9 +143,10 @@ def grid(config) -> list[dict]:
   points = []
   for attack in s.attacks:
     b0, top = int(s.center[attack]), int(s.max_examples[attack])
-    combos = ([(int(b), 1, 1) for b in s.batch_sizes] +
-              [(b0, int(j), int(s.center.epochs)) for j in s.num_batches] +
-              [(b0, int(s.center.num_batches), int(e)) for e in s.epochs])
+    combos = [(int(b), 1, 1) for b in s.batch_sizes]
+    if attack in s.multi_step_attacks:
+      combos += ([(b0, int(j), int(s.center.epochs)) for j in s.num_batches] +
+                 [(b0, int(s.center.num_batches), int(e)) for e in s.epochs])
     for b, j, e in combos:
       p = dict(attack=attack, batch_size=b, num_batches=j, epochs=e)
       if b * j <= top and p not in points:
@@ -402,13 +405,13 @@ def utility_point(config, state, key, d: dict, defense: defenses.Configured) -> 
                        int(u.rounds), int(u.examples), int(s.center.imprint))
     test = state['test']
     keys = jax.random.split(report.point_key(key, {'utility': True}), int(u.trials))
-    # A few trainings, not a game of many trials: one vmapped program, compiled once (the
-    # runner would compile it twice, once to size its groups).
-    trainings = jax.jit(jax.vmap(fn, in_axes=(0, 0, None, None, None, None)))
+    # A few trainings, not a game of many trials: one program, compiled once (the runner
+    # would compile it twice, once to size its groups), the trainings one after the other.
+    args = (state['x'], state['y'], jnp.asarray(data_lib.to_float(test.x)),
+            jnp.asarray(test.y))
+    trainings = jax.jit(lambda keys, *a: jax.lax.map(lambda k: fn(k, 0, *a), keys))
     with jax.default_matmul_precision('highest'):
-      correct = np.asarray(trainings(keys, jnp.arange(int(u.trials)), state['x'], state['y'],
-                                     jnp.asarray(data_lib.to_float(test.x)),
-                                     jnp.asarray(test.y)))
+      correct = np.asarray(trainings(keys, *args))
     m = stats.rate('test_accuracy', int(np.sum(correct)), int(np.size(correct)))
     m.update({f'utility_{k}': v for k, v in defense.metrics.items()})
     return m, int(u.trials)
