@@ -10,6 +10,10 @@ from __future__ import annotations
 import ml_collections
 
 ATTACKS = ('imprint', 'analytic', 'inversion')
+# Colour images (32x32x3 = 3,072 inputs): a wider MLP, more trials and a longer inversion, for
+# an accelerator (python -m experiments.reconstruction --config=configs/cifar10.py). Not run
+# on this machine (no CIFAR-10 offline); the digits numbers are docs/experiments/reconstruction.md.
+_COLOUR = dict(hidden=(256,), trials=128, inversion_trials=64, inversion_steps=1000)
 
 
 def _defenses(smoke: bool) -> ml_collections.ConfigDict:
@@ -74,7 +78,6 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     bootstrap_resamples: of every mean's interval.
     grid_images: true vs recovered images per attack in the figure.
   """
-  del dataset
   s = ml_collections.ConfigDict()
   s.attacks = ATTACKS
   s.model = 'mlp'
@@ -106,6 +109,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.utility = ml_collections.ConfigDict(dict(rounds=10, examples=256, trials=2))
   s.bootstrap_resamples = 1000
   s.grid_images = 8
+  if dataset == 'cifar10':
+    s.hidden = _COLOUR['hidden']
+    s.trials, s.inversion_trials = _COLOUR['trials'], _COLOUR['inversion_trials']
+    s.inversion.steps = _COLOUR['inversion_steps']
   if smoke:
     s.trials = 8
     s.inversion_trials = 2

@@ -5,6 +5,7 @@
   python -m experiments.ldp_audit --config=configs/cifar10.py
   python -m experiments.fedmia --config=configs/cifar10.py         # AlexNet, 300 rounds: GPU
   python -m experiments.pastel --config=configs/cifar10.py         # ResNet-18-GN: GPU
+  python -m experiments.reconstruction --config=configs/cifar10.py # colour images: GPU advised
   add `:smoke` for a seconds-long run; `:data_dir=DIR` to read TFDS data from DIR.
 
 AMI roles follow the paper: target = first test image, adversary negatives = train
