@@ -23,6 +23,7 @@ from fl_privacy.report import atomic
 from fl_privacy.report import figures
 
 IMAGES = 'images.json'
+ATTACK_ORDER = ('imprint', 'analytic', 'inversion')
 TABLE = 'table.md'
 
 
@@ -101,7 +102,8 @@ def defense_figure(config, points: list[dict]):
     return None
   ncol = min(4, len(groups))
   nrow = -(-len(groups) // ncol)
-  fig, axes = plt.subplots(nrow, ncol, figsize=(5.4 * ncol, 3.4 * nrow), squeeze=False)
+  fig, axes = plt.subplots(nrow, ncol, figsize=(5.4 * ncol, 3.4 * nrow), squeeze=False,
+                           sharey=True)
   thr = float(config.reconstruction.psnr_threshold)
   for ax, (name, sampling) in zip(axes.flat, groups):
     same = lambda p: (p['params'].get('defense') == name and
@@ -150,7 +152,7 @@ def batch_figure(config, points: list[dict]):
           p['params'].get('strength') is None]
   if not base:
     return None
-  fig, axes = plt.subplots(1, 3, figsize=(15, 3.4))
+  fig, axes = plt.subplots(1, 3, figsize=(17, 3.6))
   for ax, field, fixed in ((axes[0], 'batch_size', {'num_batches': 1, 'epochs': 1}),
                            (axes[1], 'num_batches', {'epochs': 1}),
                            (axes[2], 'epochs', {'num_batches': 1})):
@@ -163,18 +165,22 @@ def batch_figure(config, points: list[dict]):
       if len(rows) < 1:
         continue
       m = [p['metrics'] for p in rows]
-      ax.errorbar([p['params'][field] for p in rows], [v['exact'] for v in m],
-                  yerr=[[v['exact'] - v['exact_ci_low'] for v in m],
-                        [v['exact_ci_high'] - v['exact'] for v in m]], marker='o', capsize=3,
-                  label=attack if field == 'batch_size' else f'{attack} (B={centre})')
+      name = attack if field == 'batch_size' else f'{attack} (B={centre})'
+      for metric, style, what in (('exact', '-', 'exact'), ('recovered', ':', 'PSNR > thr.')):
+        ax.errorbar([p['params'][field] for p in rows], [v[metric] for v in m],
+                    yerr=[[v[metric] - v[f'{metric}_ci_low'] for v in m],
+                          [v[f'{metric}_ci_high'] - v[metric] for v in m]], marker='o',
+                    capsize=3, ls=style, color=f'C{list(ATTACK_ORDER).index(attack)}',
+                    label=f'{name}: {what}')
     ax.set_xscale('log', base=2)
     figures.rate_limits(ax)
     ax.set_xlabel({'batch_size': 'B (examples, one step)', 'num_batches': 'J (minibatches)',
                    'epochs': 'E (local epochs)'}[field])
-    ax.set_ylabel('recovered exactly (fraction of examples)')
+    ax.set_ylabel('recovered (fraction of examples)')
     figures.legend_outside(ax, fontsize=7)
-  fig.suptitle('Exact recovery (max abs error < 1/255) of the client\'s examples, 95% '
-               'Clopper-Pearson', fontsize=10)
+  thr = float(config.reconstruction.psnr_threshold)
+  fig.suptitle(f'The client\'s examples recovered exactly (max abs error < 1/255; solid) and '
+               f'above {thr:g} dB PSNR (dotted), no defense, 95% Clopper-Pearson', fontsize=10)
   fig.tight_layout()
   return fig
 
