@@ -134,7 +134,8 @@ def _imprint_uploads():
     return idx, params, upload
 
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(jnp.arange(_TRIALS))
-  idx, params, uploads = jax.jit(jax.vmap(one))(keys)
+  # One client after another (`lax.map`): on CPU it compiles about twice as fast as a vmap.
+  idx, params, uploads = jax.jit(lambda ks: jax.lax.map(one, ks))(keys)
   return x, np.asarray(idx), params, uploads
 
 
@@ -146,10 +147,10 @@ def test_the_imprint_block_recovers_every_example_alone_in_its_bin_from_one_clie
   x, idx, params, uploads = _imprint_uploads()
   for t in range(_TRIALS):
     batch = x[idx[t]].reshape(_B, -1)
-    layer = _trial(params, t)[imprint.IMPRINT]
+    layer = {k: np.asarray(v[t]) for k, v in params[imprint.IMPRINT].items()}
     # The bin is what the crafted units compute: the number of units an example activates.
-    active = np.asarray(jnp.sum(jnp.asarray(batch) @ layer['kernel'] + layer['bias'] > 0, 1))
-    up = _trial(uploads, t)[imprint.IMPRINT]
+    active = np.sum(batch @ layer['kernel'] + layer['bias'] > 0, axis=1)
+    up = {k: np.asarray(v[t]) for k, v in uploads[imprint.IMPRINT].items()}
     got, _ = imprint.recover(up['kernel'], up['bias'])
     alone = [i for i in range(_B) if active[i] > 0 and np.sum(active == active[i]) == 1]
     rows, cols = metrics.match(got, batch)
@@ -174,11 +175,11 @@ def test_imprint_recovers_at_least_90_percent_of_8_examples_exactly_in_one_step(
 def test_recovery_degrades_monotonically_in_update_dp_noise():
   x, idx, _, uploads = _imprint_uploads()
   rates = []
-  for z in (0.0, 3e-7, 1e-6, 3e-6, 1e-5):
+  for z in (0.0, 3e-7, 1e-6, 1e-5):
     hook = defenses.make('update_dp', clip_norm=1.0, noise_multiplier=z).upload
     keys = jax.random.split(jax.random.key(3), _TRIALS)
-    rec, valid, _ = jax.vmap(lambda k, u: imprint.recover_update(hook(k, u, None), _B))(
-        keys, uploads)
+    rec, valid, _ = jax.jit(lambda ks, us: jax.lax.map(
+        lambda a: imprint.recover_update(hook(a[0], a[1], None), _B), (ks, us)))(keys, uploads)
     # Above 30 dB PSNR rather than exact: exactness goes at the first noise, PSNR by degrees.
     k = sum(metrics.trial_scores(np.asarray(rec[t]), np.asarray(valid[t]),
                                  x[idx[t]])['recovered'] for t in range(_TRIALS))
