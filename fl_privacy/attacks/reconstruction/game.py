@@ -138,7 +138,7 @@ def attack(game: Game, key: jax.Array, params: Any, upload: Any, x_shape: tuple,
     grad_fn = lambda x, y: jax.grad(loss_fn)(params, x, y, mask)
     y = jnp.where(n == 1, jnp.full_like(labels, label), labels)
     x, _ = inversion.invert(key, grad_fn, upload, x_shape, y, game.inversion,
-                            game.value_range)
+                            game.value_range, mask)
     rec, valid = x.reshape(game.capacity, -1), mask > 0
   lo, hi = game.value_range
   # The server knows the data's range: clipping a recovery into it is free.

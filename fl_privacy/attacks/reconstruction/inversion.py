@@ -51,13 +51,17 @@ def idlg_label(last_bias_delta) -> jax.Array:
   return jnp.argmin(jnp.asarray(last_bias_delta)).astype(jnp.int32)
 
 
-def total_variation(x: jax.Array) -> jax.Array:
+def total_variation(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """Anisotropic TV of images [N, H, W, C]: mean |horizontal| + mean |vertical| differences
-  (Geiping et al.'s TV(x) in Eq. (4)); 0 for inputs without two spatial axes."""
+  (Geiping et al.'s TV(x) in Eq. (4)), averaged over the rows `mask` marks real (all without
+  one); 0 for inputs without two spatial axes."""
   if x.ndim < 4:
     return jnp.zeros((), x.dtype)
-  return (jnp.mean(jnp.abs(x[:, 1:] - x[:, :-1])) +
-          jnp.mean(jnp.abs(x[:, :, 1:] - x[:, :, :-1])))
+  per_row = (jnp.mean(jnp.abs(x[:, 1:] - x[:, :-1]), axis=(1, 2, 3)) +
+             jnp.mean(jnp.abs(x[:, :, 1:] - x[:, :, :-1]), axis=(1, 2, 3)))
+  if mask is None:
+    return jnp.mean(per_row)
+  return jnp.sum(per_row * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def cosine_distance(a: Any, b: Any) -> jax.Array:
@@ -67,10 +71,12 @@ def cosine_distance(a: Any, b: Any) -> jax.Array:
   return 1.0 - jnp.dot(fa, fb) / jnp.maximum(jnp.linalg.norm(fa) * jnp.linalg.norm(fb), 1e-30)
 
 
-def objective(grad_fn: Callable, target: Any, labels, tv_weight: float) -> Callable:
+def objective(grad_fn: Callable, target: Any, labels, tv_weight: float,
+              mask: jax.Array | None = None) -> Callable:
   """x -> 1 - cos(grad_fn(x, labels), target) + alpha TV(x): Eq. (4) of Geiping et al."""
   def fn(x):
-    return cosine_distance(grad_fn(x, labels), target) + tv_weight * total_variation(x)
+    return (cosine_distance(grad_fn(x, labels), target) +
+            tv_weight * total_variation(x, mask))
   return fn
 
 
@@ -81,8 +87,8 @@ def _schedule(settings: Settings):
 
 
 def invert(key: jax.Array, grad_fn: Callable, target: Any, shape: tuple, labels,
-           settings: Settings, value_range: tuple[float, float] = (0.0, 1.0)
-           ) -> tuple[jax.Array, jax.Array]:
+           settings: Settings, value_range: tuple[float, float] = (0.0, 1.0),
+           mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Inputs of `shape` whose gradient matches `target` in direction (Geiping et al., Sect. 4).
 
   Args:
@@ -93,16 +99,20 @@ def invert(key: jax.Array, grad_fn: Callable, target: Any, shape: tuple, labels,
     labels: the labels used in `grad_fn` (iDLG's for one example, else given).
     settings: the optimisation.
     value_range: the box the inputs are projected into after every step.
+    mask: [N] real rows of a padded client (`grad_fn` must ignore the others); the padding
+      rows are optimised too but touch nothing of the real ones (Adam is elementwise, each
+      row's start has its own key), so a result does not depend on the padding.
 
   Returns:
     (best inputs [N, ...], its objective).
   """
-  fn = objective(grad_fn, target, labels, settings.tv_weight)
+  fn = objective(grad_fn, target, labels, settings.tv_weight, mask)
   opt = optax.adam(_schedule(settings))
   lo, hi = value_range
 
   def one(k):
-    x0 = jax.random.uniform(k, shape, minval=lo, maxval=hi)
+    x0 = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(k, i), shape[1:],
+                                               minval=lo, maxval=hi))(jnp.arange(shape[0]))
 
     def step(carry, _):
       x, state = carry
