@@ -7,7 +7,9 @@ is `fl.local.client_update` with the defense's hooks) and scores them on the hos
 one local step; J minibatches; E epochs) under the `defense` section (default none), then, for
 each swept defense and strength, its utility (test accuracy of the honest model one client
 trains under it) and the `defense_attacks` at their centre. The sweep's defenses:
-`pipelines.reconstruction_defenses`; figures and the table: `pipelines.reconstruction_figures`.
+`pipelines.reconstruction_defenses`; the compiled programs (shared across client sizes and
+across a defense's strengths): `pipelines.reconstruction_runs`; figures and the table:
+`pipelines.reconstruction_figures`.
 """
 
 from __future__ import annotations
@@ -15,27 +17,24 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import models
-from fl_privacy import report
 from fl_privacy import validate
 from fl_privacy.attacks.reconstruction import game as game_lib
 from fl_privacy.attacks.reconstruction import imprint
-from fl_privacy.attacks.reconstruction import inversion
 from fl_privacy.attacks.reconstruction import metrics as rec_metrics
 from fl_privacy.eval import runner
 from fl_privacy.eval import stats
 from fl_privacy.fl import client
-from fl_privacy.fl import local
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import reconstruction_defenses
 from fl_privacy.pipelines import reconstruction_figures
+from fl_privacy.pipelines import reconstruction_runs as runs
 from fl_privacy.report import atomic
 from fl_privacy.report import summary
 
@@ -50,6 +49,8 @@ attack_setting = reconstruction_defenses.attack_setting
 utility_setting = reconstruction_defenses.utility_setting
 base_defense = reconstruction_defenses.base_defense
 swept_defense = reconstruction_defenses.swept_defense
+output_layer = runs.output_layer
+point_key = runs.point_key
 
 SUMMARY = (
     summary.Table('Reconstruction (rates over examples: 95% Clopper-Pearson; PSNR: bootstrap '
@@ -135,11 +136,6 @@ def make_model(config, num_classes: int):
   return models.FlowerCNN(num_classes, padding=s.padding)
 
 
-def output_layer(config) -> str:
-  s = config.reconstruction
-  return f'fc{len(tuple(s.hidden)) + 1}' if s.model == 'mlp' else 'fc3'
-
-
 def prepare(config) -> dict:
   """Validates, loads the splits, sets the imprint thresholds on the public split, and builds
   every defense (so that one that cannot be built stops the run before anything is written)."""
@@ -183,83 +179,19 @@ def prepare(config) -> dict:
   return state
 
 
-def make_game(config, state, attack: str, batch_size: int, capacity: int, epochs: int,
-              hooks) -> game_lib.Game:
-  s = config.reconstruction
-  inv = s.inversion
-  return game_lib.Game(
-      attack=attack, model=state['model'], batch_size=batch_size, capacity=capacity,
-      epochs=epochs, optimizer=optimizers_lib.make(s.optimizer, float(s.learning_rate),
-                                                   field=f'{PREFIX}.optimizer'),
-      output_layer=output_layer(config),
-      hooks=None if client.is_identity(hooks) else hooks, num_bins=int(s.imprint.num_bins),
-      scale=float(s.imprint.scale), restore_scale=float(s.imprint.restore_scale),
-      inversion=inversion.Settings(steps=int(inv.steps), learning_rate=float(inv.learning_rate),
-                                   tv_weight=float(inv.tv_weight), restarts=int(inv.restarts)))
-
-
-def program(config, state, p: dict, hooks) -> tuple:
-  """(trial_fn, n) of point `p`: one compiled program per (attack, B, capacity, E, defense).
-
-  Without a defense the clients of a sweep share programs (compilation is what a point costs
-  here): one-step points (J = E = 1) run as one minibatch of the attack's largest B with n real
-  rows; the others at their B with the capacity of the largest J. Results agree with unshared
-  programs to float rounding (recovered pixels within 6e-5; the inversion's identical)."""
-  attack, b, j, e = p['attack'], p['batch_size'], p['num_batches'], p['epochs']
-  if not client.is_identity(hooks):
-    spec = (attack, b, b * j, e, id(hooks))
-  elif j == 1 and e == 1:
-    top = max(q['batch_size'] for q in state['points']
-              if q['attack'] == attack and q['num_batches'] == 1 and q['epochs'] == 1)
-    spec = (attack, top, top, 1, None)
-  else:
-    jmax = max(q['num_batches'] for q in state['points']
-               if q['attack'] == attack and q['batch_size'] == b)
-    spec = (attack, b, b * jmax, e, None)
-  cache = state.setdefault('programs', {})
-  if spec not in cache:
-    cache[spec] = game_lib.make_trial(make_game(config, state, *spec[:4], hooks))
-  return cache[spec], b * j
-
-
-def point_key(key, p: dict):
-  """Common random numbers: every attack and defense sees the same clients at (B, J, E)."""
-  return report.point_key(key, {k: p[k] for k in ('batch_size', 'num_batches', 'epochs')})
-
-
-def run_options(config) -> dict:
-  """`runner.options`, except that on CPU without a `game.batch_bytes` trials run one at a
-  time: a point runs its trials in well under a second and compiles for 5-10 s, and a
-  `lax.map` of single trials compiles about twice as fast as vmapped groups (measured here:
-  12 s vs 23 s for an imprint point). Chunking never changes a trial's outcome."""
-  opts = runner.options(config)
-  if opts['batch_bytes'] is None and jax.default_backend() == 'cpu':
-    opts['batch_bytes'] = 1
-  return opts
-
-
-def simulate(config, state, p: dict, hooks, key) -> dict:
-  """All trials of an attack point, outcomes on the host."""
-  s = config.reconstruction
-  trials = int(s.inversion_trials if p['attack'] == 'inversion' else s.trials)
-  opts = run_options(config)
-  trial_fn, n = program(config, state, p, hooks)
-  with jax.default_matmul_precision('highest'):
-    return runner.run_trials(trial_fn, point_key(key, p), trials, chunk_size=opts['chunk_size'],
-                             batch_bytes=opts['batch_bytes'],
-                             args=(state['x'], state['y'], state['cuts'], jnp.int32(n)))
-
-
 def attack_point(config, state, store, key, p: dict, defense: defenses.Configured,
-                 extra: dict, images: dict) -> base.Point:
+                 extra: dict, images: dict, group: tuple | None = None,
+                 branch: int = 0) -> base.Point:
+  """Attack point `p` under `defense` (strength `branch` of the swept `group`, if any)."""
   s = config.reconstruction
   params = dict(kind='attack', **p, **extra)
 
   def compute():
-    out = simulate(config, state, p, defense.hooks, key)
+    out = runs.simulate(config, state, p, group or (defense.hooks,), branch, key)
     x, y = np.asarray(state['x']), np.asarray(state['y'])
     n = p['batch_size'] * p['num_batches']
-    m = rec_metrics.point_metrics(out, x, y, n=n, rng=data_lib.rng_from_key(point_key(key, p)),
+    m = rec_metrics.point_metrics(out, x, y, n=n,
+                                  rng=data_lib.rng_from_key(runs.point_key(key, p)),
                                   psnr_threshold=float(s.psnr_threshold),
                                   resamples=int(s.bootstrap_resamples))
     m.update(defense.metrics)
@@ -271,52 +203,27 @@ def attack_point(config, state, store, key, p: dict, defense: defenses.Configure
   return base.Point(params, compute, 'trials')
 
 
-def utility_trial(model, hooks, optimizer, rounds: int, examples: int, batch_size: int):
-  """`trial_fn(key, index, x, y, x_test, y_test)`: test predictions of the honest model one
-  client trains for `rounds` rounds of one epoch under `hooks` (the server applies each
-  upload, so upload defenses cost what they cost), from `examples` drawn from `x`."""
-  loss_fn = game_lib.loss_fn_for(model)
-
-  def trial_fn(key, index, x, y, x_test, y_test):
-    del index
-    k_init, k_data, k_train = (jax.random.fold_in(key, i) for i in range(3))
-    idx = jax.random.permutation(k_data, x.shape[0])[:examples]
-    params = model.init(k_init, x[:1])['params']
-
-    def round_(params, r):
-      upload, _ = local.client_update(loss_fn, params, x[idx], y[idx],
-                                      key=jax.random.fold_in(k_train, r), hooks=hooks,
-                                      optimizer=optimizer, epochs=1, batch_size=batch_size)
-      return client.apply_update(params, upload), None
-
-    params, _ = jax.lax.scan(round_, params, jnp.arange(rounds))
-    return jnp.argmax(model.apply({'params': params}, x_test), -1) == y_test
-  return trial_fn
-
-
-def utility_point(config, state, key, d: dict, defense: defenses.Configured) -> base.Point:
-  s = config.reconstruction
-  u = s.utility
+def utility_point(config, state, key, d: dict, defense: defenses.Configured,
+                  group: tuple | None = None, branch: int = 0) -> base.Point:
+  """Test accuracy of the honest model one client trains under `defense`."""
+  u = config.reconstruction.utility
   params = dict(kind='utility', **d)
 
   def compute():
-    fn = utility_trial(state['model'], defense.hooks,
-                       optimizers_lib.make(s.optimizer, float(s.learning_rate)),
-                       int(u.rounds), int(u.examples), int(s.center.imprint))
-    test = state['test']
-    keys = jax.random.split(report.point_key(key, {'utility': True}), int(u.trials))
-    # A few trainings, not a game of many trials: one program, compiled once (the runner
-    # would compile it twice, once to size its groups), the trainings one after the other.
-    args = (state['x'], state['y'], jnp.asarray(data_lib.to_float(test.x)),
-            jnp.asarray(test.y))
-    trainings = jax.jit(lambda keys, *a: jax.lax.map(lambda k: fn(k, 0, *a), keys))
-    with jax.default_matmul_precision('highest'):
-      correct = np.asarray(trainings(keys, *args))
+    correct = runs.utility(config, state, key, group or (defense.hooks,), branch)
     m = stats.rate('test_accuracy', int(np.sum(correct)), int(np.size(correct)))
     m.update({f'utility_{k}': v for k, v in defense.metrics.items()})
     return m, int(u.trials)
 
   return base.Point(params, compute, 'trainings')
+
+
+def groups(state) -> dict:
+  """The sweep's points by (defense, sampling), strengths in config order: one program each."""
+  out = {}
+  for d in state['sweep']:
+    out.setdefault((d['defense'], d.get('dp_sgd_sampling')), []).append(d)
+  return out
 
 
 def plan(config, state, store, key) -> list[base.Point]:
@@ -332,14 +239,18 @@ def plan(config, state, store, key) -> list[base.Point]:
     none = {'defense': 'none', 'strength': None}
     points.append(utility_point(config, state, key, none, defenses.Configured(
         hooks=client.IDENTITY, params={'defense': 'none'}, metrics={})))
-  for d in state['sweep']:
-    points.append(utility_point(config, state, key, d,
-                                swept_defense(config, state, d, utility_setting(config, state))))
-    for attack in s.defense_attacks:
-      p = dict(attack=attack, batch_size=int(s.center[attack]),
-               num_batches=int(s.center.num_batches), epochs=int(s.center.epochs))
-      conf = swept_defense(config, state, d, attack_setting(config, state, attack))
-      points.append(attack_point(config, state, store, key, p, conf, d, images))
+  for members in groups(state).values():
+    util = [swept_defense(config, state, d, utility_setting(config, state)) for d in members]
+    confs = {a: [swept_defense(config, state, d, attack_setting(config, state, a))
+                 for d in members] for a in s.defense_attacks}
+    for i, d in enumerate(members):
+      points.append(utility_point(config, state, key, d, util[i],
+                                  tuple(c.hooks for c in util), i))
+      for attack in s.defense_attacks:
+        p = dict(attack=attack, batch_size=int(s.center[attack]),
+                 num_batches=int(s.center.num_batches), epochs=int(s.center.epochs))
+        points.append(attack_point(config, state, store, key, p, confs[attack][i], d, images,
+                                   tuple(c.hooks for c in confs[attack]), i))
   return points
 
 
