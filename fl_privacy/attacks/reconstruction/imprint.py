@@ -9,7 +9,7 @@ thresholds placed at quantiles of the statistic over data the server knows, so t
 so dL/dh_i is one number g_x per example for every unit it activates. For a batch, dL/dW_i =
 sum over the examples with s(x) >= t_i of g_x x and dL/db_i = sum of the same g_x, so an
 example alone in bin i is (dL/dW_i - dL/dW_{i+1}) / (dL/db_i - dL/db_{i+1}) (the paper's
-Eq. (2)). Two examples in a bin come out as their weighted mixture: a failure, counted as one.
+Eq. (2); the number unverified, "Eq. (2)" below means this ratio). Two examples in a bin come out as their weighted mixture: a failure, counted as one.
 
 The server's two moves are pure functions a deployment can call (a Flower strategy included):
 `craft(params, cuts, key) -> params` writes the layer into a model built by `inject(model,

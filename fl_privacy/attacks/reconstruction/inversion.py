@@ -73,7 +73,8 @@ def cosine_distance(a: Any, b: Any) -> jax.Array:
 
 def objective(grad_fn: Callable, target: Any, labels, tv_weight: float,
               mask: jax.Array | None = None) -> Callable:
-  """x -> 1 - cos(grad_fn(x, labels), target) + alpha TV(x): Eq. (4) of Geiping et al."""
+  """x -> 1 - cos(grad_fn(x, labels), target) + alpha TV(x): Eq. (4) of Geiping et al. (the
+  number unverified; "Eq. (4)" in this module means this objective)."""
   def fn(x):
     return (cosine_distance(grad_fn(x, labels), target) +
             tv_weight * total_variation(x, mask))
