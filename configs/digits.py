@@ -14,15 +14,17 @@ Every experiment uses this config when `--config` is not given.
   python -m experiments.dp_audit --config=configs/digits.py   # every DP mechanism vs its claim
   python -m experiments.flower_audit --config=configs/digits.py  # a Flower deployment (extra [flower])
   python -m experiments.training_audit --config=configs/digits.py  # canaries in the trainings that run
+  python -m experiments.reconstruction --config=configs/digits.py  # imprint/analytic/inversion under defenses
 
 Arguments after `:` (comma-separated): `smoke`, and `setting=leaky|well_generalising` (FedMIA
 and PASTEL: little data per client, the default, or the whole train split over fewer clients;
 configs/_fedmia.py and configs/_pastel.py say what each gives).
 
 Sections: `data` (see configs/_base.py), `game.chunk_size`, `seed`, and `ami`,
-`dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`, `flower_audit`, `training_audit` (each documented in configs/_<experiment>.py, with the
+`dishonest`, `ldp_audit`, `fedmia`, `pastel`, `dp_audit`, `flower_audit`, `training_audit`,
+`reconstruction` (each documented in configs/_<experiment>.py, with the
 result to expect on this dataset), and `defense` (configs/_defense.py: the defense the
-ami and dishonest clients run, default none).
+ami, dishonest and reconstruction clients run, default none).
 """
 
 from configs import _base
@@ -31,4 +33,4 @@ from configs import _base
 def get_config(arg=None):
   return _base.build('digits', arg, data=_base.data_section('digits'),
                      experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                  'dp_audit', 'flower_audit', 'training_audit'))
+                                  'dp_audit', 'flower_audit', 'training_audit', 'reconstruction'))

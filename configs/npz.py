@@ -5,6 +5,7 @@
   python -m experiments.pastel --config=configs/npz.py:path=/data/mine.npz
   python -m experiments.fedmia --config=configs/npz.py:path=/data/mine.npz
   python -m experiments.training_audit --config=configs/npz.py:path=/data/mine.npz
+  python -m experiments.reconstruction --config=configs/npz.py:path=/data/mine.npz
 
 The file holds `images` (uint8 NHWC) or `x` (float32 features [N, d]) and `labels` or
 `y` (ints); optional `images_test`/`x_test` and `labels_test`/`y_test`. Without test
@@ -19,4 +20,4 @@ from configs import _base
 def get_config(arg=None):
   return _base.build('npz', arg, data=_base.data_section('npz'),
                      experiments=('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                  'dp_audit', 'training_audit'))
+                                  'dp_audit', 'training_audit', 'reconstruction'))

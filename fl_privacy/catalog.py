@@ -66,6 +66,9 @@ EXPERIMENTS: dict[str, Experiment] = _entries(
     Experiment('flower_audit', 'flower_audit', 'fl_privacy.flower.pipeline', adversary='server'),
     # Audits each DP defense against the adversary its own declaration names.
     Experiment('training_audit', 'training_audit', 'fl_privacy.pipelines.training_audit'),
+    # The server reads each upload; its clients run the `defense` section (and a swept list).
+    Experiment('reconstruction', 'reconstruction', 'fl_privacy.pipelines.reconstruction',
+               adversary='server', defended=True),
     Experiment('toy_game', 'toy', 'fl_privacy.pipelines.toy_game',
                default_config='configs/toy.py'),
 )

@@ -10,12 +10,13 @@ from configs import _base
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
 SECTIONS = {
     'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit',
-               'training_audit'),
-    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'training_audit'),
+               'training_audit', 'reconstruction'),
+    'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'training_audit',
+            'reconstruction'),
     'mnist': ('dishonest', 'ldp_audit'),
     'fashion_mnist': ('ldp_audit',),
     'svhn_cropped': ('ldp_audit',),
-    'cifar10': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel'),
+    'cifar10': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'reconstruction'),
     'cifar100': ('dishonest', 'fedmia'),
     'celeba': ('ami', 'dishonest'),
     'imagenette': ('ami',),
@@ -71,7 +72,7 @@ def test_python_m_configs_lists_every_config_and_its_sections():
   assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
   digits = listing.describe('digits')
   assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                'dp_audit', 'flower_audit', 'training_audit']
+                                'dp_audit', 'flower_audit', 'training_audit', 'reconstruction']
   assert 'dishonest_mia' in digits['experiments']
   one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
                        text=True, timeout=120, check=False)

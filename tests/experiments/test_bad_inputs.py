@@ -81,6 +81,22 @@ ROWS = [
      "config.ami: must be present for experiments.ami: configs/mnist.py has no 'ami' section; "
      "configs that carry one: configs/celeba.py, configs/cifar10.py, configs/digits.py, "
      "configs/imagenette.py, configs/npz.py"),
+    ('imprint layer with fewer bins than a client has examples', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.imprint.num_bins=4'],
+     'config.reconstruction.imprint.num_bins: must be >= 8, the largest client of the imprint '
+     'attack'),
+    ('reconstruction model without a dense layer on the input', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.reconstruction.model=flower_cnn'],
+     "config.reconstruction.model: must be 'mlp' for the analytic attack"),
+    ('unknown imprint statistic', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.reconstruction.imprint.statistic=variance'],
+     "config.reconstruction.imprint.statistic: must be one of ('mean',)"),
+    ('aggregate-only DP against the reconstruction server', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=central_dp'],
+     'config.defense.name: must be a defense that acts against the server of '
+     'experiments.reconstruction'),
     ('aggregate-only DP against the server that reads uploads', 'dishonest_mia',
      lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=central_dp'],
      "config.defense.name: must be a defense that acts against the server of "
@@ -331,6 +347,8 @@ _BAD_FIELD = {
     'pastel': ('--config.pastel.pastel_weights=(1e999,)', 'config.pastel.pastel_weights'),
     'toy_game': ('--config.toy.p=(1.5,)', 'config.toy.p'),
     'flower_audit': ('--config.flower_audit.num_clients=1', 'config.flower_audit.num_clients'),
+    'reconstruction': ('--config.reconstruction.psnr_threshold=-1.0',
+                       'config.reconstruction.psnr_threshold'),
     'training_audit': ('--config.training_audit.per_client=100000',
                        'config.training_audit.per_client'),
 }

@@ -10,6 +10,8 @@ Delta = lr x gradient.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -26,3 +28,18 @@ def recover(kernel_grad: np.ndarray, bias_grad: np.ndarray, *, min_bias: float =
   if abs(bias_grad[i]) <= min_bias:
     raise ValueError('every unit\'s bias gradient is 0: nothing to divide by')
   return kernel_grad[:, i] / bias_grad[i]
+
+
+def recover_update(kernel_delta, bias_delta) -> tuple[jax.Array, jax.Array]:
+  """`recover` inside a trial (jit-able): (x [d], valid) from the upload of a dense layer with
+  a bias on the input. Valid when some unit's bias moved. With several examples the ratio is
+  their mixture sum_j g_ij x_j / sum_j g_ij, which the metrics count as a failure.
+
+  An upload after E epochs of SGD on one example still gives x exactly: every step's kernel
+  gradient is x times that step's bias gradient (Phong et al.'s ratio), and the upload sums
+  the steps.
+  """
+  kd, bd = jnp.asarray(kernel_delta), jnp.asarray(bias_delta)
+  i = jnp.argmax(jnp.abs(bd))
+  valid = jnp.abs(bd[i]) > 0
+  return jnp.where(valid, kd[:, i] / jnp.where(valid, bd[i], 1.0), 0.0), valid

@@ -1,0 +1,129 @@
+"""The `reconstruction` config section: what a server recovers of a client's inputs.
+
+Used by `python -m experiments.reconstruction` (fl_privacy/pipelines/reconstruction.py). The
+dataset configs call `section(dataset, smoke)`; every field is documented in `section`'s
+docstring. Expected results on digits: docs/experiments/reconstruction.md.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+ATTACKS = ('imprint', 'analytic', 'inversion')
+# Colour images (32x32x3 = 3,072 inputs): a wider MLP, more trials and a longer inversion, for
+# an accelerator (python -m experiments.reconstruction --config=configs/cifar10.py). Not run
+# on this machine (no CIFAR-10 offline); the digits numbers are docs/experiments/reconstruction.md.
+_COLOUR = dict(hidden=(256,), trials=128, inversion_trials=64, inversion_steps=1000)
+
+
+def _defenses(smoke: bool) -> ml_collections.ConfigDict:
+  """Three strengths per defense (weakest first) that act on what the server reads."""
+  d = ml_collections.ConfigDict()
+  if smoke:
+    d.update_dp = (1e-5,)
+    return d
+  # The imprint's per-example signal in an upload is small (about 1e-4 per entry here), so
+  # noise erases it long before its epsilon means anything: each noise sweep spans the
+  # transition and ends at a noise with a usable epsilon (docs/experiments/reconstruction.md).
+  d.dp_sgd = (1e-3, 1e-2, 1.0)             # noise multiplier z (clip `dp_clip` per example)
+  d.update_dp = (1e-6, 1e-5, 0.1)          # noise multiplier z (the update clipped to `dp_clip`)
+  d.update_noise = (1e-7, 1e-6, 1e-5)      # sigma of N(0, sigma^2) per parameter
+  d.sparsify = (0.1, 0.5, 0.9)             # fraction p of each tensor's entries zeroed
+  d.quantize = (16, 8, 4)                  # bits b: 2^b levels per tensor
+  d.mixup = (0.2, 0.5, 1.0)                # alpha of Beta(alpha, alpha)
+  d.augment = (1, 2, 4)                    # cumulative level (crop; + h-flip; + v-flip/rot.; + jitter)
+  # Input LDP (BitRand on the pixels, epsilon per example), e.g. (8.0, 4.0, 1.0): empty, it is
+  # not swept by default (each strength is a compilation, about 20 s here; see the docs).
+  d.bitrand = ()
+  return d
+
+
+def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
+  """The `reconstruction` section for `dataset`.
+
+  Fields:
+    attacks: which of `imprint` (Fowl et al., the dishonest server's imprint block), `analytic`
+      (Phong et al., a dense layer with a bias on the input of the honest model) and
+      `inversion` (Geiping et al., optimisation from the honest model's upload) run.
+    model: the honest model (`fl_privacy.models.MODELS`); the analytic attack needs 'mlp' (a
+      dense layer on the input). hidden: the MLP's hidden widths; padding: FlowerCNN's.
+    trials: trials (clients) per point; inversion_trials: the same for the inversion (each
+      trial is an optimisation).
+    batch_sizes: B of the batch-size sweep (one local step: J = 1, E = 1).
+    num_batches: J of the multi-step sweep (N = J x B examples, B = center.<attack>).
+    epochs: E of the multi-epoch sweep (J = 1).
+    center: each attack's batch size B for the J and E sweeps and the defense sweep (imprint:
+      8, the issue's client; analytic and inversion: 1, where they recover), and the J and E
+      the B sweep and the defense sweep use.
+    max_examples: attack -> the largest client (N) it runs at (the inversion's cost grows with
+      N and it fails long before 64).
+    optimizer, learning_rate: the client's (`fl.optimizers.OPTIMIZERS`).
+    psnr_threshold: an input counts as recovered above this PSNR (dB, images in [0, 1]).
+    split: the split clients draw from; public_split: the split the server knows (the imprint
+      thresholds), disjoint from the clients'.
+    imprint: num_bins (n >= every N swept), statistic (`imprint.STATISTICS`), scale and
+      restore_scale (`imprint.craft`: the defaults keep float32 uploads exact).
+    inversion: steps, learning_rate, tv_weight, restarts (`inversion.Settings`).
+    multi_step_attacks: the attacks that run the J and E sweeps (the inversion's cost is its
+      compilations: add it with `--config.reconstruction.multi_step_attacks=...`).
+    defenses: name -> strengths (each the defense's `strength` parameter, weakest first; an
+      empty tuple skips the defense),
+      swept at `center` for `defense_attacks` (default the imprint attack, B = 8: every
+      defense point is a compilation of its own, and the 6-minute budget holds about 30); only defenses that act against the server
+      reading uploads are taken (`central_dp` and `weak_dp` are refused).
+    dp_sgd_samplings: DP-SGD's batch samplings swept ('poisson', 'shuffle').
+    dp_clip, dp_delta: the DP defenses' clip norm and delta (epsilon labels).
+    utility: rounds, examples, trials of the utility training (test accuracy of the honest
+      model trained by one client under each defense).
+    bootstrap_resamples: of every mean's interval.
+    grid_images: true vs recovered images per attack in the figure.
+  """
+  s = ml_collections.ConfigDict()
+  s.attacks = ATTACKS
+  s.model = 'mlp'
+  s.hidden = (64,)
+  s.padding = 'SAME'
+  s.trials = 32
+  s.inversion_trials = 16
+  s.batch_sizes = (1, 2, 4, 8, 16, 32, 64)
+  s.num_batches = (1, 2, 4)
+  s.epochs = (1, 2, 4)
+  s.center = ml_collections.ConfigDict(dict(imprint=8, analytic=1, inversion=1, num_batches=1,
+                                             epochs=1))
+  s.max_examples = ml_collections.ConfigDict(dict(imprint=64, analytic=64, inversion=4))
+  s.multi_step_attacks = ('imprint', 'analytic')
+  s.optimizer = 'sgd'
+  s.learning_rate = 0.1
+  s.psnr_threshold = 30.0
+  s.split = 'train'
+  s.public_split = 'test'
+  s.imprint = ml_collections.ConfigDict(dict(num_bins=256, statistic='mean', scale=0.1,
+                                             restore_scale=32.0))
+  s.inversion = ml_collections.ConfigDict(dict(steps=200, learning_rate=0.1, tv_weight=0.01,
+                                               restarts=2))
+  s.defenses = _defenses(smoke)
+  s.defense_attacks = ('imprint',)
+  s.dp_sgd_samplings = ('poisson', 'shuffle')
+  s.dp_clip = 1.0
+  s.dp_delta = 1e-5
+  s.utility = ml_collections.ConfigDict(dict(rounds=10, examples=256, trials=2))
+  s.bootstrap_resamples = 1000
+  s.grid_images = 8
+  if dataset == 'cifar10':
+    s.hidden = _COLOUR['hidden']
+    s.trials, s.inversion_trials = _COLOUR['trials'], _COLOUR['inversion_trials']
+    s.inversion.steps = _COLOUR['inversion_steps']
+  if smoke:
+    s.trials = 8
+    s.inversion_trials = 2
+    s.batch_sizes = (1, 8)
+    s.num_batches = (1,)
+    s.epochs = (1,)
+    s.max_examples = ml_collections.ConfigDict(dict(imprint=64, analytic=64, inversion=1))
+    s.inversion = ml_collections.ConfigDict(dict(steps=20, learning_rate=0.1, tv_weight=0.01,
+                                                 restarts=1))
+    s.dp_sgd_samplings = ('poisson',)
+    s.utility = ml_collections.ConfigDict(dict(rounds=2, examples=64, trials=1))
+    s.bootstrap_resamples = 100
+    s.grid_images = 4
+  return s

@@ -1,0 +1,261 @@
+"""Reconstructing clients' inputs from their uploads, under defenses (issue 30), as library code.
+
+`python -m experiments.reconstruction` runs this pipeline (`pipelines.base`). Every attack point
+runs `attacks.reconstruction.game` trials through `eval.runner.run_trials` (the client's round
+is `fl.local.client_update` with the defense's hooks) and scores them on the host
+(`attacks.reconstruction.metrics.point_metrics`). Points: the attacks' grid (batch size B at
+one local step; J minibatches; E epochs) under the `defense` section (default none), then, for
+each swept defense and strength, its utility (test accuracy of the honest model one client
+trains under it) and the `defense_attacks` at their centre. The sweep's defenses:
+`pipelines.reconstruction_defenses`; the compiled programs (shared across client sizes and
+across a defense's strengths): `pipelines.reconstruction_runs`; figures and the table:
+`pipelines.reconstruction_figures`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from fl_privacy import data as data_lib
+from fl_privacy import defenses
+from fl_privacy import models
+from fl_privacy import validate
+from fl_privacy.attacks.reconstruction import game as game_lib
+from fl_privacy.attacks.reconstruction import imprint
+from fl_privacy.attacks.reconstruction import metrics as rec_metrics
+from fl_privacy.eval import runner
+from fl_privacy.eval import stats
+from fl_privacy.fl import client
+from fl_privacy.fl import optimizers as optimizers_lib
+from fl_privacy.pipelines import base
+from fl_privacy.pipelines import reconstruction_defenses
+from fl_privacy.pipelines import reconstruction_figures
+from fl_privacy.pipelines import reconstruction_runs as runs
+from fl_privacy.report import atomic
+from fl_privacy.report import summary
+
+NAME = 'reconstruction'
+PREFIX = 'reconstruction'
+ATTACKS = game_lib.ATTACKS
+MODELS = ('mlp', 'flower_cnn')
+IMAGES = reconstruction_figures.IMAGES
+validate_sweep = reconstruction_defenses.validate_sweep
+sweep_points = reconstruction_defenses.sweep_points
+attack_setting = reconstruction_defenses.attack_setting
+utility_setting = reconstruction_defenses.utility_setting
+base_defense = reconstruction_defenses.base_defense
+swept_defense = reconstruction_defenses.swept_defense
+output_layer = runs.output_layer
+point_key = runs.point_key
+
+SUMMARY = (
+    summary.Table('Reconstruction (rates over examples: 95% Clopper-Pearson; PSNR: bootstrap '
+                  'over trials)', (
+        summary.param('attack'), summary.param('defense'), summary.param('strength'),
+        summary.param('batch_size', 'B'), summary.param('num_batches', 'J'),
+        summary.param('epochs', 'E'), summary.rate('exact', 'exact'),
+        summary.rate('recovered', 'PSNR>thr'), summary.metric('psnr_mean', 'PSNR', digits=1),
+        summary.metric('ssim_mean', 'SSIM', digits=2), summary.rate('label_acc', 'label'),
+        summary.metric('dp_epsilon', 'eps', digits=3), summary.seconds()),
+        where={'kind': 'attack'}),
+    summary.Table('Utility under each defense (test accuracy: 95% Clopper-Pearson)', (
+        summary.param('defense'), summary.param('strength'),
+        summary.rate('test_accuracy', 'test acc.'), summary.seconds()),
+        where={'kind': 'utility'}),
+)
+
+
+def validate_config(config) -> None:
+  """Every check that needs no data."""
+  s = config.reconstruction
+  p = PREFIX
+  data_lib.validate_data_config(config.data)
+  validate.subset_of(config, f'{p}.attacks', ATTACKS)
+  validate.one_of(config, f'{p}.model', MODELS)
+  validate.positive(config, f'{p}.hidden', integer=True)
+  validate.one_of(config, f'{p}.padding', ('VALID', 'SAME'))
+  for field in ('trials', 'inversion_trials', 'utility.trials'):
+    validate.checked(config, f'{p}.{field}', validate.trials())
+  for field in ('batch_sizes', 'num_batches', 'epochs', 'center.num_batches', 'center.epochs',
+                'imprint.num_bins', 'inversion.steps', 'inversion.restarts', 'utility.rounds',
+                'utility.examples', 'bootstrap_resamples', 'grid_images'):
+    validate.positive(config, f'{p}.{field}', integer=True)
+  for attack in ATTACKS:
+    validate.positive(config, f'{p}.center.{attack}', integer=True)
+    validate.positive(config, f'{p}.max_examples.{attack}', integer=True)
+  validate.one_of(config, f'{p}.optimizer', optimizers_lib.OPTIMIZERS)
+  for field in ('learning_rate', 'psnr_threshold', 'imprint.scale', 'imprint.restore_scale',
+                'inversion.learning_rate', 'dp_clip'):
+    validate.positive(config, f'{p}.{field}')
+  validate.in_range(config, f'{p}.inversion.tv_weight', 0.0, float('inf'))
+  validate.one_of(config, f'{p}.imprint.statistic', imprint.STATISTICS)
+  validate.in_range(config, f'{p}.dp_delta', 0.0, 1.0, low_inclusive=False,
+                    high_inclusive=False)
+  validate.subset_of(config, f'{p}.defense_attacks', ATTACKS)
+  validate.checked(config, f'{p}.multi_step_attacks',
+                   validate.Rule(f'a subset of {ATTACKS}', lambda v: set(v) <= set(ATTACKS)))
+  validate.subset_of(config, f'{p}.dp_sgd_samplings', ('poisson', 'shuffle'))
+  validate_sweep(s.defenses)
+  if 'analytic' in s.attacks or 'analytic' in s.defense_attacks:
+    validate.require(s.model == 'mlp', f'{p}.model', "'mlp' for the analytic attack (it "
+                     'recovers the input of a dense layer with a bias on the input; the '
+                     'first layer of flower_cnn is a convolution, which has none to craft '
+                     'or read)', s.model)
+  runner.validate_options(config)
+  defenses.configured.check_honoured(config.defense, NAME, defenses.NAMES,
+                                     'the client of every base point runs it')
+
+
+def grid(config) -> list[dict]:
+  """The attacks' points {attack, batch_size, num_batches, epochs}, each once, in order: B at
+  one step, then J and E at the attack's centre batch (`center.<attack>`), within
+  `max_examples.<attack>`."""
+  s = config.reconstruction
+  points = []
+  for attack in s.attacks:
+    b0, top = int(s.center[attack]), int(s.max_examples[attack])
+    combos = [(int(b), 1, 1) for b in s.batch_sizes]
+    if attack in s.multi_step_attacks:
+      combos += ([(b0, int(j), int(s.center.epochs)) for j in s.num_batches] +
+                 [(b0, int(s.center.num_batches), int(e)) for e in s.epochs])
+    for b, j, e in combos:
+      p = dict(attack=attack, batch_size=b, num_batches=j, epochs=e)
+      if b * j <= top and p not in points:
+        points.append(p)
+  return points
+
+
+def make_model(config, num_classes: int):
+  s = config.reconstruction
+  if s.model == 'mlp':
+    return models.MLP(hidden=tuple(int(h) for h in s.hidden), num_classes=num_classes)
+  return models.FlowerCNN(num_classes, padding=s.padding)
+
+
+def prepare(config) -> dict:
+  """Validates, loads the splits, sets the imprint thresholds on the public split, and builds
+  every defense (so that one that cannot be built stops the run before anything is written)."""
+  validate_config(config)
+  s = config.reconstruction
+  splits = data_lib.load(config.data)
+  for field in ('split', 'public_split'):
+    validate.require(s[field] in splits, f'{PREFIX}.{field}', f'one of {tuple(splits)}',
+                     s[field])
+  validate.require(s.public_split != s.split, f'{PREFIX}.public_split', 'a split other than '
+                   f'{s.split!r} (the server knows the distribution, not the clients\' data)',
+                   s.public_split)
+  pool, public = splits[s.split], splits[s.public_split]
+  points = grid(config)
+  largest = max([p['batch_size'] * p['num_batches'] for p in points] or [1])
+  data_lib.require_examples(config.data, f'its {s.split!r} split', len(pool), largest,
+                            'the largest client of the sweep')
+  validate.require(largest <= len(pool), f'{PREFIX}.batch_sizes', f'clients of at most '
+                   f'{len(pool)} examples (the {s.split} split)', largest)
+  imprinted = [p['batch_size'] * p['num_batches'] for p in points if p['attack'] == 'imprint']
+  imprinted += [int(s.center.imprint)] if 'imprint' in s.defense_attacks and s.defenses else []
+  need = max(imprinted or [0])
+  validate.require(int(s.imprint.num_bins) >= need, f'{PREFIX}.imprint.num_bins',
+                   f'>= {need}, the largest client of the imprint attack (N = J x B: each '
+                   'example needs a bin of its own)', s.imprint.num_bins)
+  if s.model == 'flower_cnn':
+    validate.require(pool.is_image, 'data.name', 'an image dataset for flower_cnn',
+                     config.data.name)
+  x_public = data_lib.to_float(public.x)
+  state = dict(pool=pool, test=public, points=points, sweep=sweep_points(config),
+               x=jnp.asarray(data_lib.to_float(pool.x)), y=jnp.asarray(pool.y),
+               cuts=jnp.asarray(imprint.thresholds(x_public, int(s.imprint.num_bins),
+                                                   s.imprint.statistic), jnp.float32),
+               model=make_model(config, pool.num_classes))
+  for p in points:
+    base_defense(config, state, p)
+  for d in state['sweep']:
+    for attack in s.defense_attacks:
+      swept_defense(config, state, d, attack_setting(config, state, attack))
+    swept_defense(config, state, d, utility_setting(config, state))
+  return state
+
+
+def attack_point(config, state, store, key, p: dict, defense: defenses.Configured,
+                 extra: dict, images: dict, group: tuple | None = None,
+                 branch: int = 0) -> base.Point:
+  """Attack point `p` under `defense` (strength `branch` of the swept `group`, if any)."""
+  s = config.reconstruction
+  params = dict(kind='attack', **p, **extra)
+
+  def compute():
+    out = runs.simulate(config, state, p, group or (defense.hooks,), branch, key)
+    x, y = np.asarray(state['x']), np.asarray(state['y'])
+    n = p['batch_size'] * p['num_batches']
+    m = rec_metrics.point_metrics(out, x, y, n=n,
+                                  rng=data_lib.rng_from_key(runs.point_key(key, p)),
+                                  psnr_threshold=float(s.psnr_threshold),
+                                  resamples=int(s.bootstrap_resamples))
+    m.update(defense.metrics)
+    label = reconstruction_figures.label(params)
+    images[label] = reconstruction_figures.example_images(out, x, int(s.grid_images), n)
+    atomic.atomic_write_text(os.path.join(store.workdir, IMAGES), json.dumps(images))
+    return m, int(m['n_trials'])
+
+  return base.Point(params, compute, 'trials')
+
+
+def utility_point(config, state, key, d: dict, defense: defenses.Configured,
+                  group: tuple | None = None, branch: int = 0) -> base.Point:
+  """Test accuracy of the honest model one client trains under `defense`."""
+  u = config.reconstruction.utility
+  params = dict(kind='utility', **d)
+
+  def compute():
+    correct = runs.utility(config, state, key, group or (defense.hooks,), branch)
+    m = stats.rate('test_accuracy', int(np.sum(correct)), int(np.size(correct)))
+    m.update({f'utility_{k}': v for k, v in defense.metrics.items()})
+    return m, int(u.trials)
+
+  return base.Point(params, compute, 'trainings')
+
+
+def groups(state) -> dict:
+  """The sweep's points by (defense, sampling), strengths in config order: one program each."""
+  out = {}
+  for d in state['sweep']:
+    out.setdefault((d['defense'], d.get('dp_sgd_sampling')), []).append(d)
+  return out
+
+
+def plan(config, state, store, key) -> list[base.Point]:
+  """The grid under the `defense` section, then each swept defense: utility, then attacks."""
+  s = config.reconstruction
+  images = atomic.read_json(os.path.join(store.workdir, IMAGES), {})
+  points = []
+  for p in state['points']:
+    d = base_defense(config, state, p)
+    extra = {'strength': None, **d.params}
+    points.append(attack_point(config, state, store, key, p, d, extra, images))
+  if state['sweep']:
+    none = {'defense': 'none', 'strength': None}
+    points.append(utility_point(config, state, key, none, defenses.Configured(
+        hooks=client.IDENTITY, params={'defense': 'none'}, metrics={})))
+  for members in groups(state).values():
+    util = [swept_defense(config, state, d, utility_setting(config, state)) for d in members]
+    confs = {a: [swept_defense(config, state, d, attack_setting(config, state, a))
+                 for d in members] for a in s.defense_attacks}
+    for i, d in enumerate(members):
+      points.append(utility_point(config, state, key, d, util[i],
+                                  tuple(c.hooks for c in util), i))
+      for attack in s.defense_attacks:
+        p = dict(attack=attack, batch_size=int(s.center[attack]),
+                 num_batches=int(s.center.num_batches), epochs=int(s.center.epochs))
+        points.append(attack_point(config, state, store, key, p, confs[attack][i], d, images,
+                                   tuple(c.hooks for c in confs[attack]), i))
+  return points
+
+
+def figures(config, state, store, key) -> None:
+  """The image grid, the defense curves and the markdown table."""
+  del state, key
+  images = atomic.read_json(os.path.join(store.workdir, IMAGES), {})
+  reconstruction_figures.write_all(config, store.points, images, store.workdir)

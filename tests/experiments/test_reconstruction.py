@@ -1,0 +1,63 @@
+"""End to end: `python -m experiments.reconstruction` on the digits smoke config."""
+
+from __future__ import annotations
+
+import json
+
+import ml_collections
+import pytest
+
+from tests.experiments import cli
+
+
+@pytest.fixture(scope='module')
+def smoke(tmp_path_factory):
+  return cli.smoke_results(tmp_path_factory, 'reconstruction', 'reconstruction', timeout=600)
+
+
+def _points(results, **where):
+  return [p for p in results['points']
+          if all(p['params'].get(k) == v for k, v in where.items())]
+
+
+def test_every_attack_and_defense_point_is_there_with_its_intervals(smoke):
+  workdir, results = smoke
+  s = results['config']['reconstruction']
+  attacks = _points(results, kind='attack', defense='none')
+  assert {(p['params']['attack'], p['params']['batch_size']) for p in attacks} == {
+      ('imprint', 1), ('imprint', 8), ('analytic', 1), ('analytic', 8), ('inversion', 1)}
+  for p in _points(results, kind='attack'):
+    m = p['metrics']
+    assert m['n_examples'] == m['n_trials'] * p['params']['batch_size']
+    for name in ('exact', 'recovered', 'all_exact'):
+      assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high']
+  # One step, one example: both attacks read it exactly (the inversion only approximately).
+  for attack in ('imprint', 'analytic'):
+    (p,) = _points(results, kind='attack', defense='none', attack=attack, batch_size=1)
+    assert p['metrics']['exact'] == 1.0 and p['metrics']['label_acc'] == 1.0
+  (p,) = _points(results, kind='attack', defense='none', attack='analytic', batch_size=8)
+  assert p['metrics']['exact'] == 0.0          # eight examples: a mixture, counted as failed
+  # Every swept defense row carries its strength, its epsilon label and a utility beside it.
+  swept = [p for p in _points(results, kind='attack') if p['params']['defense'] != 'none']
+  assert {p['params']['defense'] for p in swept} == set(s['defenses'])
+  for p in swept:
+    assert p['params']['strength'] is not None and 'dp_epsilon' in p['metrics']
+    assert _points(results, kind='utility', defense=p['params']['defense'],
+                   strength=p['params']['strength'])
+  (none,) = _points(results, kind='utility', defense='none')
+  assert 0.0 < none['metrics']['test_accuracy'] <= 1.0
+  for name in ('table.md', 'images.json', 'reconstructions.png', 'defenses.png', 'batch.png'):
+    assert (workdir / name).exists(), name
+  assert '| attack | defense | strength | eps |' in (workdir / 'table.md').read_text()
+
+
+def test_the_figures_read_on_their_own(smoke, monkeypatch):
+  from fl_privacy.pipelines import reconstruction_figures  # pylint: disable=g-import-not-at-top
+  from tests import figure_checks  # pylint: disable=g-import-not-at-top
+  workdir, results = smoke
+  images = json.loads((workdir / 'images.json').read_text())
+  config = ml_collections.ConfigDict(results['config'])
+  with figure_checks.capture(monkeypatch) as found:
+    reconstruction_figures.write_all(config, results['points'], images, str(workdir))
+  assert set(found) == {'reconstructions', 'defenses', 'batch'}
+  assert found == {name: [] for name in found}, found
