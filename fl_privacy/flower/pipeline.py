@@ -39,6 +39,7 @@ from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.flower import canaries
 from fl_privacy.flower import dp_audit
+from fl_privacy.flower import reconstruction_part
 from fl_privacy.flower import tables as tables_lib
 from fl_privacy.flower.fedmia_part import dishonest_point
 from fl_privacy.flower.fedmia_part import fedmia_point
@@ -52,7 +53,7 @@ from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
 NAME = 'flower_audit'
-PARTS = ('fedmia', 'dishonest', 'dp', 'training')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
 WRAPPERS = dp_audit.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
 MODELS = ('flower_cnn', 'mlp')
@@ -98,6 +99,15 @@ SUMMARY = (
                    summary.flag('privacy_violation', 'violation'),
                    summary.flag('accountant_violation', 'exact > stated')),
                   where={'part': 'training'}),
+    summary.Table('Imprint server (ReconstructionStrategy) against a Flower deployment vs '
+                  'native simulation (rates over examples: 95% Clopper-Pearson)',
+                  (summary.param('deployment'), summary.param('num_nodes', 'nodes'),
+                   summary.param('batch_size', 'B'), summary.param('epochs', 'E'),
+                   summary.rate('exact', 'exact [95% CI]'),
+                   summary.rate('all_exact', 'nodes all exact'),
+                   summary.metric('psnr_mean', 'PSNR', digits=1),
+                   summary.metric('n_examples', 'examples')),
+                  where={'part': 'reconstruction'}),
 )
 
 
@@ -202,6 +212,7 @@ def validate_config(config) -> dict[str, Any]:
                                     if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
+  reconstruction_part.validate_section(config)
   design, training = (_check_training(config, parts) if 'training' in parts else (None, []))
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
 
@@ -249,6 +260,9 @@ def prepare(config) -> dict[str, Any]:
   validate.require(need <= len(train), 'flower_audit.per_client',
                    f'num_clients x per_client <= {len(train)} training examples',
                    int(s.per_client))
+  state.update(train=train, test=test, cache={})
+  if 'reconstruction' in state['parts']:
+    reconstruction_part.prepare(config, state)
   model = make_model(config, train)
   # The dishonest detector's room: M <= trunk features, 2M <= units of fc1.
   template = jax.eval_shape(model.init, jax.random.key(0),
@@ -257,7 +271,7 @@ def prepare(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.dishonest.num_components', validate.Rule(
       f'at most {min(features, width // 2)} (M <= {features} trunk features, 2M <= {width} '
       'units of fc1)', lambda m: int(m) <= features and 2 * int(m) <= width))
-  state.update(train=train, test=test, cache={}, model=model)
+  state['model'] = model
   return state
 
 
@@ -330,6 +344,12 @@ def plan(config, state, store, key) -> list[base.Point]:
       points.append(base.Point(
           params, lambda st=setting, k=point_key(key, params): training_point(st, design, k),
           unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
+  if 'reconstruction' in state['parts']:
+    for dep in DEPLOYMENTS:
+      params = reconstruction_part.point_params(config, dep)
+      points.append(base.Point(
+          params, lambda dep=dep: reconstruction_part.point(config, state, key, dep),
+          unit='examples'))
   return points
 
 
