@@ -146,7 +146,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     training.num_null: never-inserted directions, the Gaussian fit's null: 1000 (smoke 128).
     training.confidence: of the one-run lower bounds, in (0.5, 1): 0.95.
     reconstruction.num_nodes: Flower nodes of the imprint deployment, each one trial (its
-      examples scored against what the server recovers): 32 (smoke 4).
+      examples scored against what the server recovers): 64 (smoke 4).
     reconstruction.per_client: examples per node (IID, train split): 8.
     reconstruction.batch_size, reconstruction.local_epochs: the nodes' B (8) and E (1);
       per_client = B and E = 1 is one local step, the imprint's exact case.
@@ -199,7 +199,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.training.num_null = 1000
   s.training.confidence = 0.95
   s.reconstruction = ml_collections.ConfigDict(dict(
-      num_nodes=32, per_client=8, batch_size=8, local_epochs=1, learning_rate=0.1,
+      num_nodes=64, per_client=8, batch_size=8, local_epochs=1, learning_rate=0.1,
       num_bins=256, statistic='mean', scale=0.1, restore_scale=32.0, psnr_threshold=30.0,
       bootstrap_resamples=1000))
   if smoke:
