@@ -1,8 +1,8 @@
 """The `flower_audit` experiment: auditing a real Flower deployment (Flower >= 1.42).
 
 What `python -m experiments.flower_audit` runs (a `pipelines.base.Pipeline`; fields:
-configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four parts (the first
-two in `fedmia_part`, tables and figure in `tables`):
+configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four default parts (the
+first two in `fedmia_part`, tables and figure in `tables`) and one opt-in:
 
 1. `fedmia`: a FedAvg deployment of `num_clients` Flower ClientApps (`client.make_client_app`,
    IID shards of digits) driven by Flower's own `FedAvg` round loop on the in-process grid
@@ -21,8 +21,13 @@ two in `fedmia_part`, tables and figure in `tables`):
 4. `training`: every DP wrapper over every round of one deployment with canary clients
    (`fl_privacy.flower.canaries`): Steinke et al.'s one-run bounds and Andrew et al.'s
    Gaussian-fit estimate against Flower's stated epsilon over the rounds.
+5. `reconstruction` (opt-in, not in the default `parts`; `reconstruction_part`):
+   `ReconstructionStrategy` sends the imprint-crafted model (Fowl et al. 2022) to every node of
+   a deployment of `reconstruction.num_nodes` ClientApps (B = 8, E = 1 by default) and recovers
+   their inputs from the replies; the same attack in fl_privacy's simulation beside it
+   (`deployment` = 'flower' / 'native'); exact-recovery rates per node and pooled.
 
-Tables: `flower_audit.md` (the four parts; FedMIA flower vs native side by side).
+Tables: `flower_audit.md` (the parts that ran; flower vs native side by side).
 """
 
 from __future__ import annotations
