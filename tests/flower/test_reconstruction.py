@@ -87,3 +87,20 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
   with pytest.raises(ValueError, match='at least one target'):
     strategies.ReconstructionStrategy(_fedavg(), imprinted, np.zeros(BINS),
                                       key=jax.random.key(0), nodes=[])
+
+
+def test_a_node_whose_client_app_fails_yields_an_empty_recovery_and_leaves_the_aggregate():
+  shards, cuts = _deployment()
+  model = imprint.inject(common.mlp(), BINS)
+  variables = model.init(jax.random.key(0), shards[0][0][:1])
+  # One shard for two nodes: the second node's ClientApp raises (partition-id out of range).
+  app = client.make_client_app(model, shards[:1], key=jax.random.key(1), optimizer=common.SGD,
+                               epochs=1, batch_size=PER_NODE, template=variables)
+  grid = runner.InProcessGrid([app] * NODES)
+  first, second = grid.get_node_ids()
+  strategy = strategies.ReconstructionStrategy(
+      _fedavg(), variables, cuts, key=jax.random.key(2), nodes=[second])
+  runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
+  (rec,) = strategy.recoveries
+  assert rec.node_id == second and rec.num_examples == -1 and rec.inputs.shape == (0, common.DIM)
+  assert first not in {n for _, n in strategy.sent}
