@@ -6,7 +6,11 @@ Used by `python -m experiments.flower_audit` (needs the optional extra `pip inst
 the same training in fl_privacy's own simulation; (2) the dishonest server
 (`DishonestStrategy`) against that deployment; (3) Flower's own DP wrappers and mods audited
 with one-round canary games; (4) the same wrappers over every round of one deployment with
-canary clients, audited in one run (Steinke et al. 2023; Andrew et al. 2024). The dataset
+canary clients, audited in one run (Steinke et al. 2023; Andrew et al. 2024); and, opt-in
+(not in the default `parts`), (5) `reconstruction`: the imprint server of Fowl et al. (ICLR
+2022; `ReconstructionStrategy`) sending crafted models to the nodes of a Flower deployment and
+recovering their inputs from the replies, beside the same attack in fl_privacy's simulation
+(`--config.flower_audit.parts="('reconstruction',)"`). The dataset
 configs call `section(dataset, smoke)`; every field is documented in `section`'s docstring.
 Expected results: docs/experiments/flower_audit.md.
 """
@@ -19,7 +23,9 @@ from ml_collections import config_dict
 # Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
 # checks they agree).
 WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
-PARTS = ('fedmia', 'dishonest', 'dp', 'training')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
+# `reconstruction` is opt-in: the default run's time does not change.
+DEFAULT_PARTS = ('fedmia', 'dishonest', 'dp', 'training')
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
            'fedmia_ii')
 
@@ -85,7 +91,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   """The `flower_audit` section (digits: the embedded offline data).
 
   Fields:
-    parts: subset of ('fedmia', 'dishonest', 'dp', 'training').
+    parts: subset of ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction'); default
+      the first four (`reconstruction` is opt-in).
     num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 when parts has
       'fedmia' (FedMIA needs two non-target clients), else >= 2: 10.
     per_client: training examples per node (IID shards of the train split): 128 (a multiple
@@ -138,10 +145,23 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     training.real_norm: the real nodes' update norms are real_norm x 0.5..2: 1.0.
     training.num_null: never-inserted directions, the Gaussian fit's null: 1000 (smoke 128).
     training.confidence: of the one-run lower bounds, in (0.5, 1): 0.95.
+    reconstruction.num_nodes: Flower nodes of the imprint deployment, each one trial (its
+      examples scored against what the server recovers): 64 (smoke 4).
+    reconstruction.per_client: examples per node (IID, train split): 8.
+    reconstruction.batch_size, reconstruction.local_epochs: the nodes' B (8) and E (1);
+      per_client = B and E = 1 is one local step, the imprint's exact case.
+    reconstruction.learning_rate: the nodes' plain SGD (0.1).
+    reconstruction.num_bins: the imprint layer's width n (>= per_client): 256.
+    reconstruction.statistic: the public statistic the bins cut ('mean' brightness),
+      thresholds at its quantiles over the test split (the distribution the server knows).
+    reconstruction.scale, reconstruction.restore_scale: `imprint.craft`'s slope and
+      outgoing size (0.1, 32.0: float32 replies stay exact).
+    reconstruction.psnr_threshold: dB above which an input counts as recovered (30).
+    reconstruction.bootstrap_resamples: of the PSNR / SSIM intervals over nodes (1000).
   """
   del dataset
   s = ml_collections.ConfigDict()
-  s.parts = PARTS
+  s.parts = DEFAULT_PARTS
   s.num_clients = 10
   s.per_client = 128
   s.model = 'flower_cnn'
@@ -178,6 +198,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.training.real_norm = 1.0
   s.training.num_null = 1000
   s.training.confidence = 0.95
+  s.reconstruction = ml_collections.ConfigDict(dict(
+      num_nodes=64, per_client=8, batch_size=8, local_epochs=1, learning_rate=0.1,
+      num_bins=256, statistic='mean', scale=0.1, restore_scale=32.0, psnr_threshold=30.0,
+      bootstrap_resamples=1000))
   if smoke:
     s.num_clients = 4
     s.per_client = 32
@@ -192,4 +216,5 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.training.num_rounds = 3
     s.training.dimension = 512
     s.training.num_null = 128
+    s.reconstruction.num_nodes = 4
   return s

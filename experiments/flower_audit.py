@@ -13,6 +13,8 @@ saying so). Three parts on digits (configs/_flower_audit.py):
 
   python -m experiments.flower_audit                                    # a few min, 2 cores
   python -m experiments.flower_audit --config=configs/digits.py:smoke   # seconds (CI)
+  python -m experiments.flower_audit --config.flower_audit.parts="('reconstruction',)"
+      # opt-in: the imprint server (ReconstructionStrategy) recovering the nodes' inputs
 
 Writes results.json, results.csv, flower_audit.md and flower_dp_audit.png to --workdir.
 Results: docs/experiments/flower_audit.md. Code: fl_privacy/flower/pipeline.py,

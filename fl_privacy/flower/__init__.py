@@ -7,7 +7,9 @@
 - `strategies`: `RecordingStrategy` (wraps any Message-API strategy, records every client's
   upload per round) with `recording_from_uploads` (the `fl.recording` format through
   `fl.queries.measure`), and `DishonestStrategy` (the 2M+1 detector of
-  `attacks.dishonest` sent to target nodes, decided from their uploads).
+  `attacks.dishonest` sent to target nodes, decided from their uploads), and
+  `ReconstructionStrategy` (the imprint block of `attacks.reconstruction.imprint` crafted into
+  the model sent to target nodes, their inputs recovered from their replies).
 - `client`: a JAX/Flax `ClientApp` (local FedAvg steps with `fl.local.fedavg`).
 - `runner`: `InProcessGrid` and `run`: a ServerApp strategy and N ClientApps in one process,
   no network, no Ray.
@@ -64,11 +66,13 @@ from fl_privacy.flower.client import make_client_app
 from fl_privacy.flower.runner import InProcessGrid
 from fl_privacy.flower.runner import run
 from fl_privacy.flower.strategies import DishonestStrategy
+from fl_privacy.flower.strategies import ReconstructionStrategy
 from fl_privacy.flower.strategies import RecordingStrategy
 from fl_privacy.flower.strategies import recording_from_uploads
 
 __all__ = [
-    'DishonestStrategy', 'INSTALL_HINT', 'InProcessGrid', 'RecordingStrategy', 'bridge',
+    'DishonestStrategy', 'INSTALL_HINT', 'InProcessGrid', 'ReconstructionStrategy',
+    'RecordingStrategy', 'bridge',
     'client', 'from_array_record', 'make_client_app', 'param_names', 'recording_from_uploads',
     'run', 'runner', 'strategies', 'to_array_record',
 ]

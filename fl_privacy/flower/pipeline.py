@@ -1,8 +1,8 @@
 """The `flower_audit` experiment: auditing a real Flower deployment (Flower >= 1.42).
 
 What `python -m experiments.flower_audit` runs (a `pipelines.base.Pipeline`; fields:
-configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four parts (the first
-two in `fedmia_part`, tables and figure in `tables`):
+configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four default parts (the
+first two in `fedmia_part`, tables and figure in `tables`) and one opt-in:
 
 1. `fedmia`: a FedAvg deployment of `num_clients` Flower ClientApps (`client.make_client_app`,
    IID shards of digits) driven by Flower's own `FedAvg` round loop on the in-process grid
@@ -21,8 +21,13 @@ two in `fedmia_part`, tables and figure in `tables`):
 4. `training`: every DP wrapper over every round of one deployment with canary clients
    (`fl_privacy.flower.canaries`): Steinke et al.'s one-run bounds and Andrew et al.'s
    Gaussian-fit estimate against Flower's stated epsilon over the rounds.
+5. `reconstruction` (opt-in, not in the default `parts`; `reconstruction_part`):
+   `ReconstructionStrategy` sends the imprint-crafted model (Fowl et al. 2022) to every node of
+   a deployment of `reconstruction.num_nodes` ClientApps (B = 8, E = 1 by default) and recovers
+   their inputs from the replies; the same attack in fl_privacy's simulation beside it
+   (`deployment` = 'flower' / 'native'); exact-recovery rates per node and pooled.
 
-Tables: `flower_audit.md` (the four parts; FedMIA flower vs native side by side).
+Tables: `flower_audit.md` (the parts that ran; flower vs native side by side).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.flower import canaries
 from fl_privacy.flower import dp_audit
+from fl_privacy.flower import reconstruction_part
 from fl_privacy.flower import tables as tables_lib
 from fl_privacy.flower.fedmia_part import dishonest_point
 from fl_privacy.flower.fedmia_part import fedmia_point
@@ -52,7 +58,7 @@ from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
 NAME = 'flower_audit'
-PARTS = ('fedmia', 'dishonest', 'dp', 'training')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
 WRAPPERS = dp_audit.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
 MODELS = ('flower_cnn', 'mlp')
@@ -98,6 +104,15 @@ SUMMARY = (
                    summary.flag('privacy_violation', 'violation'),
                    summary.flag('accountant_violation', 'exact > stated')),
                   where={'part': 'training'}),
+    summary.Table('Imprint server (ReconstructionStrategy) against a Flower deployment vs '
+                  'native simulation (rates over examples: 95% Clopper-Pearson)',
+                  (summary.param('deployment'), summary.param('num_nodes', 'nodes'),
+                   summary.param('batch_size', 'B'), summary.param('epochs', 'E'),
+                   summary.rate('exact', 'exact [95% CI]'),
+                   summary.rate('all_exact', 'nodes all exact'),
+                   summary.metric('psnr_mean', 'PSNR', digits=1),
+                   summary.metric('n_examples', 'examples')),
+                  where={'part': 'reconstruction'}),
 )
 
 
@@ -204,6 +219,7 @@ def validate_config(config) -> dict[str, Any]:
                                     if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
+  reconstruction_part.validate_section(config)
   design, training = (_check_training(config, parts) if 'training' in parts else (None, []))
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
 
@@ -251,6 +267,9 @@ def prepare(config) -> dict[str, Any]:
   validate.require(need <= len(train), 'flower_audit.per_client',
                    f'num_clients x per_client <= {len(train)} training examples',
                    int(s.per_client))
+  state.update(train=train, test=test, cache={})
+  if 'reconstruction' in state['parts']:
+    reconstruction_part.prepare(config, state)
   model = make_model(config, train)
   # The dishonest detector's room: M <= trunk features, 2M <= units of fc1.
   template = jax.eval_shape(model.init, jax.random.key(0),
@@ -259,7 +278,7 @@ def prepare(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.dishonest.num_components', validate.Rule(
       f'at most {min(features, width // 2)} (M <= {features} trunk features, 2M <= {width} '
       'units of fc1)', lambda m: int(m) <= features and 2 * int(m) <= width))
-  state.update(train=train, test=test, cache={}, model=model)
+  state['model'] = model
   return state
 
 
@@ -332,6 +351,12 @@ def plan(config, state, store, key) -> list[base.Point]:
       points.append(base.Point(
           params, lambda st=setting, k=point_key(key, params): training_point(st, design, k),
           unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
+  if 'reconstruction' in state['parts']:
+    for dep in DEPLOYMENTS:
+      params = reconstruction_part.point_params(config, dep)
+      points.append(base.Point(
+          params, lambda dep=dep: reconstruction_part.point(config, state, key, dep),
+          unit='examples'))
   return points
 
 

@@ -117,6 +117,14 @@ def test_pipeline_interface_and_wrapper_names_agree():
   assert isinstance(base.load('flower_audit'), base.Pipeline)
   assert _flower_audit.WRAPPERS == dp_audit.WRAPPERS == pipeline.WRAPPERS
   assert _flower_audit.PARTS == pipeline.PARTS
+  # The reconstruction part is opt-in: the default run does what it did before it existed.
+  assert 'reconstruction' not in digits.get_config().flower_audit.parts
+
+
+def test_reconstruction_part_needs_data_for_every_node():
+  config = _config(**{'parts': ('reconstruction',), 'reconstruction.num_nodes': 10**4})
+  with pytest.raises(validate.ConfigError, match=r'flower_audit\.reconstruction\.num_nodes'):
+    pipeline.prepare(config)
 
 
 def _config(**overrides):
@@ -145,6 +153,9 @@ def _config(**overrides):
     ({'training.directions': 'gaussian'}, 'flower_audit.training.directions'),
     ({'training.settings.local_dp_eps1.epsilon': None},
      'flower_audit.training.settings.local_dp_eps1.epsilon'),
+    ({'reconstruction.num_bins': 4}, 'flower_audit.reconstruction.num_bins'),
+    ({'reconstruction.statistic': 'median'}, 'flower_audit.reconstruction.statistic'),
+    ({'reconstruction.batch_size': 0}, 'flower_audit.reconstruction.batch_size'),
 ])
 def test_validate_config_names_the_field(overrides, field):
   with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
@@ -162,6 +173,7 @@ def test_two_nodes_refused_only_where_fedmia_runs():
     ('--config.flower_audit.num_clients=2', 'flower_audit.num_clients'),
     ('--config.flower_audit.dp.settings.local_dp_eps1.wrapper=adaptive',
      'flower_audit.dp.settings.local_dp_eps1.wrapper'),
+    ('--config.flower_audit.reconstruction.num_bins=4', 'flower_audit.reconstruction.num_bins'),
 ])
 def test_bad_input_exits_2_writing_nothing(tmp_path, override, field):
   workdir = tmp_path / 'run'

@@ -1,0 +1,197 @@
+"""The `reconstruction` part of `flower_audit` (opt-in, issue 30): the imprint server in Flower.
+
+A deployment of `num_nodes` Flower ClientApps (`client.make_client_app`) whose model carries
+the imprint block of Fowl et al. (ICLR 2022) in front of the audit's model
+(`attacks.reconstruction.imprint.inject`), each holding `per_client` IID digits of the train
+split, is driven for one round by Flower's FedAvg loop on the in-process grid, wrapped in
+`strategies.ReconstructionStrategy`: every node receives a model crafted with its own key
+(thresholds at the mean-brightness quantiles of the test split, the distribution the server
+knows), trains it for real (E epochs of B) and replies; the server recovers its inputs from the
+reply. The `native` deployment is the same attack in fl_privacy's own simulation: the same
+crafted model, shard, client key and optimizer through `fl.local.client_update` (what
+`fl.rounds` runs), read by the same `ReconstructionStrategy.recover`. Both are scored against
+each node's true inputs (`attacks.reconstruction.metrics.trial_scores`: one-to-one matching,
+exact = max abs error < 1/255).
+"""
+
+from __future__ import annotations
+
+import logging as py_logging
+import math
+from typing import Any
+
+from absl import logging
+import jax
+import numpy as np
+import optax
+
+from flwr.serverapp.strategy import FedAvg
+
+from fl_privacy import data as data_lib
+from fl_privacy import validate
+from fl_privacy.attacks.reconstruction import imprint
+from fl_privacy.attacks.reconstruction import metrics as rec_metrics
+from fl_privacy.eval import stats
+from fl_privacy.fl import local
+from fl_privacy.fl import losses
+from fl_privacy.fl import rounds
+from fl_privacy.flower import bridge
+from fl_privacy.flower import client as client_lib
+from fl_privacy.flower import dp_audit
+from fl_privacy.flower import runner
+from fl_privacy.flower import strategies
+from fl_privacy.report import point_key
+
+PREFIX = 'flower_audit.reconstruction'
+# The one attacked round: the server is dishonest from the start, so the native simulation
+# starts from the same model without re-running honest rounds.
+ROUND = 1
+
+_POSITIVE_INT = validate.number(1, integer=True)
+_POSITIVE = validate.number(0, low_open=True)
+
+
+def validate_section(config) -> None:
+  """Checks every field of `flower_audit.reconstruction` (nothing loaded)."""
+  r = config.flower_audit.reconstruction
+  for field in ('num_nodes', 'per_client', 'batch_size', 'local_epochs', 'num_bins',
+                'bootstrap_resamples'):
+    validate.checked(config, f'{PREFIX}.{field}', _POSITIVE_INT)
+  for field in ('learning_rate', 'scale', 'restore_scale', 'psnr_threshold'):
+    validate.checked(config, f'{PREFIX}.{field}', _POSITIVE)
+  validate.one_of(config, f'{PREFIX}.statistic', imprint.STATISTICS)
+  validate.checked(config, f'{PREFIX}.num_bins', validate.Rule(
+      f'>= per_client ({r.per_client}): each example needs a bin of its own',
+      lambda n: int(n) >= int(r.per_client)))
+
+
+def prepare(config, state) -> None:
+  """The checks that need the data."""
+  r = config.flower_audit.reconstruction
+  n = len(state['train'])
+  validate.require(int(r.num_nodes) * int(r.per_client) <= n, f'{PREFIX}.num_nodes',
+                   f'num_nodes x per_client <= {n} training examples', int(r.num_nodes))
+
+
+def _fedavg(k: int) -> FedAvg:
+  with dp_audit.quiet_flower():
+    return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=k,
+                  min_available_nodes=k)
+
+
+def _native_trained(model, optimizer, epochs: int, batch_size: int):
+  loss_fn = losses.make_loss_fn(model.apply)
+
+  @jax.jit
+  def trained(params, x, y, key):
+    return local.client_update(loss_fn, params, x, y, key=key, optimizer=optimizer,
+                               epochs=epochs, batch_size=batch_size)[1]
+  return trained
+
+
+def deployments(config, state, key) -> dict[str, Any]:
+  """Both deployments' recoveries (cached in `state['cache']`): per deployment a list of
+  (inputs, valid, bins) in node order, the nodes' true inputs and the node ids."""
+  cache = state['cache']
+  if 'reconstruction' in cache:
+    return cache['reconstruction']
+  r = config.flower_audit.reconstruction
+  train, test = state['train'], state['test']
+  k, bins = int(r.num_nodes), int(r.num_bins)
+  parts = data_lib.beta_partition(point_key(key, {'partition': 'reconstruction'}), train.y,
+                                  k, math.inf, int(r.per_client))
+  shards = client_lib.shards_from_dataset(train, parts)
+  cuts = imprint.thresholds(data_lib.to_float(test.x), bins, r.statistic)
+  model = imprint.inject(state['model'], bins)
+  init_key, train_key, craft_key = (point_key(key, {'reconstruction': name})
+                                    for name in ('init', 'train', 'craft'))
+  variables = model.init(init_key, shards[0][0][:1])
+  optimizer = optax.sgd(float(r.learning_rate))
+  epochs, batch_size = int(r.local_epochs), int(r.batch_size)
+  # 'highest': TF32 matmuls on a GPU would blur the one-bin differences the attack reads.
+  app = client_lib.make_client_app(model, shards, key=train_key, optimizer=optimizer,
+                                   epochs=epochs, batch_size=batch_size, template=variables,
+                                   matmul_precision='highest')
+  grid = runner.InProcessGrid([app] * k)
+  nodes = grid.get_node_ids()
+  strategy = strategies.ReconstructionStrategy(
+      _fedavg(k), variables, cuts, key=craft_key, nodes=nodes, rounds=[ROUND],
+      scale=float(r.scale), restore_scale=float(r.restore_scale), aggregate_targets=True)
+  logging.info('flower_audit: imprint server, %d ClientApps of %d digits, B = %d, E = %d',
+               k, int(r.per_client), batch_size, epochs)
+  with dp_audit.quiet_flower(py_logging.WARNING):
+    runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
+  by_node = {rec.node_id: rec for rec in strategy.recoveries}
+  flower = [(by_node[n].inputs, by_node[n].valid, by_node[n].bins) if n in by_node else None
+            for n in nodes]
+  trained_fn = _native_trained(model, optimizer, epochs, batch_size)
+  native = []
+  for i, node in enumerate(nodes):
+    sent = strategy.sent[(ROUND, node)]
+    x, y = shards[i]
+    with jax.default_matmul_precision('highest'):
+      trained = trained_fn(sent, x, y, rounds.client_key(train_key, ROUND - 1, i))
+    native.append(strategy.recover(sent, jax.tree_util.tree_map(np.asarray, trained), len(x)))
+  cache['reconstruction'] = dict(flower=flower, native=native, true=[x for x, _ in shards],
+                                 nodes=nodes)
+  return cache['reconstruction']
+
+
+def _difference(a, b) -> float:
+  """Max |a - b| over two deployments' recoveries of the same nodes (inf when one is missing
+  or they read different bins)."""
+  worst = 0.0
+  for p, q in zip(a, b):
+    if p is None or q is None or not np.array_equal(p[2], q[2]):
+      return float('inf')
+    worst = max(worst, float(np.max(np.abs(p[0] - q[0]), initial=0.0)))
+  return worst
+
+
+def point(config, state, key, deployment: str) -> tuple[dict, int]:
+  """Per node and pooled: the fraction of its inputs recovered exactly (Clopper-Pearson over
+  examples) and above the PSNR threshold, PSNR and SSIM of the matched pairs (bootstrap over
+  nodes), and the largest difference between the Flower and native recoveries."""
+  r = config.flower_audit.reconstruction
+  run = deployments(config, state, key)
+  scores = []
+  for rec, true in zip(run[deployment], run['true']):
+    if rec is None:  # the node's reply failed: nothing recovered
+      scores.append(dict(n=len(true), recovered=0, exact=0, psnr_mean=float('nan'),
+                         ssim_mean=float('nan')))
+      continue
+    scores.append(rec_metrics.trial_scores(rec[0], rec[1], true,
+                                           psnr_threshold=float(r.psnr_threshold)))
+  n = [s['n'] for s in scores]
+  total = int(sum(n))
+  metrics: dict[str, Any] = dict(
+      n_nodes=len(scores), n_examples=total, psnr_threshold=float(r.psnr_threshold),
+      node_ids=[int(v) for v in run['nodes']], node_examples=n,
+      node_exact=[int(s['exact']) for s in scores],
+      node_recovered=[int(s['recovered']) for s in scores],
+      node_psnr=[float(s['psnr_mean']) for s in scores],
+      node_ssim=[float(s['ssim_mean']) for s in scores],
+      failed_nodes=sum(rec is None for rec in run[deployment]),
+      max_abs_diff_flower_native=_difference(run['flower'], run['native']))
+  intervals = [stats.clopper_pearson(int(s['exact']), int(s['n'])) for s in scores]
+  metrics['node_exact_ci_low'] = [float(lo) for lo, _ in intervals]
+  metrics['node_exact_ci_high'] = [float(hi) for _, hi in intervals]
+  metrics.update(stats.rate('exact', sum(metrics['node_exact']), total))
+  metrics.update(stats.rate('recovered', sum(metrics['node_recovered']), total))
+  metrics.update(stats.rate('all_exact', sum(e == m for e, m in zip(metrics['node_exact'], n)),
+                            len(n)))
+  rng = data_lib.rng_from_key(point_key(key, {'part': 'reconstruction', 'bootstrap': 1}))
+  for name, values in (('psnr_mean', metrics['node_psnr']), ('ssim_mean', metrics['node_ssim'])):
+    v = np.asarray(values, np.float64)
+    metrics[name] = float(np.nanmean(v)) if np.isfinite(v).any() else float('nan')
+    lo, hi = rec_metrics.bootstrap_mean(v, rng, int(r.bootstrap_resamples))
+    metrics[f'{name}_ci_low'], metrics[f'{name}_ci_high'] = lo, hi
+  return metrics, total
+
+
+def point_params(config, deployment: str) -> dict:
+  r = config.flower_audit.reconstruction
+  return {'part': 'reconstruction', 'deployment': deployment, 'attack': 'imprint',
+          'num_nodes': int(r.num_nodes), 'per_client': int(r.per_client),
+          'batch_size': int(r.batch_size), 'epochs': int(r.local_epochs),
+          'num_bins': int(r.num_bins)}
