@@ -64,14 +64,18 @@ def setting(config, state, tr: dict, sizes: np.ndarray, rounds_: int | None = No
       rounds=int(s.num_rounds if rounds_ is None else rounds_), num_clients=k)
 
 
+def _per_report(config, tr: dict) -> float:
+  """LDP-SGD's epsilon per report: the claim split over the rounds, one report each."""
+  return tr['claimed_epsilon'] / int(config.training_audit.num_rounds)
+
+
 def claim(config, state, tr: dict, sizes: np.ndarray) -> configured_lib.Configured:
   """The defense as claimed: configured for the training's claim (what the audit checks)."""
   s = config.training_audit
   plant = s.plant
   rounds_ = 1 if plant == 'one_composition' else None
   if tr['defense'] == 'ldp_sgd':
-    per_report = tr['claimed_epsilon'] / int(s.num_rounds)
-    sec = _section(config, tr, per_report)
+    sec = _section(config, tr, _per_report(config, tr))
     return configured_lib.configure(sec, setting(config, state, tr, sizes, rounds_),
                                     experiment=NAME)
   return configured_lib.configure(_section(config, tr, tr['claimed_epsilon']),
@@ -103,9 +107,7 @@ def ran(config, state, tr: dict, claimed: configured_lib.Configured, sizes
     return hooks, part
   st = setting(config, state, tr, sizes)
   if name == 'ldp_sgd':
-    eps = float(claimed.params.get('defense_epsilon', 0)) or (
-        tr['claimed_epsilon'] / int(s.num_rounds))
-    sec = _section(config, tr, eps * (2.0 if plant == 'half_noise' else 1.0))
+    sec = _section(config, tr, _per_report(config, tr) * (2.0 if plant == 'half_noise' else 1.0))
     return configured_lib.configure(sec, st, experiment=NAME).hooks, part
   z = float(claimed.metrics['noise_multiplier'])
   if plant == 'half_noise':

@@ -100,6 +100,9 @@ def test_what_runs_under_each_plant(captured):
   not_run = _config('participation_not_run', participation=0.3)
   assert runs.ran(not_run, STATE, _tr('update_dp', 'without_replacement'), claimed_s,
                   sizes) == (claimed_s.hooks, 1.0)
+  # Accounted as one composition: the claimed hooks still run, every round.
+  assert runs.ran(_config('one_composition'), STATE, _tr('update_dp'), claimed, sizes) == (
+      claimed.hooks, 1.0)
   n = len(captured)
   runs.ran(_config('half_noise'), STATE, _tr('update_dp'), claimed, sizes)
   section = captured[n][0]
@@ -137,3 +140,5 @@ def test_ldp_sgd_half_noise_doubles_the_per_report_epsilon(captured):
   runs.ran(config, STATE, _tr('ldp_sgd', eps=6.0), claimed, sizes)
   per_report = 6.0 / int(config.training_audit.num_rounds)
   assert captured[n][0]['epsilon'] == pytest.approx(2.0 * per_report)
+  # The claimed hooks configured the per-report epsilon itself.
+  assert captured[n - 1][0]['epsilon'] == pytest.approx(per_report)
