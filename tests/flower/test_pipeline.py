@@ -77,6 +77,14 @@ def test_flower_and_native_fedmia_tables_agree_within_their_intervals(smoke):
     f, n = by[(a, 'flower')], by[(a, 'native')]
     assert n['auc_ci_low'] <= f['auc'] <= n['auc_ci_high'], a
     assert abs(f['auc'] - n['auc']) < 0.01, a  # the same training, up to float rounding
+    for m in (f, n):
+      # One deployment (the default): its two-way bootstrap, conditional on it, with the
+      # single-training intervals kept per replicate.
+      assert m['replicates'] == 1 and m['interval_method'] == 'two_way_bootstrap_conditional'
+      assert (m['auc_ci_low'], m['auc_ci_high']) == (m['auc_boot_low'], m['auc_boot_high'])
+      assert m['auc_replicates'] == [m['auc']] and len(m['conditional']) == 1
+  workdir = smoke[0]
+  assert len(list((workdir / 'deployments').glob('*.npz'))) == 2  # flower and native, r = 0
 
 
 def test_dishonest_rates_have_counts_and_intervals(smoke):
@@ -145,6 +153,8 @@ def _config(**overrides):
     ({'training.directions': 'gaussian'}, 'flower_audit.training.directions'),
     ({'training.settings.local_dp_eps1.epsilon': None},
      'flower_audit.training.settings.local_dp_eps1.epsilon'),
+    ({'replicates': 0}, 'flower_audit.replicates'),
+    ({'replicates': 2, 'parts': ('dp',)}, 'flower_audit.replicates'),
 ])
 def test_validate_config_names_the_field(overrides, field):
   with pytest.raises(validate.ConfigError, match=field.replace('.', r'\.')):
@@ -156,6 +166,41 @@ def test_two_nodes_refused_only_where_fedmia_runs():
   assert pipeline.validate_config(_config(num_clients=2, parts=('dp', 'dishonest')))
   with pytest.raises(validate.ConfigError, match='flower_audit.num_clients'):
     pipeline.validate_config(_config(num_clients=1, parts=('dp',)))
+
+
+def _run(workdir, *overrides):
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.flower_audit', f'--config={cli.SMOKE}',
+       f'--workdir={workdir}', *overrides],
+      cwd=cli.REPO, env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True, text=True,
+      timeout=600, check=False)
+
+
+def test_two_replicated_deployments_each_stored_and_reported_over_both(tmp_path):
+  from fl_privacy.eval import replicated  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'run'
+  args = ("--config.flower_audit.parts=('fedmia',)", '--config.flower_audit.replicates=2',
+          "--config.flower_audit.attacks=('fedmia_i',)")
+  proc = _run(workdir, *args)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.loads((workdir / 'results.json').read_text())
+  assert len(list((workdir / 'deployments').glob('*.npz'))) == 4  # 2 deployments x 2
+  for p in results['points']:
+    m = p['metrics']
+    assert m['replicates'] == 2 and m['interval_method'] == 't'
+    aucs = m['auc_replicates']
+    assert len(aucs) == 2 and aucs[0] != aucs[1]  # independent deployments
+    mean, low, high = replicated.t_interval(aucs, bounds=(0.0, 1.0))
+    assert (m['auc'], m['auc_ci_low'], m['auc_ci_high']) == pytest.approx((mean, low, high))
+    assert len(m['conditional']) == 2
+  # Resumed from the stored recordings: no deployment is trained again.
+  (workdir / 'results.json').unlink()
+  again = _run(workdir, *args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'Flower FedAvg' not in again.stderr
+  redo = json.loads((workdir / 'results.json').read_text())
+  assert [p['metrics']['auc_replicates'] for p in redo['points']] == [
+      p['metrics']['auc_replicates'] for p in results['points']]
 
 
 @pytest.mark.parametrize('override, field', [
