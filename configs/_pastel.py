@@ -84,6 +84,10 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     attack_snapshots: recorded rounds the white-box attack reads (the last ones), at most
       num_rounds / record_every.
     attack_last_layer_grad: give the white-box attack the full last-layer gradient.
+    attack_per_replicate: False (default): ONE white-box attack model trained on every
+      replicate's training half (as many known pairs as scored pairs), whose own training
+      randomness no interval over replicates covers; True: one model per replicate on its
+      own training half (independent across replicates, a tenth of the pairs at R = 10).
     attack_steps: Adam steps of the attack model.
     attack_learning_rate: Adam's step size.
     attack_hidden: width of the attack's group MLPs and encoder.
@@ -117,6 +121,7 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.targets = ('local', 'global')
   s.attack_snapshots = 2
   s.attack_last_layer_grad = True
+  s.attack_per_replicate = False
   s.attack_steps = 300
   s.attack_learning_rate = 1e-3
   s.attack_hidden = 64

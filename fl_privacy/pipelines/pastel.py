@@ -70,6 +70,7 @@ RULES = {
         validate.Rule('', lambda n: isinstance(n, str)),
         'a list of layer names (() = every Dense layer)', scalar=False, nonempty=False),
     'pastel.attack_last_layer_grad': validate.BOOLEAN,
+    'pastel.attack_per_replicate': validate.BOOLEAN,
     'pastel.pastel_representations': validate.items(
         validate.Rule('', lambda r: r in pastel_lib.REPRESENTATIONS),
         f'a non-empty list of {pastel_lib.REPRESENTATIONS}', scalar=False),
@@ -248,9 +249,8 @@ def point_metrics(config, replicas: list[dict], attack: str, target: str, key,
   trainings' `pooled_attack_scores` of the same attack) also the paired AUC change. The
   bootstrap's Generator is keyed by the point (`params`)."""
   s = _s(config)
-  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
-            hidden=int(s.attack_hidden))
-  scored = passive_pastel.pooled_attack_scores(replicas, attack, target, key, **kw)
+  scored = passive_pastel.pooled_attack_scores(replicas, attack, target, key,
+                                               **pastel_replicates.attack_options(config))
   rng = lambda role: data_lib.rng_from_key(point_key(key, dict(params or {}, role=role)))
   boot = int(s.bootstrap_resamples)
   m = pastel_replicates.point(scored, rng=rng('replicated'), num_resamples=boot)
@@ -301,8 +301,7 @@ def plan(config, state, store, key) -> list[base.Point]:
   of its points the store lacks and dropped after its last; `none`'s scores are kept."""
   s, reps = _s(config), _replicates(config, state, key)
   points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
-  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
-            hidden=int(s.attack_hidden))
+  kw = pastel_replicates.attack_options(config)
   for tr in trainings(config):
     cache = {}
     ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')

@@ -16,9 +16,11 @@ the AUC and the paired change, Clopper-Pearson for a TPR), is kept under `pooled
 `<tpr>_pooled`, `_cp_low/high`); it is conditional on the trainings. Each replicate's own
 single-training intervals are under `conditional`.
 
-Not covered: the white-box attack model of Nasr et al. is trained once on every replicate's
-training half (`attacks.passive.pastel.pooled_attack_scores`), so its own training randomness
-(initialisation, Adam's batches) is shared by all replicates and no interval here includes it.
+Not covered by default: the white-box attack model of Nasr et al. is trained once on every
+replicate's training half (`attacks.passive.pastel.pooled_attack_scores`), so its own training
+randomness (initialisation, Adam's batches) is shared by all replicates and no interval here
+includes it; `pastel.attack_per_replicate=True` trains one per replicate on its own half
+(independent, but on a tenth of the pairs at R = 10).
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ METHODS = {'t': "Student's t over the per-replicate values, R - 1 degrees of fre
                                      'models and examples',
            'two_way_bootstrap_conditional': 'one training: two-way bootstrap of its attacked '
                                             'models and examples, conditional on it'}
+
+
+def attack_options(config) -> dict:
+  """`pooled_attack_scores`' options: the white-box attack's training (`pastel.attack_*`)."""
+  s = config.pastel
+  return dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
+              hidden=int(s.attack_hidden), per_replicate=bool(s.attack_per_replicate))
 
 
 def split(scored: tuple) -> list[dict[str, np.ndarray]]:

@@ -216,3 +216,24 @@ def test_attack_scores_of_one_training_reads_its_members_for_fedmia():
   want = pastel.fedmia_scores(rep['arrays'], rep['rows'], rep['members'], 'fedmia_ii')
   np.testing.assert_array_equal(s, want[0])
   np.testing.assert_array_equal(lab, want[1])
+
+
+def test_per_replicate_white_box_trains_each_replicate_on_its_own_half():
+  from fl_privacy.attacks.passive import whitebox  # pylint: disable=g-import-not-at-top
+  from fl_privacy.report import point_key  # pylint: disable=g-import-not-at-top
+  reps = [_replica(0, 1.0), _replica(1, 1.0)]
+  kw = dict(steps=20, learning_rate=1e-2, hidden=8)
+  shared = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'local', jax.random.key(5), **kw)
+  own = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'local', jax.random.key(5),
+                                    per_replicate=True, **kw)
+  for i, rep in enumerate(reps):
+    r = rep['rows']['local']
+    feats = {k[len('local/'):]: v for k, v in rep['arrays'].items() if k.startswith('local/')}
+    want = whitebox.train_and_score(
+        point_key(jax.random.key(5), {'role': 'attack', 'target': 'local', 'replicate': i}),
+        {g: v[r['train']] for g, v in feats.items()}, r['labels'][r['train']],
+        {g: v[r['eval']] for g, v in feats.items()}, **kw)
+    np.testing.assert_array_equal(own[0][own[3] == i], want)
+  for a, b in zip(shared[1:], own[1:]):  # the same entries, other scores
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(shared[0], own[0])

@@ -375,8 +375,8 @@ def attack_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray], attac
 
 
 def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key, *,
-                         steps: int, learning_rate: float, hidden: int
-                         ) -> tuple[np.ndarray, ...]:
+                         steps: int, learning_rate: float, hidden: int,
+                         per_replicate: bool = False) -> tuple[np.ndarray, ...]:
   """(scores, labels, example ids, replicate, attacked) of `attack` on `target`, pooled over
   replicate trainings.
 
@@ -390,6 +390,9 @@ def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key
   row) it scores) and scores every evaluation half. With one replica this is the per-training
   attack of Nasr et al.'s supervised setting. Because that model is shared, its own training
   randomness is common to all replicates: an interval over replicates does not cover it.
+  With `per_replicate`, each replica gets its own white-box model, trained on its own
+  training half only (key fold_in-derived per replica: the replicates' attacks independent,
+  each on a tenth of the pairs at 10 replicates).
   """
   scores, labels, ids, which, attacked = [], [], [], [], []
   train_feats, train_labels, eval_feats = [], [], []
@@ -420,10 +423,15 @@ def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key
       eval_feats.append({g: v[r['eval']] for g, v in feats.items()})
   if attack == 'nasr_whitebox':
     cat = lambda parts: {g: np.concatenate([p[g] for p in parts]) for g in parts[0]}
-    scores = [whitebox.train_and_score(
-        point_key(key, {'role': 'attack', 'target': target}), cat(train_feats),
-        np.concatenate(train_labels), cat(eval_feats), steps=int(steps),
-        learning_rate=float(learning_rate), hidden=int(hidden))]
+    fit = lambda k, tf, tl, ef: whitebox.train_and_score(
+        k, tf, tl, ef, steps=int(steps), learning_rate=float(learning_rate), hidden=int(hidden))
+    if per_replicate:
+      scores = [fit(point_key(key, {'role': 'attack', 'target': target, 'replicate': i}),
+                    tf, tl, ef)
+                for i, (tf, tl, ef) in enumerate(zip(train_feats, train_labels, eval_feats))]
+    else:
+      scores = [fit(point_key(key, {'role': 'attack', 'target': target}), cat(train_feats),
+                    np.concatenate(train_labels), cat(eval_feats))]
   return (np.concatenate(scores), np.concatenate(labels), np.concatenate(ids),
           np.concatenate(which), np.concatenate(attacked).astype(np.int64))
 
