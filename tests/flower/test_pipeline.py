@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from configs import digits
@@ -168,39 +169,34 @@ def test_two_nodes_refused_only_where_fedmia_runs():
     pipeline.validate_config(_config(num_clients=1, parts=('dp',)))
 
 
-def _run(workdir, *overrides):
-  return subprocess.run(
-      [sys.executable, '-m', 'experiments.flower_audit', f'--config={cli.SMOKE}',
-       f'--workdir={workdir}', *overrides],
-      cwd=cli.REPO, env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True, text=True,
-      timeout=600, check=False)
-
-
-def test_two_replicated_deployments_each_stored_and_reported_over_both(tmp_path):
+def test_two_replicates_each_stored_and_reported_over_both(tmp_path, monkeypatch):
+  """Unit level (the end-to-end run with replicates=2 takes over 20 s): the native deployment,
+  two replicates of the FedMIA part."""
+  import jax  # pylint: disable=import-outside-toplevel
   from fl_privacy.eval import replicated  # pylint: disable=import-outside-toplevel
-  workdir = tmp_path / 'run'
-  args = ("--config.flower_audit.parts=('fedmia',)", '--config.flower_audit.replicates=2',
-          "--config.flower_audit.attacks=('fedmia_i',)")
-  proc = _run(workdir, *args)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  results = json.loads((workdir / 'results.json').read_text())
-  assert len(list((workdir / 'deployments').glob('*.npz'))) == 4  # 2 deployments x 2
-  for p in results['points']:
-    m = p['metrics']
-    assert m['replicates'] == 2 and m['interval_method'] == 't'
-    aucs = m['auc_replicates']
-    assert len(aucs) == 2 and aucs[0] != aucs[1]  # independent deployments
-    mean, low, high = replicated.t_interval(aucs, bounds=(0.0, 1.0))
-    assert (m['auc'], m['auc_ci_low'], m['auc_ci_high']) == pytest.approx((mean, low, high))
-    assert len(m['conditional']) == 2
-  # Resumed from the stored recordings: no deployment is trained again.
-  (workdir / 'results.json').unlink()
-  again = _run(workdir, *args)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert 'Flower FedAvg' not in again.stderr
-  redo = json.loads((workdir / 'results.json').read_text())
-  assert [p['metrics']['auc_replicates'] for p in redo['points']] == [
-      p['metrics']['auc_replicates'] for p in results['points']]
+  from fl_privacy.flower import fedmia_part  # pylint: disable=import-outside-toplevel
+  config = _config(replicates=2, parts=('fedmia',))
+  state, key = pipeline.prepare(config), jax.random.key(0)
+  seen, keys = [], fedmia_part._keys  # pylint: disable=protected-access
+  monkeypatch.setattr(fedmia_part, '_keys', lambda k: seen.append(k) or keys(k))
+  m, n = fedmia_part.fedmia_point(config, state, key, 'native', 'fedmia_i', str(tmp_path))
+  # Replicate r trains with key fold_in(run key, r).
+  assert [jax.random.key_data(k).tolist() for k in seen] == [
+      jax.random.key_data(jax.random.fold_in(key, r)).tolist() for r in (0, 1)]
+  assert len(list((tmp_path / fedmia_part.RECORDINGS).glob('*.npz'))) == 2
+  assert m['replicates'] == 2 and m['interval_method'] == 't' and len(m['conditional']) == 2
+  aucs = m['auc_replicates']
+  assert len(aucs) == 2 and aucs[0] != aucs[1]  # independent deployments
+  assert (m['auc'], m['auc_ci_low'], m['auc_ci_high']) == pytest.approx(
+      replicated.t_interval(aucs, bounds=(0.0, 1.0)))
+  assert n == m['n_pos'] + m['n_neg'] == m['num_entries']
+  # Resumed from the stored recordings, with no training at all.
+  def no_training(*args, **kwargs):
+    raise AssertionError('trained again')
+  monkeypatch.setattr(fedmia_part, 'native_training', no_training)
+  resumed, _ = fedmia_part.fedmia_point(config, dict(state, cache={}), key, 'native',
+                                        'fedmia_i', str(tmp_path))
+  assert resumed['auc_replicates'] == aucs
 
 
 @pytest.mark.parametrize('override, field', [
