@@ -49,11 +49,13 @@ def test_results_schema_and_files(smoke):
     assert words['interval_method'] == 'two_way_bootstrap_conditional' and m['replicates'] == 1
     assert (m['attack_auc_ci_low'], m['attack_auc_ci_high']) == (m['attack_auc_boot_low'],
                                                                  m['attack_auc_boot_high'])
-    assert lists['attack_auc_replicates'] == [m['attack_auc']] == [m['pooled_attack_auc']]
+    assert lists['attack_auc_replicates'] == pytest.approx([m['attack_auc']])
+    assert m['attack_auc'] == pytest.approx(m['pooled_attack_auc'])  # one replicate
     assert m['pooled_attack_auc_ci_low'] <= m['pooled_attack_auc'] <= m[
         'pooled_attack_auc_ci_high']
     assert len(lists['conditional']) == 1
-    assert lists['conditional'][0]['attack_auc_ci_low'] == m['pooled_attack_auc_ci_low']
+    assert lists['conditional'][0]['attack_auc_ci_low'] == pytest.approx(
+        m['pooled_attack_auc_ci_low'])
     assert m['n_pos'] == m['n_neg'] > 50
     assert 0 <= m['jsd_last_round'] <= math.log(2)
     # Every defended training states its paired AUC change against `none` on the same rows.
@@ -63,7 +65,8 @@ def test_results_schema_and_files(smoke):
       for name in ('attack_auc_minus_none', 'tpr_at_fpr_1e-3_minus_none',
                    'pooled_attack_auc_minus_none'):
         assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
-      assert lists['attack_auc_minus_none_replicates'] == [m['attack_auc_minus_none']]
+      assert lists['attack_auc_minus_none_replicates'] == pytest.approx(
+          [m['attack_auc_minus_none']])
       assert words['attack_auc_minus_none_verdict'] in (
           'A better (interval above 0)', 'B better (interval below 0)',
           'no difference shown (interval holds 0)')
