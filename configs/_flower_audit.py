@@ -107,7 +107,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       target clients and queries, conditional on it; 2..30: Student's t over replicates).
       Default 1: the default run already takes about 5 minutes; for intervals over
       trainings run `--config.flower_audit.replicates=3` (three deployments and three native
-      trainings instead of one each; the FedMIA part alone took 41 s so on digits). Must be 1 unless parts has 'fedmia'.
+      trainings instead of one each; the FedMIA part alone: 41 s on digits here). Must be 1
+      unless parts has 'fedmia'.
     attacks: FedMIA and baseline attacks (`fl_privacy.attacks.passive`), aligned scoring.
     outlier_filter: FedMIA's filter ('leave_one_out', 'paper', 'none').
     chunk_size: queries per measurement chunk.
