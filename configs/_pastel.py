@@ -19,8 +19,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       per client, so the undefended attacks are clearly above chance (test accuracy 0.92,
       generalisation gap 8 points, loss-threshold AUC 0.69 on client models and 0.62 on the
       global model, FedMIA-II 0.71). Chosen from a probe of training settings only (K, T, E;
-      docs/experiments/pastel.md). 10 replicates (160 members each) pool 800 + 800 scored
-      rows per target: AUC intervals of about +-0.03.
+      docs/experiments/pastel.md). 10 replicates (160 members each) of 80 + 80 scored rows
+      per target each; intervals are Student's t over the 10 replicates.
     well_generalising: K = 5 clients sharing the whole train split (230 members + 57
       held-out each), B = 32: test accuracy 0.97, attacks near chance (FedMIA 0.56). The test
       split (359 rows) is the only non-member source, so each replicate scores 180 + 180
@@ -39,8 +39,13 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       training reads; `attacks.passive.pastel.client_split`).
     replicates: R independent replicates (key fold_in(run_key, r)): each redraws shards,
       held-out rows, attack rows, w_0 and client keys, and trains every defense; each point
-      pools its attack's scores over them (the white-box attack: one model trained on every
-      replicate's training half).
+      reports its attack AUC / TPRs and its paired change against `none` over them
+      (`eval.replicated`: the t-interval for 2 <= R <= 30, `interval_method` says which),
+      the rows pooled over replicates beside them as `pooled_*` (the white-box attack: one
+      model trained on every replicate's training half, so its own training randomness is
+      not in any interval).
+    bootstrap_resamples: resamples of `eval.replicated`'s bootstrap, run only where it is the
+      reported interval (R = 1: the two-way bootstrap of that training; R > 30).
     num_rounds: T (digits 40).
     record_every: rounds between recorded snapshots (must divide T; digits 10).
     local_epochs: E (digits 2).
@@ -79,6 +84,10 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     attack_snapshots: recorded rounds the white-box attack reads (the last ones), at most
       num_rounds / record_every.
     attack_last_layer_grad: give the white-box attack the full last-layer gradient.
+    attack_per_replicate: False (default): ONE white-box attack model trained on every
+      replicate's training half (as many known pairs as scored pairs), whose own training
+      randomness no interval over replicates covers; True: one model per replicate on its
+      own training half (independent across replicates, a tenth of the pairs at R = 10).
     attack_steps: Adam steps of the attack model.
     attack_learning_rate: Adam's step size.
     attack_hidden: width of the attack's group MLPs and encoder.
@@ -112,12 +121,14 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
   s.targets = ('local', 'global')
   s.attack_snapshots = 2
   s.attack_last_layer_grad = True
+  s.attack_per_replicate = False
   s.attack_steps = 300
   s.attack_learning_rate = 1e-3
   s.attack_hidden = 64
   s.feature_chunk_size = 256
   s.per_client = None
   s.replicates = 1
+  s.bootstrap_resamples = 1000
   if dataset != 'cifar10' and setting == 'leaky':
     # Little data per client (probed by training settings only, docs/experiments/pastel.md):
     # 10 clients x (16 members + 8 held-out); the rest of the train split joins the

@@ -6,7 +6,15 @@
 fl_privacy's own simulation (`fl.recording.record_shards`); `fedmia_point` scores one attack
 on one of them (`attacks.passive.evaluate.evaluate`, aligned scoring) and `dishonest_point`
 runs `DishonestStrategy` (one crafted round per target) against the trained deployment.
-Both trainings are cached in the pipeline's `state['cache']`.
+
+Replicates: `flower_audit.replicates` = R independent deployments of the FedMIA part, replicate
+r trained with key fold_in(run key, r) (shards, w_0 and the nodes' keys; the native training
+of replicate r uses the same key, so the two stay comparable). Each replicate's recording is
+stored on its own under `<workdir>/deployments/` (resumed without retraining); a point's
+metrics are `pipelines.fedmia_replicates.combine` of its replicates' (`eval.replicated`: the
+headline is the mean over replicates, `interval_method` names its interval, the
+single-deployment intervals sit under `conditional`). The dishonest part attacks replicate 0.
+Live trainings are cached in the pipeline's `state['cache']`.
 """
 
 from __future__ import annotations
@@ -30,7 +38,12 @@ from fl_privacy.flower import client as client_lib
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import runner
 from fl_privacy.flower import strategies
+from fl_privacy.pipelines import fedmia_replicates
+from fl_privacy.report import ArtifactStore
 from fl_privacy.report import point_key
+
+# Folder of the stored per-replicate recordings.
+RECORDINGS = 'deployments'
 
 def optimizer(config):
   s = config.flower_audit
@@ -60,12 +73,14 @@ def _queries(state, parts):
                                  data_lib.to_float(test.x), test.y, parts)
 
 
-def flower_deployment(config, state, key) -> dict[str, Any]:
-  """Trains the Flower deployment once (cached in `state`): the recording of the recorded
-  rounds, the final model, the grid and the shards."""
-  cache = state['cache']
-  if 'flower' in cache:
-    return cache['flower']
+def flower_deployment(config, state, key, replicate: int = 0) -> dict[str, Any]:
+  """Trains replicate `replicate` of the Flower deployment once (key fold_in(key, replicate);
+  cached in `state`): the recording of the recorded rounds, the final model, the grid and the
+  shards."""
+  cache, name = state['cache'], ('flower', int(replicate))
+  if name in cache:
+    return cache[name]
+  key = fedmia_replicates.key(key, replicate)
   s = config.flower_audit
   model, k = state['model'], int(s.num_clients)
   parts = shards(config, state, key)
@@ -87,16 +102,18 @@ def flower_deployment(config, state, key) -> dict[str, Any]:
   rec = strategies.recording_from_uploads(model.apply, log.rounds, qx, qy,
                                           chunk_size=int(s.chunk_size),
                                           node_ids=grid.get_node_ids())
-  cache['flower'] = dict(recording=rec, owner=owner, final=result.arrays, grid=grid,
-                         parts=parts, init=init)
-  return cache['flower']
+  cache[name] = dict(recording=rec, owner=owner, final=result.arrays, grid=grid, parts=parts,
+                     init=init)
+  return cache[name]
 
 
-def native_training(config, state, key) -> dict[str, Any]:
-  """The same training in fl_privacy's simulation (`fl.recording.record_shards`), cached."""
-  cache = state['cache']
-  if 'native' in cache:
-    return cache['native']
+def native_training(config, state, key, replicate: int = 0) -> dict[str, Any]:
+  """Replicate `replicate`'s training in fl_privacy's simulation (`fl.recording.record_shards`,
+  the Flower deployment's key fold_in(key, replicate)), cached."""
+  cache, name = state['cache'], ('native', int(replicate))
+  if name in cache:
+    return cache[name]
+  key = fedmia_replicates.key(key, replicate)
   s = config.flower_audit
   parts = shards(config, state, key)
   init_key, train_key = _keys(key)
@@ -105,27 +122,56 @@ def native_training(config, state, key) -> dict[str, Any]:
       key=train_key, num_rounds=int(s.num_rounds), record_every=int(s.record_every),
       optimizer=optimizer(config), epochs=int(s.local_epochs), batch_size=int(s.batch_size),
       chunk_size=int(s.chunk_size))
-  cache['native'] = dict(recording=rec, owner=rec['owner'])
-  return cache['native']
+  cache[name] = dict(recording=rec, owner=rec['owner'])
+  return cache[name]
 
 
-def fedmia_point(config, state, key, deployment: str, attack: str) -> tuple[dict, int]:
+def recording(config, state, key, deployment: str, replicate: int,
+              workdir: str | None = None) -> dict[str, np.ndarray]:
+  """Replicate `replicate`'s recording (with its `owner`): read from `<workdir>/deployments/`,
+  else trained and saved there on its own, so an interrupted run resumes at the first
+  replicate not stored (no `workdir`: trained, not stored)."""
+  artifacts = None if workdir is None else ArtifactStore(workdir, RECORDINGS)
+  params = {'deployment': deployment, 'replicate': int(replicate)}
+  arrays = None if artifacts is None else artifacts.load(params)
+  if arrays is None:
+    train = flower_deployment if deployment == 'flower' else native_training
+    run = train(config, state, key, replicate)
+    arrays = dict(run['recording'], owner=run['owner'])
+    if artifacts is not None:
+      artifacts.save(params, arrays)
+  return arrays
+
+
+def fedmia_point(config, state, key, deployment: str, attack: str,
+                 workdir: str | None = None) -> tuple[dict, int]:
+  """One attack on one deployment over `flower_audit.replicates` replicates (module
+  docstring)."""
   s = config.flower_audit
-  run = (flower_deployment if deployment == 'flower' else native_training)(config, state, key)
-  rec = run['recording']
-  # The same numpy stream for both deployments (common random numbers).
-  rng = data_lib.rng_from_key(point_key(key, {'part': 'fedmia', 'attack': attack}))
-  metrics = evaluate_lib.evaluate(rec, run['owner'], attack, scoring='aligned',
-                                  single_index=-1, default_filter=s.outlier_filter, rng=rng)
+  per = []
+  for r in range(int(s.replicates)):
+    rec = recording(config, state, key, deployment, r, workdir)
+    # The same numpy stream for both deployments (common random numbers).
+    rng = data_lib.rng_from_key(point_key(fedmia_replicates.key(key, r),
+                                          {'part': 'fedmia', 'attack': attack}))
+    entries = {}
+    m = evaluate_lib.evaluate(rec, rec['owner'], attack, scoring='aligned', single_index=-1,
+                              default_filter=s.outlier_filter, rng=rng, entries_out=entries)
+    per.append((m, entries))
+  metrics = fedmia_replicates.combine(
+      per, rng=data_lib.rng_from_key(point_key(key, {'part': 'fedmia', 'attack': attack,
+                                                     'replicated': 1})),
+      num_resamples=evaluate_lib.BOOT_RESAMPLES)
   metrics.update(recorded_rounds=[int(r) + 1 for r in np.asarray(rec['rounds'])],
                  num_clients=int(s.num_clients))
   return metrics, int(metrics.get('n_pos', 0)) + int(metrics.get('n_neg', 0))
 
 
 def dishonest_point(config, state, key) -> tuple[dict, int]:
-  """DishonestStrategy against the trained deployment, one crafted round per target."""
+  """DishonestStrategy against the trained deployment (replicate 0), one crafted round per
+  target."""
   s, d = config.flower_audit, config.flower_audit.dishonest
-  run = flower_deployment(config, state, key)
+  run = flower_deployment(config, state, key, 0)
   grid, parts, model = run['grid'], run['parts'], state['model']
   nodes = grid.get_node_ids()
   rng = data_lib.rng_from_key(point_key(key, {'part': 'dishonest', 'targets': 1}))

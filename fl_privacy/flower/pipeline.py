@@ -10,7 +10,9 @@ first two in `fedmia_part`, tables and figure in `tables`) and one opt-in:
    scoring, `attacks.passive.evaluate.evaluate`) from the recorded uploads
    (`strategies.recording_from_uploads`), and the same table from fl_privacy's own simulation
    of the same training (`fl.recording.record_shards`: same shards, keys, initial model and
-   optimizer). Points carry `deployment` = 'flower' or 'native'.
+   optimizer). Points carry `deployment` = 'flower' or 'native'. `replicates` independent
+   deployments (keys fold_in(run key, r), each stored under `deployments/`); each point's
+   metrics over them (`pipelines.fedmia_replicates.combine`, `eval.replicated`).
 2. `dishonest`: `DishonestStrategy` (M = `dishonest.num_components`) against the trained
    deployment: one crafted round per target, every node attacked; targets from the nodes'
    shards (one member decision each at their node) and from the test split; TPR and FPR with
@@ -187,6 +189,10 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.num_clients', validate.number(
       3, integer=True, words='FedMIA needs two non-target clients') if 'fedmia' in parts else
                    validate.number(2, integer=True))
+  validate.checked(config, 'flower_audit.replicates', _POSITIVE_INT)
+  validate.checked(config, 'flower_audit.replicates', validate.Rule(
+      "1 unless parts has 'fedmia' (only the FedMIA part is replicated)",
+      lambda r: int(r) == 1 or 'fedmia' in parts))
   for field in ('per_client', 'num_rounds', 'record_every', 'local_epochs', 'batch_size',
                 'chunk_size', 'dishonest.num_components', 'dishonest.targets_in',
                 'dp.num_trials', 'dp.dimension'):
@@ -321,7 +327,6 @@ def _report_violation(params, metrics) -> None:
 
 def plan(config, state, store, key) -> list[base.Point]:
   """fedmia (attacks x deployments), dishonest, dp and training (one point per setting)."""
-  del store
   s = config.flower_audit
   points = []
   if 'fedmia' in state['parts']:
@@ -329,7 +334,8 @@ def plan(config, state, store, key) -> list[base.Point]:
       for dep in DEPLOYMENTS:
         params = {'part': 'fedmia', 'deployment': dep, 'attack': attack}
         points.append(base.Point(
-            params, lambda dep=dep, a=attack: fedmia_point(config, state, key, dep, a),
+            params, lambda dep=dep, a=attack: fedmia_point(config, state, key, dep, a,
+                                                           store.workdir),
             unit='scores'))
   if 'dishonest' in state['parts']:
     params = {'part': 'dishonest', 'deployment': 'flower',

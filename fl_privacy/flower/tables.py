@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from fl_privacy.flower import dp_audit
+from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.report import figures as figures_lib
 
 FIGURE = 'flower_dp_audit'
@@ -85,7 +86,13 @@ def tables_markdown(points: list[dict]) -> str:
   lines = ['# Flower deployment audit', '']
   fed = [p for p in points if p['params'].get('part') == 'fedmia']
   if fed:
+    m0 = fed[0]['metrics']
+    method = m0.get('interval_method', 'two_way_bootstrap_conditional')
     lines += ['## FedMIA table: Flower deployment vs native simulation (aligned scoring)', '',
+              f'Over {m0.get("replicates", 1)} replicated deployment(s) (keys fold_in(run key, '
+              'r)): the mean over them with a 95% interval '
+              f'({fedmia_replicates.METHODS.get(method, method)}); TPR: the wider of it and '
+              'Clopper-Pearson on the pooled counts.', '',
               '| attack | Flower AUC [95% CI] | native AUC [95% CI] | Flower TPR@1%FPR | '
               'native TPR@1%FPR | AUCs within each other\'s CI |', '|---|---|---|---|---|---|']
     by = {(p['params']['attack'], p['params']['deployment']): p['metrics'] for p in fed}

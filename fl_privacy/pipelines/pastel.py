@@ -8,8 +8,9 @@ shard is split (seeded) into members (the rows every defense trains on) and a he
 (`validation_fraction`, at least a batch) that only PASTEL reads, as its V batches, redrawn
 every local step; held-out rows are neither members nor non-members in any attack. The
 non-members are the test split and the train rows no client holds. `replicates` independent
-replicates (keys fold_in(run_key, r)) redraw all of it and every training; each point pools
-its attack's scores over them (`attacks.passive.pastel.pooled_attack_scores`).
+replicates (keys fold_in(run_key, r)) redraw all of it and every training; each point reports
+its attack statistics and its paired change against `none` over them, the pooled
+single-sample numbers beside them (`pipelines.pastel_replicates`).
 
 Trainings. One training per (defense, strength, optimizer, representation) and replicate:
 `none`; `pastel` at each lambda and reading; `wdp`, `ldp`, `cdp` at each target epsilon
@@ -40,10 +41,12 @@ from fl_privacy.attacks.passive import pastel as passive_pastel
 from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import registry as dp_rules
 from fl_privacy.defenses import pastel_training
-from fl_privacy.eval import utility
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
+from fl_privacy.pipelines import pastel_dp
 from fl_privacy.pipelines import pastel_figures
+from fl_privacy.pipelines import pastel_replicates
+from fl_privacy.pipelines.pastel_dp import check_calibrations, dp_accounting  # re-exported
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
@@ -51,7 +54,7 @@ from fl_privacy.report import summary
 
 NAME = 'pastel'
 DEFENSES = ('none', 'pastel', 'wdp', 'ldp', 'cdp')
-DP_DEFENSES = ('wdp', 'ldp', 'cdp')
+DP_DEFENSES = pastel_dp.DP_DEFENSES
 ATTACKS = ('nasr_whitebox', 'loss_threshold', 'fedmia_i', 'fedmia_ii')
 FEDMIA_ATTACKS = passive_pastel.FEDMIA_ATTACKS
 DP_NAMES = pastel_training.DP_NAMES  # PASTEL's DP baselines -> the registry's names
@@ -67,13 +70,15 @@ RULES = {
         validate.Rule('', lambda n: isinstance(n, str)),
         'a list of layer names (() = every Dense layer)', scalar=False, nonempty=False),
     'pastel.attack_last_layer_grad': validate.BOOLEAN,
+    'pastel.attack_per_replicate': validate.BOOLEAN,
     'pastel.pastel_representations': validate.items(
         validate.Rule('', lambda r: r in pastel_lib.REPRESENTATIONS),
         f'a non-empty list of {pastel_lib.REPRESENTATIONS}', scalar=False),
     'pastel.per_client': validate.number(3, integer=True, optional=True),
     'pastel.replicates': validate.number(1, integer=True),
     **{f'pastel.{f}': validate.positive_rule(True) for f in (
-        'local_epochs', 'batch_size', 'attack_steps', 'attack_hidden', 'feature_chunk_size')},
+        'local_epochs', 'batch_size', 'attack_steps', 'attack_hidden', 'feature_chunk_size',
+        'bootstrap_resamples')},
     **{f'pastel.{f}': validate.positive_rule() for f in (
         'learning_rate', 'ablation_learning_rate', 'attack_learning_rate', 'pastel_temperature')},
 }
@@ -159,7 +164,7 @@ def prepare(config) -> dict:
   # Shard sizes, each client's held-out rows >= a batch, the test share per client.
   passive_pastel.check_shards(len(train), len(test), k, s.per_client,
                               float(s.validation_fraction), int(s.batch_size))
-  _check_calibrations(config, len(train), len(test))
+  check_calibrations(config, len(train), len(test))
   model = make_model(config, train.num_classes)
   memory.require_batch_fits('pastel.batch_size', int(s.batch_size), model, train.x.shape[1:], k)
   for rep in s.pastel_representations:
@@ -167,26 +172,6 @@ def prepare(config) -> dict:
                                                 tuple(s.pastel_layers), rep, s.model)
   return dict(train=train, test=test, model=model, layers=layers,
               x_train=data_lib.to_float(train.x), x_test=data_lib.to_float(test.x))
-
-
-def _check_calibrations(config, num_train: int, num_test: int) -> None:
-  """Every DP baseline calibrated to every target epsilon before any training (one the
-  accountant cannot reach, e.g. 1e9, stopped the run after the undefended trainings). The
-  members per client do not depend on the key, so any replicate's split gives them."""
-  s = _s(config)
-  split = passive_pastel.client_split(
-      jax.random.key(0), num_train, num_test, int(s.num_clients), float(s.validation_fraction),
-      None if s.per_client is None else int(s.per_client))
-  for defense in (d for d in s.defenses if d in DP_DEFENSES):
-    for eps in s.epsilons:
-      try:
-        dp_accounting(config, split, defense, float(eps))
-      except (validate.ConfigError, ValueError) as e:
-        # The registry's target_epsilon may be None; an entry of pastel.epsilons may not.
-        why = (e.allowed if isinstance(e, validate.ConfigError) else str(e)).removeprefix(
-            'None or ')
-        raise validate.ConfigError('pastel.epsilons', f'{why} ({defense} at epsilon {eps:g})',
-                                   tuple(s.epsilons)) from None
 
 
 def trainings(config) -> list[dict]:
@@ -212,18 +197,6 @@ def trainings(config) -> list[dict]:
 def describe(tr: dict) -> str:
   rep = '' if tr['representation'] == '-' else f', {tr["representation"]}'
   return f'{tr["defense"]}({tr["strength"]:g}, {tr["optimizer"]}{rep})'
-
-
-def dp_accounting(config, split: dict, defense: str, target_epsilon: float) -> dict:
-  """`defenses.pastel_training.dp_accounting` of one DP baseline under this config's run."""
-  s = _s(config)
-  setting = pastel_training.dp_setting([len(m) for m in split['members']],
-                                       batch_size=int(s.batch_size), epochs=int(s.local_epochs),
-                                       rounds=int(s.num_rounds))
-  return pastel_training.dp_accounting(
-      defense, target_epsilon, setting, clip_norm=s.clip_norm,
-      update_clip_norm=s.update_clip_norm, ldp_sampling=s.ldp_sampling,
-      delta=float(s.dp_delta), experiment=NAME, prefix='pastel')
 
 
 def train(config, state, data: dict, tr: dict, key) -> dict[str, np.ndarray]:
@@ -270,21 +243,23 @@ def attack_plan(config) -> list[tuple[str, str]]:
 
 def point_metrics(config, replicas: list[dict], attack: str, target: str, key,
                   tr_defense: str = 'none', tr_strength: float = 0.0,
-                  reference: tuple | None = None) -> dict[str, float]:
-  """One point's metrics, its attack's scores pooled over the replicates (`replicas`: each
-  `{'arrays', 'rows', 'members', 'ids', 'split'}`); with `reference` (the undefended
-  trainings' (scores, labels) of the same attack) also the paired AUC change."""
+                  reference: tuple | None = None, params: dict | None = None) -> dict:
+  """One point's metrics over the replicates (`replicas`: each `{'arrays', 'rows', 'members',
+  'ids', 'split'}`; `pipelines.pastel_replicates`); with `reference` (the undefended
+  trainings' `pooled_attack_scores` of the same attack) also the paired AUC change. The
+  bootstrap's Generator is keyed by the point (`params`)."""
   s = _s(config)
-  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
-            hidden=int(s.attack_hidden))
-  scores, labels, ids = passive_pastel.pooled_attack_scores(replicas, attack, target, key, **kw)
-  m = passive_pastel.attack_metrics(scores, labels, ids)
-  m.update(utility.pooled_training_metrics([r['arrays'] for r in replicas]))
+  scored = passive_pastel.pooled_attack_scores(replicas, attack, target, key,
+                                               **pastel_replicates.attack_options(config))
+  rng = lambda role: data_lib.rng_from_key(point_key(key, dict(params or {}, role=role)))
+  boot = int(s.bootstrap_resamples)
+  m = pastel_replicates.point(scored, rng=rng('replicated'), num_resamples=boot)
+  m.update(pastel_replicates.utility([r['arrays'] for r in replicas]))
   if reference is not None:
-    m.update(passive_pastel.auc_change(scores, labels, *reference))
+    m.update(pastel_replicates.change(scored, reference, rng=rng('change'), num_resamples=boot))
   if tr_defense in DP_NAMES:
     m.update(passive_pastel.dp_metrics(
-        scores, labels, dp_accounting(config, replicas[0]['split'], tr_defense, tr_strength),
+        *scored[:2], dp_accounting(config, replicas[0]['split'], tr_defense, tr_strength),
         target, float(s.dp_delta)))
   return m
 
@@ -326,8 +301,7 @@ def plan(config, state, store, key) -> list[base.Point]:
   of its points the store lacks and dropped after its last; `none`'s scores are kept."""
   s, reps = _s(config), _replicates(config, state, key)
   points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
-  kw = dict(steps=int(s.attack_steps), learning_rate=float(s.attack_learning_rate),
-            hidden=int(s.attack_hidden))
+  kw = pastel_replicates.attack_options(config)
   for tr in trainings(config):
     cache = {}
     ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')
@@ -342,9 +316,10 @@ def plan(config, state, store, key) -> list[base.Point]:
       name = None if ref is None else (ref['optimizer'], attack, target)
       if name is not None and name not in ref_scores:
         ref_scores[name] = passive_pastel.pooled_attack_scores(load(ref), attack, target, key,
-                                                               **kw)[:2]
+                                                               **kw)
       return (point_metrics(config, cache['replicas'], attack, target, key, tr['defense'],
-                            tr['strength'], ref_scores.get(name)),
+                            tr['strength'], ref_scores.get(name),
+                            point_params(tr, attack, target)),
               sum(len(d['rows'][target]['eval']) for d in reps))
 
     for attack, target in attack_plan(config):

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from fl_privacy.pipelines import pastel_replicates
 from fl_privacy.report import figures
 from fl_privacy.report import summary
 
@@ -43,7 +44,8 @@ def _by_training(points: list[dict]) -> dict[tuple, dict]:
   for pt in points:
     p = pt['params']
     out.setdefault(_training(p), {})[(p['attack'], p['target'])] = {
-        k: summary.as_number(v) for k, v in pt['metrics'].items()}
+        k: summary.as_number(v) for k, v in pt['metrics'].items()
+        if not isinstance(v, (list, dict))}
   return out
 
 
@@ -64,10 +66,11 @@ def table_markdown(config, points: list[dict]) -> str:
            f'B = {s.batch_size}, {s.optimizer} lr {s.learning_rate}; PASTEL '
            f'{"/".join(s.pastel_representations)} at layers {list(s.pastel_layers) or "every Dense"}, '
            f'tau {s.pastel_temperature}; delta {s.dp_delta}, clip {s.clip_norm} (ldp), '
-           f'update clip {s.update_clip_norm} (cdp, wdp). Accuracy: global model on the test '
-           'split, % [95% Clopper-Pearson]; AUC: [95% DeLong]; attacks score the evaluation '
-           f'half, pooled over {s.get("replicates", 1)} replicate(s) (n_pos = n_neg per cell '
-           'below the table).', '']
+           f'update clip {s.update_clip_norm} (cdp, wdp). Attacks score the evaluation half '
+           f'of each of {s.get("replicates", 1)} replicated training(s) (n_pos = n_neg per cell, '
+           'all replicates, below the table). Attack AUC: the mean over the replicates [95% '
+           f'{_method(points)}]. Accuracy of the global model on the test split: the mean '
+           "over the replicates [95% Student's t over them; Clopper-Pearson for one].", '']
   header = ['Defense', 'Strength', 'Opt.', 'Test acc. %', 'Local acc. %', 'Gap']
   cols = []
   for a in attacks:
@@ -103,7 +106,8 @@ def table_markdown(config, points: list[dict]) -> str:
   lines.append('')
   for t, (npos, nneg) in counts.items():
     lines.append(f'- {t} target: {npos} members vs {nneg} non-members scored per cell.')
-  lines += ['', '## AUC change against `none` (same optimizer, same rows: 95% paired DeLong)', '',
+  lines += ['', '## AUC change against `none` (same optimizer, same rows of the same '
+            f'replicates: mean of the per-replicate changes [95% {_method(points)}])', '',
             '| ' + ' | '.join(header[:3] + header[6:6 + len(cols)]) + ' |',
             '|' + '---|' * (3 + len(cols))]
   for tr, cells in by.items():
@@ -115,6 +119,12 @@ def table_markdown(config, points: list[dict]) -> str:
     lines.append('| ' + ' | '.join(row) + ' |')
   lines.append('')
   return '\n'.join(lines)
+
+
+def _method(points: list[dict]) -> str:
+  """The interval the points report (`eval.replicated.interval_method`), in words."""
+  found = {str(pt['metrics'].get('interval_method')) for pt in points} - {'None'}
+  return '; '.join(pastel_replicates.METHODS.get(m, m) for m in sorted(found)) or 'interval'
 
 
 def _signed(m: dict | None, name: str) -> str:
@@ -162,7 +172,7 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
                   label=label)
     ax.axhline(0.5, color='k', ls='--', lw=0.8, label=_CHANCE)
     ax.set_xlabel('global model test accuracy (%)')
-    ax.set_ylabel(f'{_ATTACK_LABELS.get(attack, attack)} attack AUC (ROC area, 95% CI)')
+    ax.set_ylabel(f'{_ATTACK_LABELS.get(attack, attack)} attack AUC (mean over replicates, 95% CI)')
     ax.set_title(f'{target} target')
   handles, labels = axes[0][0].get_legend_handles_labels()
   for ax in axes[0][1:]:
@@ -180,7 +190,8 @@ def privacy_utility_figure(config, points: list[dict], attack: str = 'nasr_white
 
 
 def auc_figure(config, points: list[dict]):
-  """Every attack's AUC per training with DeLong intervals; one panel per target (Fig. 4a, c)."""
+  """Every attack's AUC per training with its interval over the replicates; one panel per
+  target (Fig. 4a, c)."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   targets = list(config.pastel.targets)
   by = _by_training(points)
@@ -205,7 +216,7 @@ def auc_figure(config, points: list[dict]):
         ax.bar(xs, np.asarray(ys) - 0.5, width, bottom=0.5, yerr=[lo, hi], capsize=2,
                label=_ATTACK_LABELS.get(attack, attack))
     ax.axhline(0.5, color='k', ls='--', lw=0.8, label=_CHANCE)
-    ax.set_ylabel('attack AUC (95% DeLong CI)')
+    ax.set_ylabel('attack AUC (mean over replicates, 95% CI)')
     ax.set_title(f'{target} target')
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=35, ha='right', fontsize=8)

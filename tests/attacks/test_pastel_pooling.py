@@ -58,19 +58,29 @@ def _replica(seed, shift):
 def test_pooled_scores_are_each_replicate_in_turn_and_one_attack_model_for_all():
   reps = [_replica(0, 1.0), _replica(1, 1.0)]
   kw = dict(steps=30, learning_rate=1e-2, hidden=8)
-  s, lab, ids = pastel.pooled_attack_scores(reps, 'loss_threshold', 'global',
-                                            jax.random.key(0), **kw)
+  s, lab, ids, which, attacked = pastel.pooled_attack_scores(reps, 'loss_threshold', 'global',
+                                                              jax.random.key(0), **kw)
   parts = [pastel.attack_scores(r['arrays'], r['rows'], r['members'], 'loss_threshold',
                                 'global', jax.random.key(0), **kw) for r in reps]
   np.testing.assert_array_equal(s, np.concatenate([p[0] for p in parts]))
   np.testing.assert_array_equal(lab, np.concatenate([p[1] for p in parts]))
   np.testing.assert_array_equal(
       ids, np.concatenate([r['ids']['global'][r['rows']['global']['eval']] for r in reps]))
+  # Each entry names its replicate; every global entry attacks the one global model.
+  np.testing.assert_array_equal(which, np.repeat([0, 1], [len(p[0]) for p in parts]))
+  np.testing.assert_array_equal(attacked, np.zeros(len(s), np.int64))
+  _, _, _, lwhich, lattacked = pastel.pooled_attack_scores(reps, 'loss_threshold', 'local',
+                                                           jax.random.key(0), **kw)
+  # On `local` each entry attacks its own client's upload.
+  want = np.concatenate([r['rows']['local']['client'][r['rows']['local']['eval']] for r in reps])
+  np.testing.assert_array_equal(lattacked, want)
+  assert set(lattacked) == {0, 1, 2} and set(lwhich) == {0, 1}
   # The white-box attack scores the same rows: every replicate's evaluation half.
-  ws, wl, wids = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'global',
-                                             jax.random.key(0), **kw)
+  ws, wl, wids, wwhich, _ = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'global',
+                                                        jax.random.key(0), **kw)
   np.testing.assert_array_equal(wl, lab)
   np.testing.assert_array_equal(wids, ids)
+  np.testing.assert_array_equal(wwhich, which)
   assert np.all(np.isfinite(ws))
   m = pastel.attack_metrics(s, lab, ids)
   # Pooling doubles the scored rows; the distinct negatives are fewer where the replicates
@@ -83,10 +93,10 @@ def test_pooled_scores_are_each_replicate_in_turn_and_one_attack_model_for_all()
 def test_auc_change_is_paired_on_the_same_rows():
   reps, ref = [_replica(0, 0.3)], [_replica(0, 1.0)]  # the same rows, a weaker signal
   kw = dict(steps=30, learning_rate=1e-2, hidden=8)
-  s, lab, _ = pastel.pooled_attack_scores(reps, 'loss_threshold', 'global', jax.random.key(0),
+  s, lab, *_ = pastel.pooled_attack_scores(reps, 'loss_threshold', 'global', jax.random.key(0),
+                                           **kw)
+  r, rl, *_ = pastel.pooled_attack_scores(ref, 'loss_threshold', 'global', jax.random.key(0),
                                           **kw)
-  r, rl, _ = pastel.pooled_attack_scores(ref, 'loss_threshold', 'global', jax.random.key(0),
-                                         **kw)
   m = pastel.auc_change(s, lab, r, rl)
   want = pastel.attack_metrics(s, lab)['attack_auc'] - pastel.attack_metrics(r, lab)['attack_auc']
   assert m['attack_auc_minus_none'] == pytest.approx(want, abs=1e-12)
@@ -126,14 +136,17 @@ def test_fedmia_scores_exactly_the_local_evaluation_rows(attack):
   assert pastel.attack_metrics(s, lab)['attack_auc'] > 0.7  # own members lose less
   # Pooled over two replicates: each replicate's rows and example ids, in turn.
   reps = [rep, _fedmia_recording(_replica(1, 1.0), 1)]
-  ps, pl, pids = pastel.pooled_attack_scores(reps, attack, 'local', jax.random.key(0),
-                                             steps=1, learning_rate=1e-3, hidden=4)
+  ps, pl, pids, pwhich, pattacked = pastel.pooled_attack_scores(
+      reps, attack, 'local', jax.random.key(0), steps=1, learning_rate=1e-3, hidden=4)
   parts = [pastel.fedmia_scores(r['arrays'], r['rows'], r['members'], attack, with_rows=True)
            for r in reps]
   np.testing.assert_array_equal(ps, np.concatenate([p[0] for p in parts]))
   np.testing.assert_array_equal(pl, np.concatenate([p[1] for p in parts]))
   np.testing.assert_array_equal(
       pids, np.concatenate([r['ids']['local'][p[2]] for r, p in zip(reps, parts)]))
+  np.testing.assert_array_equal(pwhich, np.repeat([0, 1], [len(p[0]) for p in parts]))
+  np.testing.assert_array_equal(pattacked, np.concatenate(
+      [r['rows']['local']['client'][p[2]] for r, p in zip(reps, parts)]))
 
 
 def test_attack_rows_label_every_row_by_its_owner_and_split_balanced_halves():
@@ -175,8 +188,8 @@ def test_one_replicate_is_the_per_training_attack_with_its_own_key():
   kw = dict(steps=20, learning_rate=1e-2, hidden=8)
   s, lab = pastel.attack_scores(rep['arrays'], rep['rows'], rep['members'], 'nasr_whitebox',
                                 'global', jax.random.key(5), **kw)
-  ps, pl, _ = pastel.pooled_attack_scores([rep], 'nasr_whitebox', 'global', jax.random.key(5),
-                                          **kw)
+  ps, pl, *_ = pastel.pooled_attack_scores([rep], 'nasr_whitebox', 'global',
+                                           jax.random.key(5), **kw)
   r = rep['rows']['global']
   feats = {k[len('global/'):]: v for k, v in rep['arrays'].items() if k.startswith('global/')}
   want = whitebox.train_and_score(
@@ -203,3 +216,24 @@ def test_attack_scores_of_one_training_reads_its_members_for_fedmia():
   want = pastel.fedmia_scores(rep['arrays'], rep['rows'], rep['members'], 'fedmia_ii')
   np.testing.assert_array_equal(s, want[0])
   np.testing.assert_array_equal(lab, want[1])
+
+
+def test_per_replicate_white_box_trains_each_replicate_on_its_own_half():
+  from fl_privacy.attacks.passive import whitebox  # pylint: disable=g-import-not-at-top
+  from fl_privacy.report import point_key  # pylint: disable=g-import-not-at-top
+  reps = [_replica(0, 1.0), _replica(1, 1.0)]
+  kw = dict(steps=20, learning_rate=1e-2, hidden=8)
+  shared = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'local', jax.random.key(5), **kw)
+  own = pastel.pooled_attack_scores(reps, 'nasr_whitebox', 'local', jax.random.key(5),
+                                    per_replicate=True, **kw)
+  for i, rep in enumerate(reps):
+    r = rep['rows']['local']
+    feats = {k[len('local/'):]: v for k, v in rep['arrays'].items() if k.startswith('local/')}
+    want = whitebox.train_and_score(
+        point_key(jax.random.key(5), {'role': 'attack', 'target': 'local', 'replicate': i}),
+        {g: v[r['train']] for g, v in feats.items()}, r['labels'][r['train']],
+        {g: v[r['eval']] for g, v in feats.items()}, **kw)
+    np.testing.assert_array_equal(own[0][own[3] == i], want)
+  for a, b in zip(shared[1:], own[1:]):  # the same entries, other scores
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(shared[0], own[0])

@@ -37,17 +37,39 @@ def test_results_schema_and_files(smoke):
     # stored as the string 'nan').
     labels = {k: v for k, v in p['metrics'].items()
               if k in ('dp_unit', 'dp_relation', 'dp_adversary', 'dp_sampling')}
-    m = {k: float(v) for k, v in p['metrics'].items() if k not in labels}
-    for name in ('attack_auc', 'accuracy', 'tpr_at_fpr_1e-2'):
+    words = {k: v for k, v in p['metrics'].items()
+             if k == 'interval_method' or k.endswith(('_interval', '_verdict'))}
+    lists = {k: v for k, v in p['metrics'].items() if isinstance(v, list)}
+    m = {k: float(v) for k, v in p['metrics'].items()
+         if k not in labels and k not in words and k not in lists}
+    for name in ('attack_auc', 'accuracy', 'tpr_at_fpr_1e-2', 'tpr_at_fpr_1e-3'):
       assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
+    # One replicate (smoke): the two-way bootstrap of that training, conditional on it, is
+    # the reported interval; the pooled single-sample numbers sit beside it.
+    assert words['interval_method'] == 'two_way_bootstrap_conditional' and m['replicates'] == 1
+    assert (m['attack_auc_ci_low'], m['attack_auc_ci_high']) == (m['attack_auc_boot_low'],
+                                                                 m['attack_auc_boot_high'])
+    assert lists['attack_auc_replicates'] == pytest.approx([m['attack_auc']])
+    assert m['attack_auc'] == pytest.approx(m['pooled_attack_auc'])  # one replicate
+    assert m['pooled_attack_auc_ci_low'] <= m['pooled_attack_auc'] <= m[
+        'pooled_attack_auc_ci_high']
+    assert len(lists['conditional']) == 1
+    assert lists['conditional'][0]['attack_auc_ci_low'] == pytest.approx(
+        m['pooled_attack_auc_ci_low'])
     assert m['n_pos'] == m['n_neg'] > 50
     assert 0 <= m['jsd_last_round'] <= math.log(2)
     # Every defended training states its paired AUC change against `none` on the same rows.
     if p['params']['defense'] == 'none':
       assert 'attack_auc_minus_none' not in m
     else:
-      assert (m['attack_auc_minus_none_ci_low'] <= m['attack_auc_minus_none'] <=
-              m['attack_auc_minus_none_ci_high'])
+      for name in ('attack_auc_minus_none', 'tpr_at_fpr_1e-3_minus_none',
+                   'pooled_attack_auc_minus_none'):
+        assert m[f'{name}_ci_low'] <= m[name] <= m[f'{name}_ci_high'], name
+      assert lists['attack_auc_minus_none_replicates'] == pytest.approx(
+          [m['attack_auc_minus_none']])
+      assert words['attack_auc_minus_none_verdict'] in (
+          'A better (interval above 0)', 'B better (interval below 0)',
+          'no difference shown (interval holds 0)')
     if p['params']['defense'] == 'cdp':
       # DP-FedAvg: client level, replace-one, and only against readers of the aggregate, so
       # a row that attacks the uploads (target 'local') carries no epsilon.
@@ -69,6 +91,7 @@ def test_results_schema_and_files(smoke):
   assert len(list((workdir / 'trained').glob('*.npz'))) == 4
   table = (workdir / 'table.md').read_text()
   assert '| Defense | Strength |' in table and 'AUC local' in table and 'AUC global' in table
+  assert 'two-way bootstrap' in table and 'DeLong' not in table
 
 
 def test_same_rows_for_every_defense(smoke):
@@ -98,6 +121,7 @@ def test_resume_keeps_points_without_retraining(smoke):
     ('per_client', 2),
     ('per_client', 1000),
     ('replicates', 0),
+    ('bootstrap_resamples', 0),
     ('validation_fraction', 0.1),
     ('optimizer', 'rmsprop'),
     ('ablation_optimizer', 'rmsprop'),

@@ -369,27 +369,35 @@ def attack_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray], attac
   """
   replica = dict(arrays=arrays, rows=rows, members=members,
                  ids={target: np.arange(len(rows[target]['labels']))})
-  scores, labels, _ = pooled_attack_scores([replica], attack, target, key, steps=steps,
-                                           learning_rate=learning_rate, hidden=hidden)
+  scores, labels, *_ = pooled_attack_scores([replica], attack, target, key, steps=steps,
+                                            learning_rate=learning_rate, hidden=hidden)
   return scores, labels
 
 
 def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key, *,
-                         steps: int, learning_rate: float, hidden: int
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(scores, labels, example ids) of `attack` on `target`, pooled over replicate trainings.
+                         steps: int, learning_rate: float, hidden: int,
+                         per_replicate: bool = False) -> tuple[np.ndarray, ...]:
+  """(scores, labels, example ids, replicate, attacked) of `attack` on `target`, pooled over
+  replicate trainings.
 
   Each replica is one training of the same defense under its own replicate key: `{'arrays',
-  'rows' (`attack_rows`), 'members', 'ids' (`identities`)}`. The loss threshold and FedMIA
-  score each replica's evaluation half; the white-box attack is ONE model trained on the
-  training halves of every replica (the attacker's known pairs: as many as the scored pairs,
-  and no (training, row) it scores) and scores every evaluation half. With one replica this
-  is the per-training attack of Nasr et al.'s supervised setting.
+  'rows' (`attack_rows`), 'members', 'ids' (`identities`)}`. `replicate` [N] is each entry's
+  index in `replicas`; `attacked` [N] the model it scores (the client whose upload is
+  attacked on `local`, 0 for the one global model), so `eval.replicated` can resample
+  replicates, then attacked models, then examples. The loss threshold and FedMIA score each
+  replica's evaluation half; the white-box attack is ONE model trained on the training halves
+  of every replica (the attacker's known pairs: as many as the scored pairs, and no (training,
+  row) it scores) and scores every evaluation half. With one replica this is the per-training
+  attack of Nasr et al.'s supervised setting. Because that model is shared, its own training
+  randomness is common to all replicates: an interval over replicates does not cover it.
+  With `per_replicate`, each replica gets its own white-box model, trained on its own
+  training half only (key fold_in-derived per replica: the replicates' attacks independent,
+  each on a tenth of the pairs at 10 replicates).
   """
-  scores, labels, ids = [], [], []
+  scores, labels, ids, which, attacked = [], [], [], [], []
   train_feats, train_labels, eval_feats = [], [], []
   prefix = f'{target}/'
-  for rep in replicas:
+  for i, rep in enumerate(replicas):
     r = rep['rows'][target]
     if attack in FEDMIA_ATTACKS:
       s, lab, kept = fedmia_scores(rep['arrays'], rep['rows'], rep['members'], attack,
@@ -397,10 +405,16 @@ def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key
       scores.append(s)
       labels.append(lab)
       ids.append(rep['ids'][target][kept])
+      which.append(np.full(len(kept), i))
+      attacked.append(np.asarray(r['client'])[kept])
       continue
     feats = {k[len(prefix):]: v for k, v in rep['arrays'].items() if k.startswith(prefix)}
     labels.append(r['labels'][r['eval']])
     ids.append(rep['ids'][target][r['eval']])
+    which.append(np.full(len(r['eval']), i))
+    # Global non-members carry client -1: every global entry attacks the one global model.
+    attacked.append(np.asarray(r['client'])[r['eval']] if target == 'local'
+                    else np.zeros(len(r['eval']), np.int64))
     if attack == 'loss_threshold':
       scores.append(whitebox.loss_scores({'loss': feats['loss'][r['eval']]}))
     else:
@@ -409,11 +423,17 @@ def pooled_attack_scores(replicas: Sequence[dict], attack: str, target: str, key
       eval_feats.append({g: v[r['eval']] for g, v in feats.items()})
   if attack == 'nasr_whitebox':
     cat = lambda parts: {g: np.concatenate([p[g] for p in parts]) for g in parts[0]}
-    scores = [whitebox.train_and_score(
-        point_key(key, {'role': 'attack', 'target': target}), cat(train_feats),
-        np.concatenate(train_labels), cat(eval_feats), steps=int(steps),
-        learning_rate=float(learning_rate), hidden=int(hidden))]
-  return np.concatenate(scores), np.concatenate(labels), np.concatenate(ids)
+    fit = lambda k, tf, tl, ef: whitebox.train_and_score(
+        k, tf, tl, ef, steps=int(steps), learning_rate=float(learning_rate), hidden=int(hidden))
+    if per_replicate:
+      scores = [fit(point_key(key, {'role': 'attack', 'target': target, 'replicate': i}),
+                    tf, tl, ef)
+                for i, (tf, tl, ef) in enumerate(zip(train_feats, train_labels, eval_feats))]
+    else:
+      scores = [fit(point_key(key, {'role': 'attack', 'target': target}), cat(train_feats),
+                    np.concatenate(train_labels), cat(eval_feats))]
+  return (np.concatenate(scores), np.concatenate(labels), np.concatenate(ids),
+          np.concatenate(which), np.concatenate(attacked).astype(np.int64))
 
 
 def auc_change(scores: np.ndarray, labels: np.ndarray, reference: np.ndarray,
@@ -421,7 +441,9 @@ def auc_change(scores: np.ndarray, labels: np.ndarray, reference: np.ndarray,
   """`attack_auc_minus_none` [95% paired DeLong interval]: the AUC of `scores` minus that of
   `reference`, the same attack's scores of the same rows under the undefended trainings
   (`eval.metrics.auc_difference_interval`). Every training of a replicate scores the same rows
-  in the same order (`pooled_attack_scores`), so the comparison is paired."""
+  in the same order (`pooled_attack_scores`), so the comparison is paired; DeLong takes the
+  rows as independent, so on rows pooled over replicates it is conditional on the trainings
+  (the pipeline reports it as `pooled_attack_auc_minus_none`)."""
   if not np.array_equal(np.asarray(labels), np.asarray(reference_labels)):
     raise ValueError('the reference scores other rows')
   d, low, high = metrics_lib.auc_difference_interval(scores, reference, labels)
