@@ -31,8 +31,9 @@ Intervals, each at `confidence` (two-sided):
   at or above the threshold chosen on all entries pooled, out of all members. With a handful
   of true positives the percentile bootstrap under-covers (its resamples cannot put mass
   where the data have none); the exact binomial interval does not, though it ignores the
-  dependence between entries. The wider of it and the interval `interval_method` names is
-  reported.
+  dependence between entries. The union of it and the interval `interval_method` names is
+  reported: the two are centred on different estimates (the pooled TPR, the mean of the
+  per-replicate TPRs), so the wider alone could leave out the reported mean.
 
 Which interval is reported is `interval_method`: 't' for 2 <= R < MIN_BOOTSTRAP_REPLICATES,
 'hierarchical_bootstrap' from there on, 'two_way_bootstrap_conditional' for R = 1 (one
@@ -378,8 +379,10 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
     interval of `interval_method`); for each FPR name: `<name>`, `<name>_replicates`,
     `<name>_t_low/high`, `<name>_boot_low/high`, `<name>_pooled` (TPR of all entries pooled,
     one threshold) with `<name>_members_above` (its true positives), `<name>_cp_low/high`
-    (Clopper-Pearson on those counts), `<name>_low/high` (the wider of the
-    `interval_method` interval and Clopper-Pearson), `<name>_interval` (which one that is),
+    (Clopper-Pearson on those counts), `<name>_low/high` (the union of the
+    `interval_method` interval and Clopper-Pearson), `<name>_interval` (`interval_method`,
+    'clopper_pearson' when that interval is NaN, or '<method>+clopper_pearson' when
+    Clopper-Pearson widened it),
     `<name>_distinct_negatives` (`bootstrap.distinct_negatives` per replicate, summed).
   """
   _check_resampling(num_resamples, confidence)
@@ -422,12 +425,14 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
                     bootstrap.distinct_negatives(r.scores, r.labels, r.group_ids, float(f))
                     for r in checked)})
     low, high = _reported(method, tuple(t), boot)
-    # A NaN width (t with R = 1) never wins: Clopper-Pearson is then reported.
-    if high - low >= cp[1] - cp[0]:
-      out[f'{name}_low'], out[f'{name}_high'], out[f'{name}_interval'] = low, high, method
-    else:
+    # A NaN interval (t with R = 1) leaves Clopper-Pearson alone.
+    if np.isnan(low) or np.isnan(high):
       out[f'{name}_low'], out[f'{name}_high'] = cp
       out[f'{name}_interval'] = 'clopper_pearson'
+    else:
+      out[f'{name}_low'], out[f'{name}_high'] = min(low, cp[0]), max(high, cp[1])
+      widened = cp[0] < low or cp[1] > high
+      out[f'{name}_interval'] = f'{method}+clopper_pearson' if widened else method
   return out
 
 

@@ -91,7 +91,7 @@ def tables_markdown(points: list[dict]) -> str:
     lines += ['## FedMIA table: Flower deployment vs native simulation (aligned scoring)', '',
               f'Over {m0.get("replicates", 1)} replicated deployment(s) (keys fold_in(run key, '
               'r)): the mean over them with a 95% interval '
-              f'({fedmia_replicates.METHODS.get(method, method)}); TPR: the wider of it and '
+              f'({fedmia_replicates.METHODS.get(method, method)}); TPR: the union of it and '
               'Clopper-Pearson on the pooled counts.', '',
               '| attack | Flower AUC [95% CI] | native AUC [95% CI] | Flower TPR@1%FPR | '
               'native TPR@1%FPR | AUCs within each other\'s CI |', '|---|---|---|---|---|---|']

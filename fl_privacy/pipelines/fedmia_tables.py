@@ -150,7 +150,7 @@ def table1(config, points: list[dict], claims_: dict | None = None) -> str:
            f'{s.replicates} replicated trainings (independent partitions, initialisations '
            'and client keys) with a 95% interval over them (Student\'s t over the '
            'per-replicate values for 2-30 replicates, `eval.replicated`; for a TPR at low FPR '
-           'the wider of that and Clopper-Pearson on the members above the pooled threshold); '
+           'the union of that and Clopper-Pearson on the members above the pooled threshold); '
            '"per replicate": the value of each training; "distinct negatives": distinct '
            'non-member queries among the false positives at the threshold, summed over the '
            'replicates, of all distinct non-member queries; "minus aligned": the mean of the '

@@ -7,8 +7,8 @@ same rows of the same replicate), are reported over the replicates by `eval.repl
 following `pipelines.fedmia_replicates`: the headline is the mean of the R per-replicate
 values, `<name>_ci_low/_ci_high` the interval `interval_method` names (Student's t over the
 replicates for 2 <= R <= 30; for R = 1 the two-way bootstrap of the attacked models and the
-examples, conditional on that training), with Clopper-Pearson on the pooled counts where it is
-wider for a TPR. Entries: `target` = the attacked model (client k's upload on `local`, 0 for
+examples, conditional on that training), for a TPR joined with Clopper-Pearson on the pooled
+counts (their union). Entries: `target` = the attacked model (client k's upload on `local`, 0 for
 the global model), `groups` = the example id (`attacks.passive.pastel.identities`).
 
 What was the headline before, the rows pooled over replicates taken as one sample (DeLong for
