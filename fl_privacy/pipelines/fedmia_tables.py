@@ -293,7 +293,40 @@ def table2(config, points: list[dict]) -> str:
                        f'{"inf" if math.isinf(eps) else f"{eps:.3g}"} | ' +
                        ' | '.join(_pct(r, 'tpr_at_fpr_1e-3') if r else '' for r in row) + ' |')
     lines += details + ['']
+    lines += _paired_defense_lines(config, idx, model, attacks, none_row)
   return '\n'.join(lines) + '\n'
+
+
+def _minus(m: dict | None, base: dict | None, name: str = 'auc') -> str:
+  """m - base of `name` over the same replicates: the mean of the per-replicate differences
+  with the t-interval over them ('' without two paired replicates)."""
+  if m is None or base is None:
+    return ''
+  a, b = m.get(f'{name}_replicates', ()), base.get(f'{name}_replicates', ())
+  if len(a) < 2 or len(a) != len(b):
+    return ''
+  mean, low, high = replicated.t_interval(np.asarray(a, float) - np.asarray(b, float),
+                                          bounds=(-1.0, 1.0))
+  return f'{mean:+.3f} [{low:+.3f}, {high:+.3f}]'
+
+
+def _paired_defense_lines(config, idx, model, attacks, none_row) -> list[str]:
+  """Each defense's AUC change against the undefended run, paired over the replicates (a
+  defense and the undefended run of one replicate share data, keys and w_0)."""
+  s = config.fedmia
+  rows = []
+  for name in s.defenses.keys():
+    for v in (float(x) for x in s.defenses[name]):
+      cells = [_minus(_get(idx, config, model, a, defense=name, param=v), base)
+               for a, base in zip(attacks, none_row)]
+      if any(cells):
+        rows.append(f'| {name} | {v:g} | ' + ' | '.join(cells) + ' |')
+  if not rows:
+    return []
+  return ['### AUC minus the undefended run (paired over the replicates, t 95%)', '',
+          '| defense | strength | ' + ' | '.join(scores_lib.label(a, s.outlier_filter)
+                                               for a in attacks) + ' |',
+          '|' + '---|' * (len(attacks) + 2)] + rows + ['']
 
 
 def write(config, points: list[dict], workdir: str, records: dict | None = None,

@@ -85,7 +85,11 @@ def test_results_schema_and_files(smoke):
     assert row in table, row
   assert 'public code minus aligned, TPR@0.1% (points)' in table and 'distinct negatives' in table
   assert 'inflation' not in table.lower()
-  assert 'Hypervolume' in (workdir / 'table2.md').read_text()
+  table2 = (workdir / 'table2.md').read_text()
+  assert 'Hypervolume' in table2
+  # Each defense against the undefended run of the same replicates, paired.
+  assert '### AUC minus the undefended run (paired over the replicates, t 95%)' in table2
+  assert '| update_noise | 0.1 | ' in table2.split('AUC minus the undefended run')[1]
   # The paired claims are over the replicated trainings, and say which interval they report.
   rows = next(iter(json.loads((workdir / 'claims.json').read_text()).values()))
   assert rows and all(r['num_trainings'] == 2 and r['interval_method'] == 't' for r in rows)
