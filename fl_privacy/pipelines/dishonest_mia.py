@@ -37,6 +37,7 @@ from fl_privacy.eval import stats
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy import report
 from fl_privacy.pipelines import base
+from fl_privacy.pipelines import dishonest_mia_checks
 from fl_privacy.pipelines import dishonest_mia_figures
 from fl_privacy.pipelines import dishonest_mia_tables
 from fl_privacy.report import atomic
@@ -65,8 +66,7 @@ _CHUNK_BUDGET_BYTES = 256 << 20
 # which moves a Delta by ~1e-6 relative; Adam's Deltas tie by construction (e.g. many runs at
 # 185.0), and unrounded, that noise broke the ties differently (AUC 0.5075 vs 0.5087 at M = 1).
 DELTA_DIGITS = 4
-# The least image side the trunk keeps features of under 'SAME' padding (its two poolings).
-MIN_SAME_SIZE = 4
+MIN_SAME_SIZE = dishonest_mia_checks.MIN_SAME_SIZE
 EVEN = validate.Rule('an even number (half inside)', lambda v: v % 2 == 0)
 
 
@@ -124,12 +124,7 @@ def make_model(config, num_classes: int):
   return models.FlowerCNN(num_classes, padding=config.dishonest.padding)
 
 
-def feature_shape(model, image_shape) -> tuple[int, int]:
-  """(trunk feature dimension, width of fc1) of `model` on images of `image_shape`."""
-  x = jax.ShapeDtypeStruct((1,) + tuple(image_shape), jnp.float32)
-  # Shapes only: under eval_shape no random number is ever drawn from this key.
-  variables = jax.eval_shape(model.init, jax.random.key(0), x)
-  return variables['params']['fc1']['kernel'].shape
+feature_shape = dishonest_mia_checks.feature_shape
 
 
 def prepare(config) -> dict:
@@ -153,29 +148,7 @@ def prepare(config) -> dict:
     validate.require(n < size, field, f'J * batch_size < {size} (the {s.split} split keeps '
                      'one example out for the outside runs)', p['num_batches'])
   model = make_model(config, pool.num_classes)
-  dims = f'{pool.x.shape[1]}x{pool.x.shape[2]}'
-  try:
-    feature_dim, width = feature_shape(model, pool.x.shape[1:])
-  except (ValueError, TypeError, ZeroDivisionError):  # shape probe of a too-small input
-    feature_dim, width = 0, 0
-  if feature_dim <= 0:
-    # Images smaller than MIN_SAME_SIZE are the fault under either padding (naming the
-    # padding as the fix read "must be 'SAME' ... (got 'SAME')"); larger ones need 'SAME'.
-    if min(pool.x.shape[1:3]) < MIN_SAME_SIZE:
-      raise validate.ConfigError(
-          'data', f'images of at least {MIN_SAME_SIZE}x{MIN_SAME_SIZE} for the dishonest '
-          "server's trunk (its poolings leave no features of smaller ones under either "
-          'padding)', f'{dims} images of {config.data.name}')
-    validate.require(s.padding == 'SAME', 'dishonest.padding',
-                     f"'SAME' for {dims} images (the VALID trunk needs at least 16x16)",
-                     s.padding)
-    raise validate.ConfigError('data', f'images the dishonest server\'s trunk keeps features '
-                               'of', f'{dims} images of {config.data.name}')
-  limit = min(feature_dim, width // 2)
-  for p in points:
-    field = 'dishonest.M' if p['M'] in tuple(s.M) else 'dishonest.center.M'
-    validate.require(p['M'] <= limit, field, f'<= {limit} (feature dimension {feature_dim}, '
-                     f'2M <= {width} units of fc1)', p['M'])
+  dishonest_mia_checks.require_features(config, model, pool, points)
   state = dict(pool=pool, splits=splits, points=points, model=model)
   for p in points:
     # Built (and cached) now, so a defense that cannot be built for a point (a target
