@@ -109,10 +109,15 @@ def test_what_runs_under_each_plant(captured):
   assert section['noise_multiplier'] == pytest.approx(0.5 * z)
   assert section['clip_norm'] == float(config.training_audit.clip_norm)
   assert section['target_epsilon'] is None
-  runs.ran(_config('clip_mismatch'), STATE, _tr('update_dp'), claimed, sizes)
-  section = captured[n + 1][0]
-  assert section['noise_multiplier'] == pytest.approx(0.5 * z)
-  assert section['clip_norm'] == pytest.approx(2.0 * float(config.training_audit.clip_norm))
+  # A clip of 0.5: twice the clip is 1.0, where 2 / C would be 4.
+  mismatch = _config('clip_mismatch', clip_norm=0.5)
+  claimed_m = runs.claim(mismatch, STATE, _tr('update_dp', eps=4.0), sizes)
+  n = len(captured)
+  runs.ran(mismatch, STATE, _tr('update_dp'), claimed_m, sizes)
+  section = captured[n][0]
+  assert section['noise_multiplier'] == pytest.approx(
+      0.5 * float(claimed_m.metrics['noise_multiplier']))
+  assert section['clip_norm'] == pytest.approx(1.0)
 
 
 def test_poisson_full_batch_replaces_the_sampler_of_dp_sgd_only(captured):
@@ -142,3 +147,12 @@ def test_ldp_sgd_half_noise_doubles_the_per_report_epsilon(captured):
   assert captured[n][0]['epsilon'] == pytest.approx(2.0 * per_report)
   # The claimed hooks configured the per-report epsilon itself.
   assert captured[n - 1][0]['epsilon'] == pytest.approx(per_report)
+
+
+def test_ldp_sgd_clip_mismatch_keeps_the_per_report_epsilon(captured):
+  sizes = np.full(20, 16)
+  config = _config('clip_mismatch')
+  claimed = runs.claim(config, STATE, _tr('ldp_sgd', eps=6.0), sizes)
+  n = len(captured)
+  runs.ran(config, STATE, _tr('ldp_sgd', eps=6.0), claimed, sizes)
+  assert captured[n][0]['epsilon'] == pytest.approx(6.0 / int(config.training_audit.num_rounds))
