@@ -68,6 +68,7 @@ def test_fedmia_query_gradients_that_cannot_fit_are_refused_before_training(monk
   monkeypatch.setattr(memory, 'device_memory', lambda: (2**34, 'the machine\'s memory'))
   config = digits.get_config('smoke')
   config.fedmia.models = ('resnet18_gn',)
+  config.fedmia.chunk_size = 512  # digits' default is 32
   monkeypatch.setattr(fedmia, 'record', lambda *a, **k: pytest.fail('trained'))
   with pytest.raises(validate.ConfigError, match=r'config.fedmia.chunk_size: must be small '
                      r'enough for the per-query gradients \(512 queries x 11,172,810 '

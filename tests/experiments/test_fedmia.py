@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -169,7 +170,8 @@ def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_p
   tr = dict(model='mlp', beta=float('inf'), num_clients=4, local_epochs=1, defense='none',
             defense_param=None, sweep='main')
   artifacts = ArtifactStore(tmp_path, fedmia.RECORDED)
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+  key = jax.random.key(0)  # replicate 0's key is fold_in(key, 0)
+  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
                                               'margin': np.zeros((3, 4, 5), np.float32)})
   calls = []
 
@@ -180,26 +182,26 @@ def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_p
             'margin_in': np.ones((3, in_models, 5), np.float32)}
 
   monkeypatch.setattr(fedmia, 'record', fake_record)
-  rec = fedmia.recorded(config, {}, None, artifacts, tr)
+  rec = fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4] and rec['margin_in'].shape == (3, 4, 5)
   # Now stored with its IN models: read, not trained.
-  assert fedmia.recorded(config, {}, None, artifacts, tr)['margin_in'].shape == (3, 4, 5)
+  assert fedmia.recorded(config, {}, key, artifacts, tr)['margin_in'].shape == (3, 4, 5)
   assert calls == [4]
   config.fedmia.lira_in_models = 6  # another number of IN models: trained again
-  fedmia.recorded(config, {}, None, artifacts, tr)
+  fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6]
   # IN losses without IN margins (recorded before margins): trained again.
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
                                               'margin': np.zeros((3, 4, 5), np.float32),
                                               'loss_in': np.zeros((3, 6, 5), np.float32)})
-  fedmia.recorded(config, {}, None, artifacts, tr)
+  fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6]
   config.fedmia.attacks = ('fedmia_ii',)  # no online attack: what is stored with margins is read
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32),
+  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
                                               'margin': np.zeros((3, 4, 5), np.float32)})
-  assert 'loss_in' not in fedmia.recorded(config, {}, None, artifacts, tr)
+  assert 'loss_in' not in fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6]
   # A recording without margins (made before LiRA and RMIA read them) is trained again.
-  artifacts.save(fedmia.training_params(tr), {'loss': np.zeros((3, 4, 5), np.float32)})
-  assert 'margin' in fedmia.recorded(config, {}, None, artifacts, tr)
+  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32)})
+  assert 'margin' in fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6, 0]
