@@ -137,22 +137,14 @@ def test_poisson_full_batch_replaces_the_sampler_of_dp_sgd_only(captured):
   np.testing.assert_array_equal(np.asarray(idx)[0, 1], [0, 1, 2])
 
 
-def test_ldp_sgd_half_noise_doubles_the_per_report_epsilon(captured):
+@pytest.mark.parametrize('plant,factor', [('half_noise', 2.0), ('clip_mismatch', 1.0)])
+def test_ldp_sgd_only_half_noise_doubles_the_per_report_epsilon(captured, plant, factor):
   sizes = np.full(20, 16)
-  config = _config('half_noise')
+  config = _config(plant)
   claimed = runs.claim(config, STATE, _tr('ldp_sgd', eps=6.0), sizes)
   n = len(captured)
   runs.ran(config, STATE, _tr('ldp_sgd', eps=6.0), claimed, sizes)
   per_report = 6.0 / int(config.training_audit.num_rounds)
-  assert captured[n][0]['epsilon'] == pytest.approx(2.0 * per_report)
+  assert captured[n][0]['epsilon'] == pytest.approx(factor * per_report)
   # The claimed hooks configured the per-report epsilon itself.
   assert captured[n - 1][0]['epsilon'] == pytest.approx(per_report)
-
-
-def test_ldp_sgd_clip_mismatch_keeps_the_per_report_epsilon(captured):
-  sizes = np.full(20, 16)
-  config = _config('clip_mismatch')
-  claimed = runs.claim(config, STATE, _tr('ldp_sgd', eps=6.0), sizes)
-  n = len(captured)
-  runs.ran(config, STATE, _tr('ldp_sgd', eps=6.0), claimed, sizes)
-  assert captured[n][0]['epsilon'] == pytest.approx(6.0 / int(config.training_audit.num_rounds))
