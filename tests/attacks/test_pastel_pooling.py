@@ -237,3 +237,15 @@ def test_per_replicate_white_box_trains_each_replicate_on_its_own_half():
   for a, b in zip(shared[1:], own[1:]):  # the same entries, other scores
     np.testing.assert_array_equal(a, b)
   assert not np.array_equal(shared[0], own[0])
+
+
+@pytest.mark.parametrize('num_train,num_clients,fraction,per_client', [
+    (1438, 10, 0.2, None), (1437, 7, 0.33, None), (1438, 10, 0.2, 24), (50, 3, 0.01, 12)])
+def test_member_counts_are_client_splits_for_every_key(num_train, num_clients, fraction,
+                                                       per_client):
+  # The DP baselines are calibrated from these counts before any training (no key yet).
+  want = pastel.member_counts(num_train, num_clients, fraction, per_client)
+  for seed in (0, 1, 7):
+    split = pastel.client_split(jax.random.key(seed), num_train, 40, num_clients,
+                                        fraction, per_client)
+    assert [len(m) for m in split['members']] == want

@@ -73,6 +73,20 @@ def check_shards(num_train: int, num_test: int, num_clients: int, per_client: in
                    f'<= {num_test // 4} (each client needs >= 4 test non-members)', k)
 
 
+def heldout_count(shard_size: int, validation_fraction: float) -> int:
+  """Held-out rows of a shard of `shard_size`: its share, rounded, and at least one."""
+  return max(1, int(round(validation_fraction * shard_size)))
+
+
+def member_counts(num_train: int, num_clients: int, validation_fraction: float,
+                  per_client: int | None = None) -> list[int]:
+  """Members per client of `client_split`, which no key changes (the shards' sizes are
+  `data.iid_partition`'s, the held-out share `heldout_count`'s)."""
+  sizes = ([int(per_client)] * num_clients if per_client is not None else
+           [len(a) for a in np.array_split(np.arange(num_train), num_clients)])
+  return [n - heldout_count(n, validation_fraction) for n in sizes]
+
+
 def client_split(key, num_train: int, num_test: int, num_clients: int,
                  validation_fraction: float, per_client: int | None = None
                  ) -> dict[str, list[np.ndarray] | np.ndarray]:
@@ -101,7 +115,7 @@ def client_split(key, num_train: int, num_test: int, num_clients: int,
   for i, shard in enumerate(shards):
     rng = data_lib.rng_from_key(point_key(key, {'role': 'heldout', 'client': i}))
     perm = rng.permutation(np.asarray(shard))
-    h = max(1, int(round(validation_fraction * len(shard))))
+    h = heldout_count(len(shard), validation_fraction)
     heldout.append(np.sort(perm[:h]))
     members.append(np.sort(perm[h:]))
   unused = np.setdiff1d(np.arange(num_train), np.concatenate(shards))
