@@ -45,6 +45,7 @@ from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.flower import canaries
+from fl_privacy.flower import config_checks
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import reconstruction_part
 from fl_privacy.flower import tables as tables_lib
@@ -120,66 +121,6 @@ SUMMARY = (
 
 # -------------------------------------------------------------------------- validation ---
 
-_POSITIVE_INT = validate.number(1, integer=True)
-_CENTRAL_FIELDS = ('noise_multiplier', 'num_sampled_clients')
-_ADAPTIVE_FIELDS = _CENTRAL_FIELDS + ('target_clipped_quantile', 'clip_norm_lr')
-_LOCAL_FIELDS = ('sensitivity', 'epsilon')
-
-
-_POSITIVE = validate.number(0, low_open=True)
-_SETTING_RULES = {
-    'wrapper': validate.choice(WRAPPERS),
-    'clipping_norm': _POSITIVE,
-    'delta': validate.number(0, 1, low_open=True, high_open=True),
-    'noise_multiplier': _POSITIVE,
-    'num_sampled_clients': _POSITIVE_INT,
-    'sensitivity': _POSITIVE,
-    'epsilon': _POSITIVE,
-    'target_clipped_quantile': validate.number(0, 1),
-    'clip_norm_lr': _POSITIVE,
-    'clipped_count_stddev': validate.number(0, low_open=True, optional=True),
-}
-_PRESENT = validate.Rule('set (the wrapper reads it; configs/_flower_audit.py)',
-                         lambda v: v is not None)
-
-
-def _check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit.Setting:
-  """One `<section>.settings` entry checked by its wrapper's rules, as a `dp_audit.Setting`
-  (`training`: no `num_sampled_clients`, which is the deployment's `nodes`)."""
-  prefix = f'flower_audit.{section}.settings.{name}'
-  _PRESENT.check(f'{prefix}.wrapper', s.get('wrapper'))
-  _SETTING_RULES['wrapper'].check(f'{prefix}.wrapper', s.wrapper)
-  fields = ('clipping_norm', 'delta') + {'local_dp': _LOCAL_FIELDS}.get(
-      s.wrapper, _ADAPTIVE_FIELDS if s.wrapper in dp_audit.ADAPTIVE else _CENTRAL_FIELDS)
-  if section == 'training':
-    fields = tuple(f for f in fields if f != 'num_sampled_clients')
-  for field in fields:
-    _PRESENT.check(f'{prefix}.{field}', s.get(field))
-    _SETTING_RULES[field].check(f'{prefix}.{field}', s.get(field))
-  kw = {f: (int(s[f]) if f == 'num_sampled_clients' else float(s[f])) for f in fields}
-  if section == 'training':
-    kw['num_sampled_clients'] = int(nodes)
-  if s.wrapper in dp_audit.ADAPTIVE:
-    std = s.get('clipped_count_stddev')
-    _SETTING_RULES['clipped_count_stddev'].check(f'{prefix}.clipped_count_stddev', std)
-    kw['clipped_count_stddev'] = None if std is None else float(std)
-  setting = dp_audit.Setting(name, s.wrapper, **kw)
-  if s.wrapper in dp_audit.ADAPTIVE:
-    # Flower refuses z >= 2 clipped_count_stddev (default num_sampled_clients / 20).
-    validate.Rule('below 2 x clipped_count_stddev (default num_sampled_clients / 20), which '
-                  'Flower\'s adaptive wrappers require', lambda z: _adaptive_ok(setting)).check(
-                      f'{prefix}.noise_multiplier', s.noise_multiplier)
-  return setting
-
-
-def _adaptive_ok(setting: dp_audit.Setting) -> bool:
-  try:
-    dp_audit.adaptive_noise(setting)
-  except ValueError:
-    return False
-  return True
-
-
 def validate_config(config) -> dict[str, Any]:
   """Checks every field the experiment reads (nothing loaded); returns the parts and the DP
   settings."""
@@ -189,14 +130,14 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.num_clients', validate.number(
       3, integer=True, words='FedMIA needs two non-target clients') if 'fedmia' in parts else
                    validate.number(2, integer=True))
-  validate.checked(config, 'flower_audit.replicates', _POSITIVE_INT)
+  validate.checked(config, 'flower_audit.replicates', config_checks.POSITIVE_INT)
   validate.checked(config, 'flower_audit.replicates', validate.Rule(
       "1 unless parts has 'fedmia' (only the FedMIA part is replicated)",
       lambda r: int(r) == 1 or 'fedmia' in parts))
   for field in ('per_client', 'num_rounds', 'record_every', 'local_epochs', 'batch_size',
                 'chunk_size', 'dishonest.num_components', 'dishonest.targets_in',
                 'dp.num_trials', 'dp.dimension'):
-    validate.checked(config, f'flower_audit.{field}', _POSITIVE_INT)
+    validate.checked(config, f'flower_audit.{field}', config_checks.POSITIVE_INT)
   validate.checked(config, 'flower_audit.dishonest.targets_out',
                    validate.number(0, integer=True))
   validate.checked(config, 'flower_audit.record_every', validate.Rule(
@@ -220,45 +161,16 @@ def validate_config(config) -> dict[str, Any]:
                    validate.number(1, words='in units of the clip norm, >= 1'))
   validate.checked(config, 'flower_audit.dp.confidence',
                    validate.number(0.5, 1, low_open=True, high_open=True))
-  settings = sorted((_check_setting(name, s.dp.settings[name]) for name in s.dp.settings.keys()),
+  settings = sorted((config_checks.check_setting(name, s.dp.settings[name])
+                     for name in s.dp.settings.keys()),
                     key=lambda st: (WRAPPERS.index(st.wrapper), -st.noise_multiplier
                                     if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
   reconstruction_part.validate_section(config)
-  design, training = (_check_training(config, parts) if 'training' in parts else (None, []))
+  design, training = (config_checks.check_training(config) if 'training' in parts else
+                      (None, []))
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
-
-
-def _check_training(config, parts) -> tuple[canaries.Design, list[dp_audit.Setting]]:
-  """The `training` section: the canary game's sizes and its settings."""
-  t = config.flower_audit.training
-  for field in ('num_canaries', 'num_rounds', 'dimension', 'num_null'):
-    validate.checked(config, f'flower_audit.training.{field}', _POSITIVE_INT)
-  validate.checked(config, 'flower_audit.training.num_canaries', validate.number(
-      2, integer=True, words='two canaries at least (one per world)'))
-  validate.checked(config, 'flower_audit.training.num_real', validate.number(0, integer=True))
-  validate.checked(config, 'flower_audit.training.canary_norm',
-                   validate.number(1, words='in units of the clip norm, >= 1'))
-  validate.checked(config, 'flower_audit.training.real_norm', _POSITIVE)
-  validate.checked(config, 'flower_audit.training.confidence',
-                   validate.number(0.5, 1, low_open=True, high_open=True))
-  validate.one_of(config, 'flower_audit.training.directions', canaries.DIRECTIONS)
-  if t.directions == 'dirac':
-    validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
-        f'above num_canaries + num_null ({int(t.num_canaries) + int(t.num_null)}) with '
-        'Dirac canaries', lambda d: int(d) > int(t.num_canaries) + int(t.num_null)))
-  design = canaries.Design(
-      num_canaries=int(t.num_canaries), num_real=int(t.num_real), num_rounds=int(t.num_rounds),
-      dimension=int(t.dimension), canary_norm=float(t.canary_norm),
-      real_norm=float(t.real_norm), num_null=int(t.num_null),
-      confidence=float(t.confidence), directions=str(t.directions))
-  settings = [_check_setting(name, t.settings[name], 'training', design.num_nodes)
-              for name in t.settings.keys()]
-  settings.sort(key=lambda st: (WRAPPERS.index(st.wrapper), st.label))
-  validate.checked(config, 'flower_audit.training.settings', validate.Rule(
-      'at least one setting when parts has training', lambda v: bool(settings)))
-  return design, settings
 
 
 def prepare(config) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from fl_privacy.fl import losses
 from fl_privacy.fl import rounds
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
+from fl_privacy.flower import config_checks
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import runner
 from fl_privacy.flower import strategies
@@ -47,7 +48,7 @@ PREFIX = 'flower_audit.reconstruction'
 # starts from the same model without re-running honest rounds.
 ROUND = 1
 
-_POSITIVE_INT = validate.number(1, integer=True)
+_POSITIVE_INT = config_checks.POSITIVE_INT
 _POSITIVE = validate.number(0, low_open=True)
 
 
