@@ -54,7 +54,9 @@ def _two_processes(cmds_env, timeout=240):
 
 def _env(**extra):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(REPO), FL_PRIVACY_COMPILE_CACHE='')
-  env.pop('XLA_FLAGS', None)
+  # The session's compile flags (conftest.py) as in this process, but one device each.
+  env['XLA_FLAGS'] = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                              if 'xla_force_host_platform_device_count' not in f)
   env.update({k: str(v) for k, v in extra.items()})
   return env
 

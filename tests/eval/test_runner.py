@@ -192,8 +192,9 @@ _SHARDED_SCRIPT = textwrap.dedent('''
 
 def test_same_outcomes_on_8_devices(reference, tmp_path):
   path = str(tmp_path / 'sharded.npz')
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  # The session's compile flags (conftest.py), as the reference was compiled, and 8 devices.
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+  env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   script = _SHARDED_SCRIPT.format(tests=os.path.join(REPO, 'tests'), path=path)
   proc = subprocess.run([sys.executable, '-c', script], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=300)

@@ -12,8 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = 'configs/digits.py:smoke'
 # The smoke runs are dominated by XLA compilation, not by running the programs: LLVM's
 # backend optimisations off halve a cold `dishonest_mia` smoke run (138 s -> 68 s here) and
-# leave its metrics identical. Only the experiments' subprocesses get it; a user's own
-# XLA_FLAGS are kept as they are.
+# leave its metrics identical. Only the experiments' subprocesses get it (added to the
+# session's XLA_FLAGS, see conftest.py), unless XLA_FLAGS already sets the level.
 FAST_COMPILE = '--xla_backend_optimization_level=0'
 
 
@@ -21,8 +21,9 @@ def env(**extra) -> dict:
   """The environment of an experiment subprocess: this one, the repo importable, fast compiles."""
   out = dict(os.environ, **extra)
   out['PYTHONPATH'] = os.pathsep.join(p for p in (str(REPO), out.get('PYTHONPATH')) if p)
-  if 'XLA_FLAGS' not in os.environ:
-    out['XLA_FLAGS'] = FAST_COMPILE
+  flags = out.get('XLA_FLAGS', '')
+  if FAST_COMPILE.split('=')[0] not in flags:
+    out['XLA_FLAGS'] = f'{flags} {FAST_COMPILE}'.strip()
   return out
 
 

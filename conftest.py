@@ -1,0 +1,59 @@
+"""Test-session settings: XLA's CPU compile flags and one fresh JAX compilation cache.
+
+The suite is compile-bound: about 90% of the fl, defenses, attacks and models tests' time is
+JAX tracing and XLA compiling small programs, 75% XLA's backend alone (measured 2026-11-27).
+
+XLA:CPU's newer fusion emitters compile slowly: `--xla_cpu_use_fusion_emitters=false` (the
+classic elemental emitters) took tests/fl/test_sampling.py from 61 to 39 CPU-seconds and a
+cold `dishonest_mia` smoke run (with the backend optimisation level 0 of
+tests/experiments/cli.py) from 44 to 19, with programs that run as fast. Added to XLA_FLAGS
+here, before JAX starts a backend, unless XLA_FLAGS already names it; subprocesses inherit it.
+
+Many tests compile the same programs (the same model and step under different test names,
+and every experiment subprocess's setup), so a persistent cache shared across the session's
+processes compiles each once: about a quarter off the fl tests here. It starts empty, so a
+run on this machine takes what a clean CI machine takes (the experiments' default cache in
+the user's home, warm from earlier runs, would hide that). A cache you set yourself through
+`FL_PRIVACY_COMPILE_CACHE` is used as it is ('' turns it off).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+TEST_XLA_FLAGS = ('--xla_cpu_use_fusion_emitters=false',)
+
+
+def with_flags(flags: str, extra) -> str:
+  """`flags` (an XLA_FLAGS value) with each of `extra` added unless its name is there."""
+  for flag in extra:
+    if flag.split('=')[0] not in flags:
+      flags = f'{flags} {flag}'.strip()
+  return flags
+
+
+os.environ['XLA_FLAGS'] = with_flags(os.environ.get('XLA_FLAGS', ''), TEST_XLA_FLAGS)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+
+from fl_privacy.eval import compile_cache
+
+# Set in the controller and inherited by xdist's workers, so they share one directory.
+_SESSION = 'FL_PRIVACY_TEST_SESSION_CACHE'
+
+
+def pytest_configure(config):
+  if compile_cache.ENV not in os.environ:
+    directory = tempfile.mkdtemp(prefix='fl_privacy_test_jax_cache_')
+    os.environ[compile_cache.ENV] = directory
+    os.environ[_SESSION] = directory
+  compile_cache.enable(os.environ[compile_cache.ENV])
+
+
+def pytest_unconfigure(config):
+  # Only the process that made the directory removes it (xdist's workers end first).
+  directory = os.environ.get(_SESSION)
+  if directory and not hasattr(config, 'workerinput'):
+    shutil.rmtree(directory, ignore_errors=True)
