@@ -3,11 +3,13 @@
 The suite is compile-bound: about 90% of the fl, defenses, attacks and models tests' time is
 JAX tracing and XLA compiling small programs, 75% XLA's backend alone (measured 2026-11-27).
 
-XLA:CPU's newer fusion emitters compile slowly: `--xla_cpu_use_fusion_emitters=false` (the
-classic elemental emitters) took tests/fl/test_sampling.py from 61 to 39 CPU-seconds and a
-cold `dishonest_mia` smoke run (with the backend optimisation level 0 of
-tests/experiments/cli.py) from 44 to 19, with programs that run as fast. Added to XLA_FLAGS
-here, before JAX starts a backend, unless XLA_FLAGS already names it; subprocesses inherit it.
+Two XLA:CPU flags cut that (set here before JAX starts a backend, unless XLA_FLAGS already
+names them; subprocesses inherit them): the classic fusion emitters
+(`--xla_cpu_use_fusion_emitters=false`; the newer ones compile slowly) and LLVM's backend
+optimisation level 1 instead of the default (`--xla_backend_optimization_level=1`). Together
+they took tests/fl/test_sampling.py from 61 to 24 CPU-seconds, while a vmapped 20-step CNN
+training runs within 5% as fast (level 0 would run it 5x slower; measured 2026-11-27).
+tests/experiments/cli.py puts level 0 on most experiment subprocesses.
 
 Many tests compile the same programs (the same model and step under different test names,
 and every experiment subprocess's setup), so a persistent cache shared across the session's
@@ -23,7 +25,9 @@ import os
 import shutil
 import tempfile
 
-TEST_XLA_FLAGS = ('--xla_cpu_use_fusion_emitters=false',)
+TEST_XLA_FLAGS = ('--xla_cpu_use_fusion_emitters=false', '--xla_backend_optimization_level=1')
+# Set when XLA_FLAGS named the optimisation level before this file did: it is then the user's.
+USER_LEVEL = 'FL_PRIVACY_TEST_USER_XLA_LEVEL'
 
 
 def with_flags(flags: str, extra) -> str:
@@ -34,6 +38,10 @@ def with_flags(flags: str, extra) -> str:
   return flags
 
 
+# The first process (xdist's controller) decides; its workers inherit the answer.
+if USER_LEVEL not in os.environ:
+  os.environ[USER_LEVEL] = (
+      '1' if 'xla_backend_optimization_level' in os.environ.get('XLA_FLAGS', '') else '')
 os.environ['XLA_FLAGS'] = with_flags(os.environ.get('XLA_FLAGS', ''), TEST_XLA_FLAGS)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
