@@ -105,6 +105,8 @@ cd "$work"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$work/jax_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+# The test session's compile flags (conftest.py, which the scratch copy does not carry).
+export XLA_FLAGS=${XLA_FLAGS:---xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1}
 # MUTATION_TIMEOUT (seconds) stops a long run early; unrun mutants show as "not checked".
 # MUTATION_NAMES (space-separated, globs allowed) limits the run to those mutants.
 # shellcheck disable=SC2086
