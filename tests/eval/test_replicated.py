@@ -296,3 +296,15 @@ def test_coverage_t_near_nominal_conditional_below_it_under_a_training_effect():
     pooled = result[(quantity, 'conditional_pooled')]
     assert stats.clopper_pearson_one_sided(pooled['covered'], n, 0.999) < 0.9, (quantity,
                                                                                   pooled)
+
+
+def test_t_interval_edges():
+  nan3 = replicated.t_interval([])
+  assert all(isinstance(x, float) and np.isnan(x) for x in nan3)
+  assert all(np.isnan(x) for x in replicated.t_interval([0.5, float('nan'), 0.7]))
+  mean, low, high = replicated.t_interval([0.25])
+  assert mean == 0.25 and np.isnan(low) and np.isnan(high)
+  assert replicated.t_interval(np.array([[0.2, 0.4], [0.6, 0.8]]))[0] == pytest.approx(0.5)
+  for bad in (0.0, 1.0, 1.5, -0.1):
+    with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
+      replicated.t_interval([0.1, 0.2], confidence=bad)

@@ -74,3 +74,113 @@ def test_replicate_keys_are_fold_ins_and_differ():
       jax.random.fold_in(key, 2)).tolist()
   assert (jax.random.key_data(fedmia_replicates.key(key, 0)).tolist() !=
           jax.random.key_data(fedmia_replicates.key(key, 1)).tolist())
+
+
+def test_combine_keeps_flags_and_labels_and_drops_what_one_replicate_lacks():
+  rng = np.random.default_rng(6)
+  per = [_replicate(rng, s, c) for s, c in ((0.5, 90), (1.0, 92))]
+  per[0][0].update(flag=True, mixed=True, label='a', labels='a', only_first=1.0,
+                   big=np.float32(2.0**24), small=np.float32(1.0))
+  per[1][0].update(flag=True, mixed=False, label='a', labels='b', big=np.float32(1.0),
+                   small=np.float32(2.0))
+  out = fedmia_replicates.combine(per, rng=np.random.default_rng(1), num_resamples=20)
+  # A flag every replicate agrees on stays a flag; disagreeing ones become the rate.
+  assert out['flag'] is True and out['mixed'] == 0.5
+  assert out['label'] == 'a' and out['labels'] == ['a', 'b']
+  assert 'only_first' not in out
+  # Means in float64, whatever the replicates' dtype (float32 loses the 1 beside 2^24).
+  assert out['small'] == 1.5 and out['big'] == (2.0**24 + 1) / 2
+  # One training's intervals are kept under `conditional`; the top level reports the t.
+  assert out['conditional'][0]['auc_ci_low'] == per[0][0]['auc_ci_low']
+  assert out['auc_ci_low'] == out['auc_low'] != per[0][0]['auc_ci_low']
+  # Two replicates: the t-interval over them, clipped to [0, 1].
+  mean, low, high = replicated.t_interval([0.9, 0.92], bounds=(0.0, 1.0))
+  assert (out['test_accuracy_ci_low'], out['test_accuracy_ci_high']) == pytest.approx(
+      (low, high))
+  assert 0.5 < low < 0.9 and high == 1.0
+
+
+def test_one_replicate_bootstraps_with_the_given_resamples():
+  rng = np.random.default_rng(7)
+  per = [_replicate(rng, 1.0, 90)]
+  per[0][0].update(flag=False)
+  out = fedmia_replicates.combine(per, rng=np.random.default_rng(8), num_resamples=25)
+  assert out['flag'] is False
+  want = replicated.metrics([per[0][1]], rng=np.random.default_rng(8), num_resamples=25)
+  assert out['num_resamples'] == want['num_resamples'] == 25
+  assert (out['auc_ci_low'], out['auc_ci_high']) == (want['auc_low'], want['auc_high'])
+
+
+_SHIFTS = {'fedmia_ii': 1.5, 'grad_cosine': 1.0, 'avg_cosine': 0.4, 'lira_offline': 1.4}
+
+
+def _planted_entries(config, rec, attack):
+  """Stands in for the recording's scores: replicate rec['r']'s fixed entries, each attack
+  its own member shift and noise."""
+  del config
+  e = dict(_entries(np.random.default_rng(rec['r']), 0.0))
+  noise = np.random.default_rng([rec['r'], len(attack)]).normal(size=e['labels'].size)
+  e['scores'] = noise + _SHIFTS[attack] * e['labels']
+  return e
+
+
+def test_claims_compare_each_pair_of_present_attacks_on_the_same_entries(monkeypatch):
+  from configs import digits  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy import data as data_lib  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.report import point_key  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  config = digits.get_config()
+  config.fedmia.attacks = tuple(_SHIFTS)
+  config.fedmia.bootstrap_resamples = 20
+  monkeypatch.setattr(fedmia_replicates, '_entries', _planted_entries)
+  key = jax.random.key(3)
+  # One replicate ('one') is where the keyed bootstrap is the reported interval.
+  records = {'mlp': [dict(r=r) for r in range(3)], 'cnn': [dict(r=r) for r in range(3, 5)],
+             'one': [dict(r=5)]}
+  out = fedmia_replicates.claims(config, key, records)
+  assert set(out) == {'mlp', 'cnn', 'one'}
+  # Only the claims whose two attacks ran: the paper's two for FedMIA-II, then LiRA offline.
+  want_pairs = [('fedmia_ii', 'grad_cosine'), ('fedmia_ii', 'avg_cosine'),
+                ('fedmia_ii', 'lira_offline')]
+  for model, recs in records.items():
+    rows = out[model]
+    assert [(r['winner'], r['loser']) for r in rows] == want_pairs
+    for row in rows:
+      want = replicated.compare(
+          [_planted_entries(config, rec, row['winner']) for rec in recs],
+          [_planted_entries(config, rec, row['loser']) for rec in recs],
+          rng=data_lib.rng_from_key(point_key(key, {'claim': row['winner'],
+                                                    'versus': row['loser'], 'model': model})),
+          num_resamples=20)
+      assert row['num_trainings'] == len(recs) and row['num_resamples'] == want['num_resamples']
+      for name in ('auc_diff', 'auc_diff_low', 'auc_diff_high', 'tpr_diff', 'tpr_diff_low',
+                   'tpr_diff_high', 'auc_a', 'auc_b'):
+        assert row[name] == pytest.approx(want[name]), (model, row['loser'], name)
+  # FedMIA-II planted above Avg-Cosine in every replicate: the interval says so.
+  assert out['mlp'][1]['auc_diff_low'] > 0
+  lines = fedmia_replicates.claim_lines(config, out['mlp'])
+  assert lines[0] == '### Claims as paired differences (aligned)' and lines[-1] == ''
+  assert '3 replicated trainings' in lines[2] and "Student's t" in lines[2]
+  body = [l for l in lines if l.startswith('| FedMIA')]
+  assert len(body) == 3 and 'Avg-Cosine' in body[1] and 'LiRA' in body[2]
+  r = out['mlp'][1]
+  assert (f'{r["auc_a"]:.3f} | {r["auc_b"]:.3f} | {r["auc_diff"]:+.3f} '
+          f'[{r["auc_diff_low"]:+.3f}, {r["auc_diff_high"]:+.3f}]') in body[1]
+  assert out['one'][0]['interval_method'] == 'two_way_bootstrap_conditional'
+  assert lines[:2] == ['### Claims as paired differences (aligned)', '']
+  assert lines[2] == (
+      'A minus B on the same members and non-members of 3 replicated trainings: the mean of '
+      "the per-replicate differences with a 95% interval (Student's t over the per-replicate "
+      "values, R - 1 degrees of freedom; each training's threshold chosen on its own "
+      "entries): the paper's claims (FedMIA-II over Grad-Cosine and Avg-Cosine, FedMIA-I over "
+      "Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA and RMIA, each for FedMIA "
+      "with the paper's filter and with ours (leave-one-out).")
+  assert lines[3:6] == [
+      '', '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
+      'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |', '|' + '---|' * 10]
+  assert body[0].startswith('| FedMIA-II (paper filter) | Grad-Cosine |')
+  one = fedmia_replicates.claim_lines(config, out['one'][:1])
+  assert 'of 1 replicated trainings' in one[2] and 'conditional on it' in one[2]
+  assert (f'{100 * r["tpr_a"]:.2f} | {100 * r["tpr_b"]:.2f} | {100 * r["tpr_diff"]:+.2f} '
+          f'[{100 * r["tpr_diff_low"]:+.2f}, {100 * r["tpr_diff_high"]:+.2f}]') in body[1]
+  assert body[1].count('A better') >= 1
+  assert fedmia_replicates.claim_lines(config, []) == []

@@ -112,3 +112,46 @@ def test_utility_is_the_t_interval_over_replicates():
   assert m['pooled_accuracy_ci_high'] - m['pooled_accuracy_ci_low'] < high - low
   one = pastel_replicates.utility(arrays[:1])
   assert 'pooled_accuracy_ci_low' not in one and one['accuracy_ci_low'] < 0.7
+
+
+def test_pooled_counts_read_the_example_ids():
+  # The test rows' ids repeat across replicates: pooled, they are fewer distinct negatives
+  # than rows, and every pooled low-FPR count says how many stood behind it.
+  scored = _scored([0.5, 0.9, 1.3])
+  m = pastel_replicates.point(scored, rng=np.random.default_rng(0), num_resamples=20)
+  pooled = passive_pastel.attack_metrics(scored[0], scored[1], scored[2])
+  assert m['n_neg_distinct'] == pooled['n_neg_distinct'] < m['n_neg']
+  for name in pastel_replicates.ATTACK[1:]:
+    assert m[f'pooled_{name}_distinct_negatives'] == pooled[f'{name}_distinct_negatives']
+    assert m[f'pooled_{name}_distinct_negatives'] is not None
+
+
+def test_one_replicate_bootstraps_with_the_given_resamples():
+  scored = _scored([1.0])
+  m = pastel_replicates.point(scored, rng=np.random.default_rng(4), num_resamples=30)
+  want = replicated.metrics(pastel_replicates.split(scored), rng=np.random.default_rng(4),
+                            num_resamples=30)
+  assert m['num_resamples'] == want['num_resamples'] == 30
+  assert (m['attack_auc_ci_low'], m['attack_auc_ci_high']) == pytest.approx(
+      (want['auc_boot_low'], want['auc_boot_high']))
+  rng = np.random.default_rng(3)
+  noise = rng.normal(size=(1, 400))
+  defended, none = _scored([0.3], noise=noise, seed=1), _scored([1.0], noise=noise, seed=1)
+  c = pastel_replicates.change(defended, none, rng=np.random.default_rng(5), num_resamples=30)
+  want = replicated.compare(pastel_replicates.split(defended), pastel_replicates.split(none),
+                            rng=np.random.default_rng(5), num_resamples=30, fpr=1e-3)
+  for short, name in (('auc', 'attack_auc'), ('tpr', 'tpr_at_fpr_1e-3')):
+    assert (c[f'{name}_minus_none_ci_low'], c[f'{name}_minus_none_ci_high']) == pytest.approx(
+        (want[f'{short}_diff_low'], want[f'{short}_diff_high']))
+    assert np.isfinite(c[f'{name}_minus_none_boot_low'])
+
+
+def test_two_replicates_get_the_t_interval_for_utility():
+  arrays = [dict(num_test=100, test_correct=c, member_correct=90, num_members=100,
+                 local_test_correct=np.array([80, 82]), dp_epsilon=np.nan,
+                 dp_epsilon_per_round=np.nan, noise_multiplier=np.nan, clip_fraction=np.nan,
+                 jsd_last_round=0.01, upload_norm_median=0.3) for c in (70, 90)]
+  m = pastel_replicates.utility(arrays)
+  _, low, high = replicated.t_interval([0.7, 0.9], bounds=(0.0, 1.0))
+  assert (m['accuracy_ci_low'], m['accuracy_ci_high']) == pytest.approx((low, high))
+  assert 'pooled_accuracy_ci_low' in m
