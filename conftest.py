@@ -25,9 +25,9 @@ import os
 import shutil
 import tempfile
 
+from tests.experiments.cli import USER_LEVEL  # stdlib only: JAX not imported yet
+
 TEST_XLA_FLAGS = ('--xla_cpu_use_fusion_emitters=false', '--xla_backend_optimization_level=1')
-# Set when XLA_FLAGS named the optimisation level before this file did: it is then the user's.
-USER_LEVEL = 'FL_PRIVACY_TEST_USER_XLA_LEVEL'
 
 
 def with_flags(flags: str, extra) -> str:
@@ -38,7 +38,8 @@ def with_flags(flags: str, extra) -> str:
   return flags
 
 
-# The first process (xdist's controller) decides; its workers inherit the answer.
+# Whether XLA_FLAGS named the optimisation level before this file did (it is then the
+# user's): the first process (xdist's controller) decides, its workers inherit the answer.
 if USER_LEVEL not in os.environ:
   os.environ[USER_LEVEL] = (
       '1' if 'xla_backend_optimization_level' in os.environ.get('XLA_FLAGS', '') else '')

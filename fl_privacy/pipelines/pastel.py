@@ -164,7 +164,7 @@ def prepare(config) -> dict:
   # Shard sizes, each client's held-out rows >= a batch, the test share per client.
   passive_pastel.check_shards(len(train), len(test), k, s.per_client,
                               float(s.validation_fraction), int(s.batch_size))
-  check_calibrations(config, len(train), len(test))
+  check_calibrations(config, len(train))
   model = make_model(config, train.num_classes)
   memory.require_batch_fits('pastel.batch_size', int(s.batch_size), model, train.x.shape[1:], k)
   for rep in s.pastel_representations:

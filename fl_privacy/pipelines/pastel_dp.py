@@ -28,11 +28,10 @@ def accounting_for(config, members: list[int], defense: str, target_epsilon: flo
       delta=float(s.dp_delta), experiment=NAME, prefix='pastel')
 
 
-def check_calibrations(config, num_train: int, num_test: int) -> None:
+def check_calibrations(config, num_train: int) -> None:
   """Every DP baseline calibrated to every target epsilon before any training (one the
   accountant cannot reach, e.g. 1e9, stopped the run after the undefended trainings). The
   members per client do not depend on the key (`attacks.passive.pastel.member_counts`)."""
-  del num_test
   s = config.pastel
   members = passive_pastel.member_counts(num_train, int(s.num_clients),
                                          float(s.validation_fraction),

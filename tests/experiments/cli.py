@@ -19,7 +19,8 @@ SMOKE = 'configs/digits.py:smoke'
 # (conftest.py). A level the user put in XLA_FLAGS is kept everywhere.
 FAST_COMPILE = '--xla_backend_optimization_level=0'
 EXECUTION_BOUND = frozenset({'fedmia'})
-USER_LEVEL = 'FL_PRIVACY_TEST_USER_XLA_LEVEL'  # set by conftest.py
+# '1' where the user's XLA_FLAGS set the level (conftest.py sets it for the session).
+USER_LEVEL = 'FL_PRIVACY_TEST_USER_XLA_LEVEL'
 
 
 def env(*, fast_compile: bool = True, **extra) -> dict:

@@ -171,8 +171,9 @@ def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_p
             defense_param=None, sweep='main')
   artifacts = ArtifactStore(tmp_path, fedmia.RECORDED)
   key = jax.random.key(0)  # replicate 0's key is fold_in(key, 0)
-  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
-                                              'margin': np.zeros((3, 4, 5), np.float32)})
+  params = dict(fedmia.training_params(tr), replicate=0)
+  artifacts.save(params, {'loss': np.zeros((3, 4, 5), np.float32),
+                          'margin': np.zeros((3, 4, 5), np.float32)})
   calls = []
 
   def fake_record(config, state, key, tr, in_models=0):
@@ -191,17 +192,17 @@ def test_a_stored_recording_without_in_models_is_retrained_for_online_lira(tmp_p
   fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6]
   # IN losses without IN margins (recorded before margins): trained again.
-  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
-                                              'margin': np.zeros((3, 4, 5), np.float32),
-                                              'loss_in': np.zeros((3, 6, 5), np.float32)})
+  artifacts.save(params, {'loss': np.zeros((3, 4, 5), np.float32),
+                          'margin': np.zeros((3, 4, 5), np.float32),
+                          'loss_in': np.zeros((3, 6, 5), np.float32)})
   fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6]
   config.fedmia.attacks = ('fedmia_ii',)  # no online attack: what is stored with margins is read
-  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32),
-                                              'margin': np.zeros((3, 4, 5), np.float32)})
+  artifacts.save(params, {'loss': np.zeros((3, 4, 5), np.float32),
+                          'margin': np.zeros((3, 4, 5), np.float32)})
   assert 'loss_in' not in fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6]
   # A recording without margins (made before LiRA and RMIA read them) is trained again.
-  artifacts.save(dict(fedmia.training_params(tr), replicate=0), {'loss': np.zeros((3, 4, 5), np.float32)})
+  artifacts.save(params, {'loss': np.zeros((3, 4, 5), np.float32)})
   assert 'margin' in fedmia.recorded(config, {}, key, artifacts, tr)
   assert calls == [4, 6, 6, 0]
