@@ -424,16 +424,22 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
                 f'{name}_distinct_negatives': sum(
                     bootstrap.distinct_negatives(r.scores, r.labels, r.group_ids, float(f))
                     for r in checked)})
-    low, high = _reported(method, tuple(t), boot)
-    # A NaN interval (t with R = 1) leaves Clopper-Pearson alone.
-    if np.isnan(low) or np.isnan(high):
-      out[f'{name}_low'], out[f'{name}_high'] = cp
-      out[f'{name}_interval'] = 'clopper_pearson'
-    else:
-      out[f'{name}_low'], out[f'{name}_high'] = min(low, cp[0]), max(high, cp[1])
-      widened = cp[0] < low or cp[1] > high
-      out[f'{name}_interval'] = f'{method}+clopper_pearson' if widened else method
+    (out[f'{name}_low'], out[f'{name}_high'], out[f'{name}_interval']) = _with_clopper_pearson(
+        method, _reported(method, tuple(t), boot), cp)
   return out
+
+
+def _with_clopper_pearson(method: str, interval: tuple[float, float],
+                          cp: tuple[float, float]) -> tuple[float, float, str]:
+  """(low, high, label): the union of `method`'s interval and Clopper-Pearson's, labelled
+  '<method>+clopper_pearson' only where Clopper-Pearson reaches strictly past it; a NaN
+  interval (the t-interval of one training) leaves Clopper-Pearson alone."""
+  low, high = interval
+  if np.isnan(low) or np.isnan(high):
+    return cp[0], cp[1], 'clopper_pearson'
+  widened = cp[0] < low or cp[1] > high
+  return (min(low, cp[0]), max(high, cp[1]),
+          f'{method}+clopper_pearson' if widened else method)
 
 
 def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, Any]], *,

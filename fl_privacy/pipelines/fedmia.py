@@ -21,6 +21,7 @@ Generator keyed by the point's params.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -40,6 +41,7 @@ from fl_privacy.attacks.passive import evaluate as evaluate_lib
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.fl import recording as recording_lib
+from fl_privacy.pipelines import ahead
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import fedmia_defenses
 from fl_privacy.pipelines import fedmia_figures
@@ -301,20 +303,21 @@ def recorded(config, state, key, artifacts: ArtifactStore, tr: dict,
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, scoring) point over `fedmia.replicates` replicated trainings.
-  A training's replicates are read or trained when one of its points is not stored yet, and
-  dropped after its last point; each point's metrics are `fedmia_replicates.combine` of the
-  replicates'."""
-  artifacts = ArtifactStore(store.workdir, RECORDED)
-  replicates = int(config.fedmia.replicates)
-  points = []
-  for tr in state['trainings']:
+  """Every (training, attack, scoring) point over `fedmia.replicates` replicated trainings,
+  each point `fedmia_replicates.combine` of the replicates'. The replicates of a training with
+  a point to compute are read or trained one training ahead of its scoring (`ahead`), and
+  dropped after its last point."""
+  artifacts, points, reps = ArtifactStore(store.workdir, RECORDED), [], config.fedmia.replicates
+  runs = ahead.over(state['trainings'], lambda tr: [
+      recorded(config, state, key, artifacts, tr, r) for r in range(int(reps))],
+                    lambda tr: any(store.get(point_params(tr, a, sc)) is None
+                                   for a, sc in attack_plan(config, tr)))
+  for i, tr in enumerate(state['trainings']):
     cache = {}
 
-    def compute(tr=tr, a='', sc='', cache=cache):
+    def compute(tr=tr, a='', sc='', cache=cache, i=i):
       if 'recs' not in cache:
-        cache['recs'] = [recorded(config, state, key, artifacts, tr, r)
-                         for r in range(replicates)]
+        cache['recs'] = runs.get(i)
       dp = defense_for(config, state, tr).metrics
       per = [point_metrics(config, key, rec, tr, a, sc, dp, r)
              for r, rec in enumerate(cache['recs'])]
@@ -325,12 +328,10 @@ def plan(config, state, store, key) -> list[base.Point]:
       # n counts the loss scores the attack ranked (examples x recorded rounds x replicates).
       return m, int(sum(len(r['owner']) * r['loss'].shape[1] for r in cache['recs']))
 
-    plan_tr = attack_plan(config, tr)
-    for i, (attack, scoring) in enumerate(plan_tr):
-      last = i == len(plan_tr) - 1
+    for attack, scoring in attack_plan(config, tr):
       points.append(base.Point(point_params(tr, attack, scoring),
-                               functools.partial(compute, tr, attack, scoring), 'scores',
-                               after=(lambda _, c=cache: c.clear()) if last else None))
+                               functools.partial(compute, tr, attack, scoring), 'scores'))
+    points[-1] = dataclasses.replace(points[-1], after=lambda _, c=cache: c.clear())
   return points
 
 

@@ -42,6 +42,7 @@ from fl_privacy.defenses import pastel as pastel_lib
 from fl_privacy.defenses import registry as dp_rules
 from fl_privacy.defenses import pastel_training
 from fl_privacy.fl import optimizers as optimizers_lib
+from fl_privacy.pipelines import ahead
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import pastel_dp
 from fl_privacy.pipelines import pastel_figures
@@ -297,22 +298,25 @@ def trained(config, state, store, key, tr: dict, r: int = 0) -> dict[str, np.nda
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, target); a training's replicates are read or trained by the first
-  of its points the store lacks and dropped after its last; `none`'s scores are kept."""
-  s, reps = _s(config), _replicates(config, state, key)
+  """Every (training, attack, target); the replicates of a training with a point to compute
+  are read or trained one training ahead of its scoring (`ahead`) and dropped after its last
+  point; `none`'s scores are kept."""
+  s, kw = _s(config), pastel_replicates.attack_options(config)
+  reps = _replicates(config, state, key)
   points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
-  kw = pastel_replicates.attack_options(config)
-  for tr in trainings(config):
+  load = lambda t, arrays=None: [dict(d, members=d['split']['members'], arrays=trained(
+      config, state, store, key, t, r) if arrays is None else arrays[r])
+                                 for r, d in enumerate(reps)]
+  runs = ahead.over(trainings(config), lambda t: [a['arrays'] for a in load(t)], lambda t: any(
+      store.get(point_params(t, a, tg)) is None for a, tg in attack_plan(config)))
+  for i, tr in enumerate(trainings(config)):
     cache = {}
     ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')
     ref = ref if tr != ref and 'none' in s.defenses else None
 
-    def compute(tr, attack, target, ref=ref, cache=cache):
-      load = lambda t: [dict(d, members=d['split']['members'],
-                             arrays=trained(config, state, store, key, t, r))
-                        for r, d in enumerate(reps)]
+    def compute(tr, attack, target, ref=ref, cache=cache, i=i):
       if 'replicas' not in cache:
-        cache['replicas'] = load(tr)
+        cache['replicas'] = load(tr, runs.get(i))
       name = None if ref is None else (ref['optimizer'], attack, target)
       if name is not None and name not in ref_scores:
         ref_scores[name] = passive_pastel.pooled_attack_scores(load(ref), attack, target, key,

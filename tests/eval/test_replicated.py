@@ -308,3 +308,118 @@ def test_t_interval_edges():
   for bad in (0.0, 1.0, 1.5, -0.1):
     with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
       replicated.t_interval([0.1, 0.2], confidence=bad)
+
+
+def _separated(rng, direction=1.0, num_clients=8, num_queries=80):
+  """A replicate whose members all score above (direction 1: AUC 1, TPR 1) or below
+  (direction -1: AUC 0, TPR 0) every non-member."""
+  rep = _rep(rng, num_clients=num_clients, num_queries=num_queries, shift=0.0)
+  rep['scores'] = rng.uniform(size=rep['scores'].size) + direction * 10.0 * rep['labels']
+  return rep
+
+
+def test_checks_name_what_is_wrong():
+  rng = np.random.default_rng(11)
+  good = _rep(rng)
+  for reps in ({'scores': good['scores']}, []):
+    with pytest.raises(ValueError, match='^reps must be a non-empty list of per-replicate dicts$'):
+      replicated.metrics(reps, rng=rng, num_resamples=10)
+  with pytest.raises(ValueError, match=r"replicate 1 lacks \['groups'\]"):
+    replicated.metrics([good, {k: v for k, v in good.items() if k != 'groups'}], rng=rng)
+  with pytest.raises(ValueError, match='needs the same entries in the same order$'):
+    replicated.compare([good], [dict(good, groups=good['groups'] + 3)], rng=rng)
+  for call in (replicated.metrics, lambda r, **k: replicated.compare(r, r, **k)):
+    call([good], rng=rng, num_resamples=1, resample=False)  # one resample is a valid B
+    with pytest.raises(ValueError, match=r'num_resamples must be positive \(got 0\)'):
+      call([good], rng=rng, num_resamples=0)
+    for bad in (0.0, 1.0, 1.5):
+      with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
+        call([good], rng=rng, confidence=bad)
+  # Checked before any resampling (`t_interval` would only refuse it afterwards).
+  for bad in (0.0, 1.0, 1.5):
+    with pytest.raises(ValueError, match=rf'^confidence must be in \(0, 1\) \(got {bad}\)$'):
+      replicated._check_resampling(10, bad)
+  replicated._check_resampling(1, 0.5)
+
+
+def test_percentile_interval_of_the_resamples():
+  values = np.r_[np.arange(1001.0), np.nan]  # a NaN resample (one class missing) is dropped
+  assert replicated._percentile(values, 0.9) == pytest.approx((50.0, 950.0))
+  assert replicated._percentile(values, 0.5) == pytest.approx((250.0, 750.0))
+  assert all(np.isnan(replicated._percentile(np.full(4, np.nan), 0.95)))
+
+
+def test_union_with_clopper_pearson_and_its_label():
+  union = replicated._with_clopper_pearson
+  assert union('t', (np.nan, np.nan), (0.1, 0.3)) == (0.1, 0.3, 'clopper_pearson')
+  assert union('t', (0.1, 0.3), (0.15, 0.25)) == (0.1, 0.3, 't')
+  assert union('t', (0.1, 0.3), (0.1, 0.3)) == (0.1, 0.3, 't')  # equal limits widen nothing
+  assert union('t', (0.1, 0.3), (0.05, 0.2)) == (0.05, 0.3, 't+clopper_pearson')
+  assert union('t', (0.1, 0.3), (0.2, 0.4)) == (0.1, 0.4, 't+clopper_pearson')
+  assert union('hierarchical_bootstrap', (0.1, 0.3), (0.0, 0.5)) == (
+      0.0, 0.5, 'hierarchical_bootstrap+clopper_pearson')
+
+
+def test_metrics_records_what_it_used_and_clips_to_the_range():
+  rng = np.random.default_rng(12)
+  reps = [_separated(rng), _separated(rng), _rep(rng, 8, 80, shift=0.5)]
+  name = 'tpr_at_fpr_1e-2'
+  out = replicated.metrics(reps, rng=np.random.default_rng(13), fprs={name: 1e-2},
+                           confidence=0.9, resample=True)
+  assert out['confidence'] == 0.9 and out['num_resamples'] == 1000  # the default B
+  assert out['num_nonmembers'] == out['num_entries'] - out['num_members'] == 3 * 600
+  tprs = [metrics.tpr_at_fpr(r['scores'], r['labels'], 1e-2) for r in reps]
+  assert tprs[:2] == [1.0, 1.0] and tprs[2] < 0.5
+  assert out[f'{name}_replicates'] == pytest.approx(tprs)
+  aucs = out['auc_replicates']
+  # Unclipped, both t-intervals leave [0, 1]; the recorded ones stop at its ends.
+  assert replicated.t_interval(aucs, 0.9)[2] > 1.0
+  lo, hi = replicated.t_interval(tprs, 0.9)[1:]
+  assert lo < 0.0 and hi > 1.0
+  assert out['auc_t_high'] == 1.0 and out['auc_t_low'] == replicated.t_interval(aucs, 0.9)[1]
+  assert (out[f'{name}_t_low'], out[f'{name}_t_high']) == (0.0, 1.0)
+  hits = out[f'{name}_members_above']
+  assert (out[f'{name}_cp_low'], out[f'{name}_cp_high']) == stats.clopper_pearson(hits, 120, 0.9)
+  assert stats.clopper_pearson(hits, 120, 0.9) != stats.clopper_pearson(hits, 120)
+  assert out[f'{name}_boot_low'] < out[f'{name}_boot_high']
+  assert out['auc_boot_low'] < out['auc_boot_high']
+
+
+def test_compare_records_what_it_used_and_clips_to_the_range():
+  rng = np.random.default_rng(14)
+  best = [_separated(rng), _separated(rng), _rep(rng, 8, 80, shift=0.3)]
+  worst = [dict(r, scores=-r['scores']) for r in best[:2]] + [_separated(rng, -1.0)]
+  worst[2] = dict(best[2], scores=_separated(np.random.default_rng(15), -1.0)['scores'])
+  out = replicated.compare(best, worst, rng=np.random.default_rng(16), fpr=0.05,
+                           confidence=0.9, resample=True)
+  assert (out['num_trainings'], out['confidence'], out['fpr']) == (3, 0.9, 0.05)
+  assert out['num_resamples'] == 1000
+  diffs = out['auc_diff_replicates']
+  assert replicated.t_interval(diffs, 0.9)[2] > 1.0 and out['auc_diff_t_high'] == 1.0
+  assert out['auc_diff_t_low'] == replicated.t_interval(diffs, 0.9)[1] < out['auc_diff_t_high']
+  back = replicated.compare(worst, best, rng=np.random.default_rng(16), fpr=0.05,
+                            confidence=0.9, resample=True)
+  assert replicated.t_interval(back['auc_diff_replicates'], 0.9)[1] < -1.0
+  assert back['auc_diff_t_low'] == -1.0
+  assert back['auc_diff_boot_low'] < back['auc_diff_boot_high']
+  assert out['tpr_diff_boot_low'] < out['tpr_diff_boot_high']
+
+
+def test_resamples_missing_a_class_are_counted_out():
+  # Two target clients, the second owning nothing: a client resample drawing it twice holds
+  # no member (probability 1/4), so about 3/4 of the B resamples count.
+  rng = np.random.default_rng(17)
+  rep = _rep(rng, num_clients=2, num_queries=20)
+  rep['labels'] = ((rep['target'] == 10) & (rep['groups'] // 3 < 10)).astype(int)
+  num = 400
+  one = replicated.metrics([rep], rng=np.random.default_rng(18), num_resamples=num)
+  low, high = sps.binom.ppf([0.001, 0.999], num, 0.75)
+  assert low <= one['num_resamples'] <= high
+  diff = replicated.compare([rep], [dict(rep, scores=-rep['scores'])],
+                            rng=np.random.default_rng(18), num_resamples=num)
+  assert low <= diff['num_resamples'] <= high
+  # One training reports its conditional bootstrap, not the (NaN) t-interval.
+  assert diff['interval_method'] == 'two_way_bootstrap_conditional'
+  assert (diff['auc_diff_low'], diff['auc_diff_high']) == (diff['auc_diff_boot_low'],
+                                                           diff['auc_diff_boot_high'])
+  assert not np.isnan(diff['auc_diff_low'])
