@@ -649,3 +649,31 @@ def test_online_lira_computes_in_float64_from_float32_margins():
     want = lira.online_scores(x.astype(np.float64), pin.astype(np.float64),
                               pout.astype(np.float64), fixed_variance=fixed)
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-12)
+
+
+def test_round_scores_defaults_to_aligned_and_names_what_it_lacks():
+  rng = np.random.default_rng(31)
+  owner = np.r_[np.repeat(np.arange(4), 5), np.full(10, -1)]
+  values = rng.normal(size=(2, 4, owner.size))
+  for kind, kw in (('fedmia', dict(outlier_filter='paper')), ('lira', {}), ('plain', {})):
+    default = scores.round_scores(values, owner, 1, kind=kind, **kw)
+    aligned = scores.round_scores(values, owner, 1, kind=kind, scoring='aligned', **kw)
+    np.testing.assert_array_equal(default['scores'], aligned['scores'])
+    np.testing.assert_array_equal(default['labels'], aligned['labels'])
+  with pytest.raises(ValueError, match='^lira needs at least 2 non-target clients$'):
+    scores.round_scores(values[:, :2], owner % 2, 1, kind='lira')
+  with pytest.raises(ValueError, match=r'^lira_online_fixed needs in_values \(IN measurements'):
+    scores.round_scores(values, owner, 1, kind='lira_online_fixed')
+  with pytest.raises(ValueError, match=r"^scoring='public_code' needs an rng$"):
+    scores.round_scores(values, owner, 1, kind='plain', scoring='public_code')
+  with pytest.raises(ValueError, match=r"refused, use 'aligned' or 'public_code_2024'$"):
+    scores.round_scores(values, owner, 1, kind='lira_online', scoring='public_code',
+                        in_values=values[:, :2])
+  assert default['labels'].dtype == np.int8
+  # Recordings are float32; the statistics are computed in float64 all the same.
+  v32 = values.astype(np.float32)
+  for kind in ('lira', 'lira_fixed'):
+    np.testing.assert_array_equal(
+        scores.round_scores(v32, owner, 1, kind=kind)['scores'],
+        scores.round_scores(v32.astype(np.float64), owner, 1, kind=kind)['scores'])
+  np.testing.assert_array_equal(default['labels'], np.r_[np.ones(5), np.zeros(25)])
