@@ -423,3 +423,63 @@ def test_resamples_missing_a_class_are_counted_out():
   assert (diff['auc_diff_low'], diff['auc_diff_high']) == (diff['auc_diff_boot_low'],
                                                            diff['auc_diff_boot_high'])
   assert not np.isnan(diff['auc_diff_low'])
+
+
+def test_a_malformed_replicate_is_named_with_what_is_wrong():
+  rng = np.random.default_rng(21)
+  good = _rep(rng, num_clients=2, num_queries=6)
+  n = good['scores'].size
+  cases = [
+      (dict(good, labels=good['labels'] * 2), r'^replicate 1: labels must be 0/1 or bool$'),
+      (dict(good, groups=good['groups'][:-1]),
+       rf'^replicate 1: scores, labels, target and groups differ in length \({n}, {n}, {n}, '
+       rf'{n - 1}\)$'),
+      (dict(good, scores=np.r_[np.nan, good['scores'][1:]]),
+       r'^replicate 1: scores contain NaN$'),
+      (dict(good, labels=np.ones(n, int)), r'^replicate 1 needs both members and non-members$'),
+      (dict(good, labels=np.zeros(n, int)), r'^replicate 1 needs both members and non-members$'),
+  ]
+  for bad, message in cases:
+    with pytest.raises(ValueError, match=message):
+      replicated.metrics([good, bad], rng=rng, num_resamples=5)
+  # Bool labels are taken as they are; arrays of any shape are read flat.
+  flat = replicated.metrics([good], rng=np.random.default_rng(1), num_resamples=20)
+  folded = replicated.metrics([{k: np.asarray(v).reshape(2, -1) for k, v in
+                                dict(good, labels=good['labels'].astype(bool)).items()}],
+                              rng=np.random.default_rng(1), num_resamples=20)
+  assert folded['auc'] == flat['auc'] and folded['auc_boot_low'] == flat['auc_boot_low']
+  assert folded['num_entries'] == n
+
+
+def test_weighted_statistics_shapes_chunks_and_checks(monkeypatch):
+  rng = np.random.default_rng(22)
+  scores, labels = rng.normal(size=7), np.array([1, 0, 1, 0, 0, 1, 0])
+  w1 = rng.integers(0, 3, size=7)
+  w1[:2] = 1  # a member and a non-member weigh something
+  rows = rng.integers(0, 3, size=(40, 7))  # more resamples than entries
+  rows[:, :2] = 1
+  auc = replicated.weighted_auc(scores, labels, w1)
+  assert isinstance(auc, float)
+  assert auc == pytest.approx(skm.roc_auc_score(labels, scores, sample_weight=w1))
+  tpr = replicated.weighted_tpr_at_fpr(scores, labels, 0.5, w1)
+  assert np.ndim(tpr) == 0
+  assert replicated.weighted_tpr_at_fpr(scores, labels, [0.25, 0.5], w1).shape == (2,)
+  assert replicated.weighted_tpr_at_fpr(scores, labels, 0.5, rows).shape == (40,)
+  assert replicated.weighted_tpr_at_fpr(scores, labels, [0.25, 0.5], rows).shape == (2, 40)
+  want_auc = replicated.weighted_auc(scores, labels, rows)
+  want_tpr = replicated.weighted_tpr_at_fpr(scores, labels, [0.25, 0.5], rows)
+  assert want_auc == pytest.approx([skm.roc_auc_score(labels, scores, sample_weight=r)
+                                    for r in rows])
+  # Resamples weighed a few rows at a time give the same numbers (3 rows a chunk, 14 chunks).
+  monkeypatch.setattr(replicated, 'CHUNK_ELEMENTS', 21)
+  np.testing.assert_array_equal(replicated.weighted_auc(scores, labels, rows), want_auc)
+  np.testing.assert_array_equal(replicated.weighted_tpr_at_fpr(scores, labels, [0.25, 0.5],
+                                                               rows), want_tpr)
+  assert replicated.weighted_auc(scores.reshape(1, 7), labels, w1) == auc
+  for bad in (np.ones((2, 2, 7)), np.ones(6), np.ones((3, 6))):
+    with pytest.raises(ValueError, match=r'^weights must be \[N\] or \[B, N\] with N = 7 '):
+      replicated.weighted_auc(scores, labels, bad)
+  with pytest.raises(ValueError, match='^weights must be non-negative$'):
+    replicated.weighted_auc(scores, labels, -w1)
+  with pytest.raises(ValueError, match='^replicate 0: scores contain NaN$'):
+    replicated.weighted_auc(np.r_[np.nan, scores[1:]], labels, w1)
