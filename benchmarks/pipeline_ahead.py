@@ -5,9 +5,9 @@ trainings x 3 replicates, 287 points; PASTEL: 18 trainings x 10 replicates, 108 
 run in a fresh process with an empty JAX compilation cache (`FL_PRIVACY_COMPILE_CACHE=''`), so
 compilation is paid as on a user's first run. The reference is the same command with
 `FL_PRIVACY_AHEAD=0`: every training, then its scoring, one after the other in one thread,
-which is how the pipelines ran before `pipelines.ahead`. `ratio` = reference wall time / wall time. The two runs' stored
-metrics must be equal (everything but the per-point seconds and the training's own timing):
-the benchmark fails otherwise.
+which is how the pipelines ran before `pipelines.ahead`. `ratio` = reference wall time / wall
+time. The two runs' stored metrics must be equal (everything but the per-point seconds and the
+training's own timing): the benchmark fails otherwise.
 
   python -m benchmarks.pipeline_ahead --experiment=fedmia    # about 15 minutes on 2 cores
   python -m benchmarks.pipeline_ahead --experiment=pastel
