@@ -303,10 +303,9 @@ def recorded(config, state, key, artifacts: ArtifactStore, tr: dict,
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """Every (training, attack, scoring) point over `fedmia.replicates` replicated trainings,
-  each point `fedmia_replicates.combine` of the replicates'. The replicates of a training with
-  a point to compute are read or trained one training ahead of its scoring (`ahead`), and
-  dropped after its last point."""
+  """Every (training, attack, scoring) point, `fedmia_replicates.combine` of the replicated
+  trainings'; those of a training with a point to compute are read or trained one training
+  ahead of its scoring (`ahead`) and dropped after its last point."""
   artifacts, points, reps = ArtifactStore(store.workdir, RECORDED), [], config.fedmia.replicates
   runs = ahead.over(state['trainings'], lambda tr: [
       recorded(config, state, key, artifacts, tr, r) for r in range(int(reps))],
@@ -328,10 +327,10 @@ def plan(config, state, store, key) -> list[base.Point]:
       # n counts the loss scores the attack ranked (examples x recorded rounds x replicates).
       return m, int(sum(len(r['owner']) * r['loss'].shape[1] for r in cache['recs']))
 
-    for attack, scoring in attack_plan(config, tr):
-      points.append(base.Point(point_params(tr, attack, scoring),
-                               functools.partial(compute, tr, attack, scoring), 'scores'))
-    points[-1] = dataclasses.replace(points[-1], after=lambda _, c=cache: c.clear())
+    mine = [base.Point(point_params(tr, a, sc), functools.partial(compute, tr, a, sc), 'scores')
+            for a, sc in attack_plan(config, tr)]
+    points += mine[:-1] + [dataclasses.replace(p, after=lambda _, c=cache: c.clear())
+                           for p in mine[-1:]]
   return points
 
 
