@@ -65,6 +65,7 @@ from fl_privacy import catalog
 from fl_privacy import validate
 from fl_privacy.eval import compile_cache
 from fl_privacy.eval.stats import rate  # re-exported for experiments
+from fl_privacy.pipelines import ahead
 from fl_privacy.report import ResultsStore
 from fl_privacy.report import describe_params
 from fl_privacy.report import progress
@@ -510,6 +511,10 @@ def _start(name: str, prepare: Callable[[Any], Any], config, workdir: str):
   problem = check_workdir(workdir)
   if problem:
     return problem, None, None, None
+  try:
+    ahead.enabled()  # $FL_PRIVACY_AHEAD, read by the pipelines that train ahead
+  except ValueError as e:
+    return str(e), None, None, None
   cache = _compile_cache_setting(config)
   if cache != 'workdir':  # 'workdir' waits for the store: nothing is written before it
     compile_cache.enable(compile_cache.resolve(cache))

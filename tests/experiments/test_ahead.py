@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from fl_privacy.pipelines import ahead
+from tests.experiments import cli
 
 
 def test_the_next_job_runs_while_the_caller_holds_this_one():
@@ -57,3 +58,13 @@ def test_the_switch_is_0_or_1(monkeypatch):
   monkeypatch.setenv(ahead.ENV, 'yes')
   with pytest.raises(ValueError, match=r'\$FL_PRIVACY_AHEAD must be 0 or 1'):
     ahead.enabled()
+
+
+def test_a_bad_switch_exits_2_with_one_line_before_anything_is_written(tmp_path, monkeypatch):
+  monkeypatch.setenv(ahead.ENV, 'yes')
+  workdir = tmp_path / 'run'
+  proc = cli.run('fedmia', workdir, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].endswith(
+      "$FL_PRIVACY_AHEAD must be 0 or 1 (got 'yes')")
+  assert not workdir.exists()
