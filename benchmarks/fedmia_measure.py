@@ -85,8 +85,9 @@ def reference(model, params, uploads, x, y):
     gsq = jnp.sum(g * g, axis=1)
     cos = dots / jnp.maximum(jnp.sqrt(gsq) * jnp.linalg.norm(d), 1e-30)
     local = jax.tree_util.tree_map(jnp.subtract, params, upload)
-    loss = losses.per_example_cross_entropy(apply_fn(local, xb), yb)
-    return loss, cos, 2 * dots - gsq, gsq
+    logits = apply_fn(local, xb)
+    loss = losses.per_example_cross_entropy(logits, yb)
+    return loss, cos, 2 * dots - gsq, gsq, losses.true_label_margin(logits, yb)
 
   num_clients = jax.tree_util.tree_leaves(uploads)[0].shape[0]
   q = x.shape[0]
@@ -95,10 +96,11 @@ def reference(model, params, uploads, x, y):
     upload = jax.tree_util.tree_map(lambda a: a[k], uploads)
     parts = [one_batch(upload, x[i:i + REFERENCE_BATCH], y[i:i + REFERENCE_BATCH])
              for i in range(0, q, REFERENCE_BATCH)]
-    outs.append([jnp.concatenate([p[j] for p in parts]) for j in range(4)])
+    outs.append([jnp.concatenate([p[j] for p in parts]) for j in range(5)])
   return queries.Measurements(loss=jnp.stack([o[0] for o in outs]),
                               cos=jnp.stack([o[1] for o in outs]),
-                              diff=jnp.stack([o[2] for o in outs]), grad_sq=outs[0][3])
+                              diff=jnp.stack([o[2] for o in outs]), grad_sq=outs[0][3],
+                              margin=jnp.stack([o[4] for o in outs]))
 
 
 def _child(spec: str) -> None:
@@ -154,7 +156,7 @@ def main(argv):
       summary = (q * k / results[default]['seconds'], q * k / ref['seconds'],
                  results[default]['rss'])
   print(f'backend {jax.default_backend()}; same outputs: max |difference| column '
-        '(loss, cos, diff, grad_sq vs measure at chunk 64)')
+        '(loss, cos, diff, grad_sq, margin vs measure at chunk 64)')
   common.report('fedmia_measure', rows, *summary)
 
 

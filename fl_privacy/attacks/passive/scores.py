@@ -1,4 +1,4 @@
-"""Passive server-side membership scores from recorded rounds (the FedMIA paper's Table 1).
+r"""Passive server-side membership scores from recorded rounds (the FedMIA paper's Table 1).
 
 Input: a recording (`fl.recording.train_recorded`): `loss`, `cos`, `diff` [R, K, Q] and
 `grad_sq` [R, Q] of Q queries at R recorded rounds, and `owner` [Q] (the client holding each
