@@ -51,6 +51,41 @@ def test_leave_one_out_matches_definition():
     np.testing.assert_array_equal(mask[j], want)
 
 
+def _loo_tie_columns(m: int) -> np.ndarray:
+  """Columns where x_0 - mu_{-0} = 3 sigma_{-0} exactly in binary: the others alternate
+  +-2^-e around an offset (mean offset, population sd 2^-e)."""
+  cols = []
+  for offset, e in [(0.0, 0), (0.5, 4), (-3.0, 10), (1024.0, 7), (-0.0625, 20)]:
+    others = offset + np.resize([1.0, -1.0], m - 1) * 2.0 ** -e
+    cols.append(np.r_[offset + 3 * 2.0 ** -e, others])
+  return np.stack(cols, axis=1)
+
+
+@pytest.mark.parametrize('m', [3, 5, 19])
+def test_leave_one_out_decides_exact_ties_and_hard_columns_as_the_direct_form(m):
+  # The O(m n) shortcut must give the decisions of the direct O(m^2 n) sums on every column,
+  # ties included: float32 measurements put exact ties on real data.
+  ties = _loo_tie_columns(m)
+  if m % 2 == 1:  # m - 1 even: the others' mean is the offset exactly
+    assert not fedmia.outlier_mask(ties, 'leave_one_out')[0].any()
+    nudged = ties.copy()
+    nudged[0] += np.abs(nudged[0]) * 2.0 ** -40 + 2.0 ** -60
+    assert fedmia.outlier_mask(nudged, 'leave_one_out')[0].all()
+  rng = np.random.default_rng(m)
+  hard = [ties,
+          np.float32(rng.normal(size=(m, 4000)) * 1e-3 - 4.3e-3).astype(np.float64),
+          rng.integers(-2, 3, size=(m, 4000)).astype(np.float64),  # many equal values
+          1e6 + rng.normal(size=(m, 500)),                          # offset >> spread
+          np.zeros((m, 3))]
+  spike = np.zeros((m, 4))
+  spike[1] = [1.0, 1e-300, -1.0, 1e300]
+  hard.append(spike)
+  for s in hard:
+    want = fedmia._leave_one_out_direct(s)  # pylint: disable=protected-access
+    want[:, want.all(axis=0)] = False
+    np.testing.assert_array_equal(fedmia.outlier_mask(s, 'leave_one_out'), want)
+
+
 def test_round_scores_are_the_gaussian_cdf_of_kept_shadows():
   rng = np.random.default_rng(1)
   v = rng.normal(size=(6, 50))

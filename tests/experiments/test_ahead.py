@@ -1,4 +1,4 @@
-"""`pipelines.ahead`: the next job runs in the background while the caller holds this one's
+"""`pipelines.ahead`: the next jobs run in the background while the caller holds this one's
 result; results, errors and order are those of running the jobs in order."""
 
 from __future__ import annotations
@@ -50,14 +50,50 @@ def test_errors_reach_the_caller_and_disabled_runs_in_order_in_the_callers_threa
     ahead.Ahead([(1, int), (1, int)])
 
 
-def test_the_switch_is_0_or_1(monkeypatch):
+def test_depth_queues_that_many_jobs_and_no_more():
+  started = {k: threading.Event() for k in range(6)}
+
+  def job(k):
+    def run():
+      started[k].set()
+      return k
+    return run
+
+  runs = ahead.Ahead([(k, job(k)) for k in range(6)], depth=3)
+  assert runs.get(0) == 0
+  # get(0) queued 1, 2, 3 behind 0 on the one worker; 4 waits for get(1).
+  assert all(started[k].wait(10) for k in (1, 2, 3))
+  assert not started[4].is_set()
+  assert runs.get(1) == 1 and started[4].wait(10) and not started[5].is_set()
+  assert [runs.get(k) for k in (2, 3, 4, 5)] == [2, 3, 4, 5]
+  runs.close()
+  with pytest.raises(ValueError, match='depth must be >= 1'):
+    ahead.Ahead([(1, int)], depth=0)
+
+
+def test_the_switch_is_a_depth_from_0_to_64(monkeypatch):
   monkeypatch.delenv(ahead.ENV, raising=False)
-  assert ahead.enabled()
+  assert ahead.enabled() and ahead.depth() == ahead.DEFAULT_DEPTH == 1
   monkeypatch.setenv(ahead.ENV, '0')
-  assert not ahead.enabled()
-  monkeypatch.setenv(ahead.ENV, 'yes')
-  with pytest.raises(ValueError, match=r'\$FL_PRIVACY_AHEAD must be 0 or 1'):
-    ahead.enabled()
+  assert not ahead.enabled() and ahead.depth() == 0
+  monkeypatch.setenv(ahead.ENV, ' 1 ')
+  assert ahead.depth() == 1
+  monkeypatch.setenv(ahead.ENV, '64')
+  assert ahead.depth() == 64
+  for bad in ('yes', '-1', '65', '1.5', ''):
+    monkeypatch.setenv(ahead.ENV, bad)
+    with pytest.raises(ValueError, match=r'\$FL_PRIVACY_AHEAD must be an integer from 0'):
+      ahead.enabled()
+
+
+def test_over_reads_the_depth(monkeypatch):
+  monkeypatch.setenv(ahead.ENV, '2')
+  runs = ahead.over([10, 20, 30, 40], lambda x: x + 1, lambda x: x != 20)
+  assert runs._depth == 2 and runs._order == [0, 2, 3]  # pylint: disable=protected-access
+  assert [runs.get(i) for i in (0, 2, 3)] == [11, 31, 41]
+  runs.close()
+  monkeypatch.setenv(ahead.ENV, '0')
+  assert ahead.over([1], lambda x: x, lambda x: True)._pool is None  # pylint: disable=protected-access
 
 
 def test_a_bad_switch_exits_2_with_one_line_before_anything_is_written(tmp_path, monkeypatch):
@@ -66,5 +102,6 @@ def test_a_bad_switch_exits_2_with_one_line_before_anything_is_written(tmp_path,
   proc = cli.run('fedmia', workdir, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines()[-1].endswith(
-      "$FL_PRIVACY_AHEAD must be 0 or 1 (got 'yes')")
+      "$FL_PRIVACY_AHEAD must be an integer from 0 (in order) to 64 (trainings ahead; "
+      "default 1) (got 'yes')")
   assert not workdir.exists()
