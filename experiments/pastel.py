@@ -6,7 +6,7 @@ it is compared with weak, local and central DP (accounted with dp-accounting) by
 attack of Nasr et al. (2019), the loss threshold and FedMIA-I/II, on the clients' uploaded
 models (`local`) and on the global model (`global`).
 
-  python -m experiments.pastel                                   # digits leaky: 6 min cold, 2 cores
+  python -m experiments.pastel                                   # digits leaky: 5.3 min cold, 2 cores
   python -m experiments.pastel --config=configs/digits.py:setting=well_generalising
   python -m experiments.pastel --config=configs/digits.py:smoke  # seconds (CI)
   python -m experiments.pastel --config=configs/cifar10.py       # ResNet-18-GN: GPU advised

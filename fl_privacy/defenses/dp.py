@@ -121,12 +121,18 @@ def dp_sgd_hook(clip_norm: float, noise_multiplier: float, denominator: float | 
   return grad
 
 
+def _update_dp_upload(clip_norm, std, key, delta, aux):
+  del aux
+  return gaussian.add_noise(key, clip_tree(delta, clip_norm), std)
+
+
 def update_dp_hook(clip_norm: float, noise_multiplier: float):
-  """`upload` hook of `update_dp`."""
-  def upload(key, delta, aux):
-    del aux
-    return clip_and_noise_update(key, delta, clip_norm, noise_multiplier)
-  return upload
+  """`upload` hook of `update_dp` (`clip_and_noise_update`): a `jax.tree_util.Partial` over C
+  and the noise's std z C (the product taken in float64, as the floats were) as weakly typed
+  arrays, so a jitted training that takes the hook as an operand (`fl.recording`) compiles
+  once for every z of a sweep."""
+  return jax.tree_util.Partial(_update_dp_upload, jnp.asarray(float(clip_norm)),
+                               jnp.asarray(float(noise_multiplier) * float(clip_norm)))
 
 
 def central_dp_hook(clip_norm: float, noise_multiplier: float):

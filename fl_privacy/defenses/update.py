@@ -90,12 +90,16 @@ def quantize(key: jax.Array, delta: Any, bits: int) -> Any:
   return jax.tree_util.tree_unflatten(tree, out)
 
 
+def _noise_upload(sigma, key, delta, aux):
+  del aux
+  return noise(key, delta, sigma)
+
+
 def noise_hook(sigma: float):
-  """`upload` hook of `noise`."""
-  def upload(key, delta, aux):
-    del aux
-    return noise(key, delta, sigma)
-  return upload
+  """`upload` hook of `noise`: a `jax.tree_util.Partial` whose sigma is an array (weakly typed,
+  as the float it was), so a jitted training that takes the hook as an operand
+  (`fl.recording`) compiles once for every sigma of a sweep."""
+  return jax.tree_util.Partial(_noise_upload, jnp.asarray(float(sigma)))
 
 
 def sparsify_hook(keep_fraction: float, min_size: int):
@@ -106,9 +110,12 @@ def sparsify_hook(keep_fraction: float, min_size: int):
   return upload
 
 
+def _quantize_upload(bits, key, delta, aux):
+  del aux
+  return quantize(key, delta, bits)
+
+
 def quantize_hook(bits: int):
-  """`upload` hook of `quantize`."""
-  def upload(key, delta, aux):
-    del aux
-    return quantize(key, delta, bits)
-  return upload
+  """`upload` hook of `quantize`: a `Partial` over the bits as an array, like `noise_hook`
+  (2^bits - 1 is exact in float32 for the bits allowed)."""
+  return jax.tree_util.Partial(_quantize_upload, jnp.asarray(int(bits)))

@@ -72,8 +72,18 @@ def _keep_upload(key, t, k, global_params, upload):
   return upload
 
 
-def _segment(params, clients, key, first, qx, qy, test_x, test_y, pool, *, apply_fn,
-             optimizer, epochs, batch_size, hooks, num_plain, chunk_size, in_models=0,
+def _split_hooks(hooks: client.ClientHooks | None):
+  """(static, traced) parts of the hooks: the fields that are `jax.tree_util.Partial`s (a
+  defense whose strength is an array, e.g. `update_dp`'s noise) travel as traced operands, so
+  every strength of a sweep runs the same compiled segment; the other fields stay static."""
+  if hooks is None:
+    return None, {}
+  traced = {f: h for f, h in hooks._asdict().items() if isinstance(h, jax.tree_util.Partial)}
+  return hooks._replace(**{f: None for f in traced}), traced
+
+
+def _segment(params, clients, key, first, qx, qy, test_x, test_y, pool, traced_hooks, *,
+             apply_fn, optimizer, epochs, batch_size, hooks, num_plain, chunk_size, in_models=0,
              shadow_size=0, masked=False):
   """Rounds first .. first + num_plain - 1 unobserved, then round t = first + num_plain whose
   uploads are measured at w_t; returns (w_{t+1}, measurements, test correct, test loss sum,
@@ -83,8 +93,11 @@ def _segment(params, clients, key, first, qx, qy, test_x, test_y, pool, *, apply
   with round t's optimizer), else None and nothing more is traced.
 
   One jitted function per segment, module-level and keyed on its static arguments, so every
-  segment of a training and every training of the same shapes and settings compile once.
+  segment of a training and every training of the same shapes and settings compile once;
+  `traced_hooks` are the hooks' traced fields (`_split_hooks`), put back before use.
   """
+  if traced_hooks:
+    hooks = hooks._replace(**traced_hooks)
   loss_fn = losses.make_loss_fn(apply_fn)
   kw = dict(key=key, optimizer=optimizer, epochs=epochs, batch_size=batch_size, hooks=hooks)
   if num_plain:
@@ -168,6 +181,7 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   if in_models and clients.aux is not None:
     # A shadow set has no client's auxiliary data for its hooks to read.
     raise ValueError('IN models cannot re-run clients with auxiliary data (clients.aux)')
+  hooks, traced_hooks = _split_hooks(hooks)
   static = dict(apply_fn=apply_fn, optimizer=optimizer, epochs=int(epochs),
                 batch_size=int(batch_size), hooks=hooks)
   clients = rounds.ClientData(*(None if a is None else jax.tree_util.tree_map(jnp.asarray, a)
@@ -190,8 +204,8 @@ def train_recorded(apply_fn: Callable[[Any, jnp.ndarray], jnp.ndarray], params: 
   done = 0
   for i, t in enumerate(recorded):
     params, m, correct, total, loss_in = _segment(
-        params, clients, key, jnp.int32(done), qx, qy, tx, ty, pool, num_plain=int(t - done),
-        chunk_size=chunk, **static)
+        params, clients, key, jnp.int32(done), qx, qy, tx, ty, pool, traced_hooks,
+        num_plain=int(t - done), chunk_size=chunk, **static)
     for name in MEASURED:
       out[name].append(np.asarray(getattr(m, name), np.float32))
     if in_models:

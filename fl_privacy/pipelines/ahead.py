@@ -1,20 +1,23 @@
-"""Work ahead: the next trainings run in a background thread while this one is scored.
+"""Work ahead: the next trainings run in background threads while this one is scored.
 
 A sweep alternates trainings (XLA: compiling a new program, then running it) with scoring
 (numpy). On CPU each keeps about one core busy, so a sweep run in order leaves the other
-core of a two-core machine idle most of the time. `Ahead` runs jobs i + 1 .. i + depth, one
-after the other, in one worker thread while the caller consumes job i; results do not depend
-on it (every job is a pure function of its keys and writes its artifacts atomically), only the
-wall time and the memory do (up to depth + 1 results held at once). More than one job ahead
-helps where the scoring of some trainings is slow and that of others fast (the worker would
-otherwise wait during the slow stretch and the caller during the fast one), not where the
-trainings are the longer work throughout: FedMIA's cold default took 6 min 25 s one ahead and
-6 min 43 s three ahead (one run each, 2026-11-27), so the default stays 1.
+core of a two-core machine idle most of the time. `Ahead` runs jobs i + 1 .. i + depth, each
+on its own worker thread, while the caller consumes job i; results do not depend on it (every
+job is a pure function of its keys and writes its artifacts atomically), only the wall time
+and the memory do (up to depth + 1 results held at once).
 
-The worker is a `concurrent.futures.ThreadPoolExecutor` of one thread: a job's exception
-reaches the caller at `get`, and an interrupted run leaves at most the job in flight to finish
-(queued ones are cancelled; artifacts are written atomically, so a resumed run reads them or
-redoes them).
+The depth that pays depends on where the time goes, so each pipeline names its own
+(`over(..., default_depth=)`) and `$FL_PRIVACY_AHEAD` overrides it for all. Measured on the
+2-core machine from an empty compilation cache (2026-11-27, one run each, identical results):
+FedMIA, whose trainings are mostly compilation, 5 min 39 s at depth 1 and 5 min 52 s at 2;
+PASTEL, whose 18 x 10 trainings mostly run and whose scoring waits for them, 6 min 15 s at 1
+and 5 min 14 s at 2. A single worker with three jobs queued was slower for FedMIA too (6 min
+43 s against 6 min 25 s, before its compile savings).
+
+A job's exception reaches the caller at `get`; an interrupted run leaves at most the jobs in
+flight to finish (queued ones are cancelled; artifacts are written atomically, so a resumed run
+reads them or redoes them).
 """
 
 from __future__ import annotations
@@ -25,18 +28,20 @@ import os
 from typing import Any, Callable, Generic, Hashable, Sequence, TypeVar
 
 T = TypeVar('T')
-# `FL_PRIVACY_AHEAD=n`: up to n trainings ahead of the scoring; 0 runs every sweep in order.
+# `FL_PRIVACY_AHEAD=n`: n trainings ahead of the scoring in every pipeline (0: in order); unset,
+# each pipeline's own default.
 ENV = 'FL_PRIVACY_AHEAD'
-DEFAULT_DEPTH = 1
 _MAX_DEPTH = 64
 
 
-def depth() -> int:
-  """Trainings run ahead: `$FL_PRIVACY_AHEAD` (an integer 0-64; 0 = in order), default 1."""
-  value = os.environ.get(ENV, str(DEFAULT_DEPTH)).strip()
+def depth(default: int = 1) -> int:
+  """Trainings run ahead: `$FL_PRIVACY_AHEAD` (an integer 0-64; 0 = in order), else `default`."""
+  value = os.environ.get(ENV, '').strip()
+  if ENV not in os.environ:
+    return default
   if not (value.isdigit() and int(value) <= _MAX_DEPTH):
     raise ValueError(f'${ENV} must be an integer from 0 (in order) to {_MAX_DEPTH} '
-                     f'(trainings ahead; default {DEFAULT_DEPTH}) (got {value!r})')
+                     f"(trainings ahead; unset: each pipeline's default) (got {value!r})")
   return int(value)
 
 
@@ -46,13 +51,13 @@ def enabled() -> bool:
 
 
 class Ahead(Generic[T]):
-  """`get(k)` returns job k's result and queues the `depth` jobs after k in the background.
+  """`get(k)` returns job k's result and starts the `depth` jobs after k in the background.
 
   Args:
     jobs: (key, job) in the order the caller will `get` them; `job()` computes the result.
     enabled: False runs every job in the caller's thread when it is asked for (the sequential
       reference of `benchmarks`).
-    depth: jobs queued ahead of the one asked for (>= 1).
+    depth: jobs run ahead of the one asked for, each on its own thread (>= 1).
   """
 
   def __init__(self, jobs: Sequence[tuple[Hashable, Callable[[], T]]], *, enabled: bool = True,
@@ -64,7 +69,7 @@ class Ahead(Generic[T]):
     if depth < 1:
       raise ValueError(f'depth must be >= 1 (got {depth})')
     self._depth = depth
-    self._pool = futures.ThreadPoolExecutor(1, 'ahead') if enabled else None
+    self._pool = futures.ThreadPoolExecutor(depth, 'ahead') if enabled else None
     self._running: dict[Hashable, futures.Future] = {}
 
   def _start(self, key: Hashable) -> None:
@@ -88,10 +93,11 @@ class Ahead(Generic[T]):
       self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def over(items: Sequence[Any], job: Callable[[Any], T], needed: Callable[[Any], bool]
-         ) -> Ahead[T]:
+def over(items: Sequence[Any], job: Callable[[Any], T], needed: Callable[[Any], bool], *,
+         default_depth: int = 1) -> Ahead[T]:
   """`Ahead` keyed by position over the items for which `needed(item)` (a training with a
-  point the store lacks), job i = `job(items[i])`; `depth()` jobs ahead (0: in order)."""
-  n = depth()
+  point the store lacks), job i = `job(items[i])`; `depth(default_depth)` jobs ahead (0: in
+  order)."""
+  n = depth(default_depth)
   return Ahead([(i, functools.partial(job, item)) for i, item in enumerate(items)
                 if needed(item)], enabled=n > 0, depth=max(n, 1))

@@ -299,8 +299,8 @@ def trained(config, state, store, key, tr: dict, r: int = 0) -> dict[str, np.nda
 
 def plan(config, state, store, key) -> list[base.Point]:
   """Every (training, attack, target); the replicates of a training with a point to compute
-  are read or trained one training ahead of its scoring (`ahead`) and dropped after its last
-  point; `none`'s scores are kept."""
+  are read or trained two trainings ahead of its scoring, two at a time (`ahead`), and dropped
+  after its last point; `none`'s scores are kept."""
   s, kw = _s(config), pastel_replicates.attack_options(config)
   reps = _replicates(config, state, key)
   points, ref_scores = [], {}  # (optimizer, attack, target) -> `none`'s pooled scores
@@ -308,7 +308,7 @@ def plan(config, state, store, key) -> list[base.Point]:
       config, state, store, key, t, r) if arrays is None else arrays[r])
                                  for r, d in enumerate(reps)]
   runs = ahead.over(trainings(config), lambda t: [a['arrays'] for a in load(t)], lambda t: any(
-      store.get(point_params(t, a, tg)) is None for a, tg in attack_plan(config)))
+      store.get(point_params(t, a, tg)) is None for a, tg in attack_plan(config)), default_depth=2)
   for i, tr in enumerate(trainings(config)):
     cache = {}
     ref = dict(defense='none', strength=0.0, optimizer=tr['optimizer'], representation='-')

@@ -71,13 +71,13 @@ def test_depth_queues_that_many_jobs_and_no_more():
     ahead.Ahead([(1, int)], depth=0)
 
 
-def test_the_switch_is_a_depth_from_0_to_64(monkeypatch):
+def test_the_switch_is_a_depth_from_0_to_64_over_each_pipelines_default(monkeypatch):
   monkeypatch.delenv(ahead.ENV, raising=False)
-  assert ahead.enabled() and ahead.depth() == ahead.DEFAULT_DEPTH == 1
+  assert ahead.enabled() and ahead.depth() == 1 and ahead.depth(2) == 2
   monkeypatch.setenv(ahead.ENV, '0')
-  assert not ahead.enabled() and ahead.depth() == 0
+  assert not ahead.enabled() and ahead.depth(2) == 0
   monkeypatch.setenv(ahead.ENV, ' 1 ')
-  assert ahead.depth() == 1
+  assert ahead.depth(2) == 1
   monkeypatch.setenv(ahead.ENV, '64')
   assert ahead.depth() == 64
   for bad in ('yes', '-1', '65', '1.5', ''):
@@ -86,14 +86,26 @@ def test_the_switch_is_a_depth_from_0_to_64(monkeypatch):
       ahead.enabled()
 
 
-def test_over_reads_the_depth(monkeypatch):
-  monkeypatch.setenv(ahead.ENV, '2')
-  runs = ahead.over([10, 20, 30, 40], lambda x: x + 1, lambda x: x != 20)
+def test_over_reads_the_depth_and_runs_that_many_jobs_at_once(monkeypatch):
+  monkeypatch.delenv(ahead.ENV, raising=False)
+  runs = ahead.over([10, 20, 30, 40], lambda x: x + 1, lambda x: x != 20, default_depth=2)
   assert runs._depth == 2 and runs._order == [0, 2, 3]  # pylint: disable=protected-access
+  assert runs._pool._max_workers == 2  # pylint: disable=protected-access
   assert [runs.get(i) for i in (0, 2, 3)] == [11, 31, 41]
   runs.close()
+  monkeypatch.setenv(ahead.ENV, '3')
+  three = ahead.over([1], lambda x: x, lambda x: True, default_depth=2)
+  assert three._depth == 3  # pylint: disable=protected-access
   monkeypatch.setenv(ahead.ENV, '0')
   assert ahead.over([1], lambda x: x, lambda x: True)._pool is None  # pylint: disable=protected-access
+
+
+def test_two_workers_run_two_jobs_at_the_same_time():
+  both = threading.Barrier(2, timeout=10)  # broken (an error) unless two jobs wait at once
+  runs = ahead.Ahead([(k, lambda k=k: (both.wait() if k else None, k)[1]) for k in range(3)],
+                     depth=2)
+  assert runs.get(0) == 0 and runs.get(1) == 1 and runs.get(2) == 2
+  runs.close()
 
 
 def test_a_bad_switch_exits_2_with_one_line_before_anything_is_written(tmp_path, monkeypatch):
@@ -103,5 +115,5 @@ def test_a_bad_switch_exits_2_with_one_line_before_anything_is_written(tmp_path,
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert proc.stderr.strip().splitlines()[-1].endswith(
       "$FL_PRIVACY_AHEAD must be an integer from 0 (in order) to 64 (trainings ahead; "
-      "default 1) (got 'yes')")
+      "unset: each pipeline's default) (got 'yes')")
   assert not workdir.exists()

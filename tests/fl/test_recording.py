@@ -9,6 +9,9 @@ import optax
 import pytest
 
 from fl_privacy import models
+from fl_privacy.defenses import dp as dp_lib
+from fl_privacy.defenses import registry
+from fl_privacy.defenses import update as update_lib
 from fl_privacy.fl import client
 from fl_privacy.fl import losses
 from fl_privacy.fl import queries
@@ -198,3 +201,35 @@ def test_member_accuracy_is_the_final_global_models_on_the_given_rows():
   assert int(got['member_correct']) == correct and int(got['num_member']) == 12
   bare = recording.train_recorded(MODEL.apply, params, clients, qx, qy, **kw)
   assert 'member_correct' not in bare and 'num_member' not in bare
+
+
+@pytest.mark.parametrize('name, field, strengths, closure', [
+    ('update_noise', 'sigma', (0.1, 0.7),
+     lambda v: lambda k, d, a: update_lib.noise(k, d, v)),
+    ('quantize', 'bits', (2, 5), lambda v: lambda k, d, a: update_lib.quantize(k, d, v)),
+    ('update_dp', 'noise_multiplier', (0.3, 1.7),
+     lambda v: lambda k, d, a: dp_lib.clip_and_noise_update(k, d, 0.25, v)),
+])
+def test_a_sweeps_strengths_share_one_compiled_segment_and_give_the_closures_numbers(
+    name, field, strengths, closure):
+  # The strength of these upload hooks is a traced operand (`recording._split_hooks`): one
+  # compilation for the whole sweep, and the numbers of a hook with the strength baked in.
+  xs, ys, qx, qy, params = _data()
+  clients = rounds.pad_clients(xs, ys)
+  extra = {'clip_norm': 0.25} if name == 'update_dp' else {}
+  kw = dict(key=jax.random.key(9), num_rounds=4, record_every=2, optimizer=OPT, epochs=1,
+            batch_size=4, test_x=qx, test_y=qy, chunk_size=5)
+  runs, sizes = [], []
+  for v in strengths:
+    hooks = registry.make(name, **{field: v}, **extra)
+    runs.append(recording.train_recorded(MODEL.apply, params, clients, qx, qy, hooks=hooks,
+                                         **kw))
+    sizes.append(recording._segment._cache_size())  # pylint: disable=protected-access
+  assert sizes[1] == sizes[0]  # the second strength compiled nothing
+  for v, got in zip(strengths, runs):
+    want = recording.train_recorded(MODEL.apply, params, clients, qx, qy,
+                                    hooks=client.ClientHooks(upload=closure(v)), **kw)
+    for k in ('loss', 'cos', 'diff', 'margin', 'test_correct'):
+      np.testing.assert_array_equal(got[k], want[k], err_msg=f'{name}={v}: {k}')
+  assert not np.array_equal(got['cos'], recording.train_recorded(
+      MODEL.apply, params, clients, qx, qy, **kw)['cos'])  # the hook acted
