@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging as std_logging
 import math
+import threading
 from typing import Any
 
 from absl import logging
@@ -115,16 +117,36 @@ def describe(decl: Declaration) -> dict[str, Any]:
           'dp_sampling_rate': float(decl.sampling_rate)}
 
 
+# The RDP accountant logs one warning per fractional order whose series does not converge and
+# drops that order (epsilon stays a valid bound): hundreds of lines per calibration. They are
+# muted in the thread that accounts, by a filter on absl's logger, and nowhere else: changing
+# the global verbosity and restoring it raced when two trainings were accounted at once
+# (`pipelines.ahead`), and left the run's log at ERROR for good.
+_MUTED = threading.local()
+
+
+class _MuteAccounting(std_logging.Filter):
+
+  def filter(self, record):
+    return record.levelno >= std_logging.ERROR or not _muted()
+
+
+def _muted() -> bool:
+  """Whether records below ERROR logged by this thread are dropped now."""
+  return getattr(_MUTED, 'depth', 0) > 0
+
+
+if not any(isinstance(f, _MuteAccounting) for f in logging.get_absl_logger().filters):
+  logging.get_absl_logger().addFilter(_MuteAccounting())
+
+
 @contextlib.contextmanager
 def _quiet():
-  # The RDP accountant logs one warning per fractional order whose series does not converge
-  # and drops that order (epsilon stays a valid bound); hundreds of lines per calibration.
-  old = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)
+  _MUTED.depth = getattr(_MUTED, 'depth', 0) + 1
   try:
     yield
   finally:
-    logging.set_verbosity(old)
+    _MUTED.depth -= 1
 
 
 def _accountant(decl: Declaration, accountant: str) -> dp_accounting.PrivacyAccountant:

@@ -4,7 +4,9 @@ delta, calibration and the declarations of the shipped mechanisms (no JAX; a few
 from __future__ import annotations
 
 import dataclasses
+import logging as std_logging
 import math
+import threading
 
 from absl import logging
 import dp_accounting
@@ -325,41 +327,68 @@ def test_noise_multiplier_for_reaches_below_one():
 
 
 # ----------------------------------------------------------------------------------------------
-# dp-accounting's warnings are muted while composing, and the verbosity is restored.
+# dp-accounting's warnings are muted in the accounting thread while composing, nowhere else.
 
 
-def test_quiet_mutes_and_restores_the_verbosity():
+def test_quiet_mutes_this_threads_warnings_only_and_never_the_verbosity():
+  records = []
+
+  class Keep(std_logging.Handler):
+    def emit(self, record):
+      records.append((record.getMessage(), threading.get_ident()))
+
+  handler = Keep()
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addHandler(handler)
   old = logging.get_verbosity()
   try:
-    logging.set_verbosity(logging.DEBUG)
-    with accounting._quiet():
-      assert logging.get_verbosity() == logging.ERROR
-    assert logging.get_verbosity() == logging.DEBUG
+    logging.set_verbosity(logging.INFO)
+    inside, released = threading.Event(), threading.Event()
+
+    def quiet_thread():
+      with accounting._quiet():  # pylint: disable=protected-access
+        with accounting._quiet():  # pylint: disable=protected-access
+          logging.warning('muted, nested')
+        logging.warning('muted, outer')
+        logging.error('errors still show')
+        inside.set()
+        released.wait(10)
+      logging.warning('shown after')
+
+    t = threading.Thread(target=quiet_thread)
+    t.start()
+    assert inside.wait(10)
+    # While the other thread accounts, this one's records and the verbosity are untouched.
+    assert logging.get_verbosity() == logging.INFO
+    logging.warning('shown meanwhile')
+    released.set()
+    t.join(10)
     with pytest.raises(RuntimeError):
-      with accounting._quiet():
+      with accounting._quiet():  # pylint: disable=protected-access
         raise RuntimeError('inside')
-    assert logging.get_verbosity() == logging.DEBUG
+    logging.warning('shown after an exception')
     accounting.epsilon(_PLAIN, 1.0, delta=DELTA)
-    accounting.delta_for(_PLAIN, 1.0, epsilon_=1.0)
-    accounting.noise_multiplier_for(_FIVE, 3.0, delta=DELTA)
-    assert logging.get_verbosity() == logging.DEBUG
+    assert logging.get_verbosity() == logging.INFO
   finally:
     logging.set_verbosity(old)
+    absl_logger.removeHandler(handler)
+  assert [m for m, _ in records] == ['errors still show', 'shown meanwhile', 'shown after',
+                                     'shown after an exception']
 
 
 def test_accounting_is_quiet(monkeypatch):
   seen = []
 
   def compose(self, event, count=1):
-    seen.append(('compose', logging.get_verbosity()))
+    seen.append(('compose', accounting._muted()))  # pylint: disable=protected-access
     return real_compose(self, event, count)
 
   def get_epsilon(self, delta):
-    seen.append(('epsilon', logging.get_verbosity()))
+    seen.append(('epsilon', accounting._muted()))  # pylint: disable=protected-access
     return real_eps(self, delta)
 
   def get_delta(self, eps):
-    seen.append(('delta', logging.get_verbosity()))
+    seen.append(('delta', accounting._muted()))  # pylint: disable=protected-access
     return real_delta(self, eps)
 
   cls = dp_accounting.rdp.RdpAccountant
@@ -376,7 +405,8 @@ def test_accounting_is_quiet(monkeypatch):
   finally:
     logging.set_verbosity(old)
   assert {kind for kind, _ in seen} == {'compose', 'epsilon', 'delta'}
-  assert all(v == logging.ERROR for _, v in seen)
+  assert all(muted for _, muted in seen)
+  assert not accounting._muted()  # pylint: disable=protected-access
 
 
 # ----------------------------------------------------------------------------------------------
