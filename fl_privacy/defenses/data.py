@@ -95,7 +95,9 @@ def mixup(key: jax.Array, x: jax.Array, y: jax.Array, mask: jax.Array | None, *,
 
 
 def mixup_hook(alpha: float, num_classes: int, public_code: bool = False):
-  """`batch` hook of `mixup`."""
+  """`batch` hook of `mixup`. A closure over alpha, not a traced operand like `sampling_hook`:
+  with alpha traced the Beta draws differ from a baked-in alpha in the last bits (XLA folds
+  the constant's part of the sampler), which changes every number of a mixup run."""
   def batch(key, x, y, mask, aux):
     del aux
     x, y, mask, _ = mixup(key, x, y, mask, alpha=alpha, num_classes=num_classes,
@@ -228,9 +230,13 @@ def sample_rows(key: jax.Array, mask: jax.Array, fraction: float) -> jax.Array:
   return jnp.where(real & (rank < keep), mask, jnp.zeros_like(mask))
 
 
+def _sampling_data(fraction, key, x, y, mask, aux):
+  del aux
+  return x, y, sample_rows(key, mask, fraction)
+
+
 def sampling_hook(fraction: float):
-  """`data` hook of `sampling`: once per round, on the whole shard."""
-  def data(key, x, y, mask, aux):
-    del aux
-    return x, y, sample_rows(key, mask, fraction)
-  return data
+  """`data` hook of `sampling`: once per round, on the whole shard; a `jax.tree_util.Partial`
+  over the fraction as a weakly typed array, so a jitted training that takes the hook as an
+  operand (`fl.recording`) compiles once for every fraction of a sweep."""
+  return jax.tree_util.Partial(_sampling_data, jnp.asarray(float(fraction)))

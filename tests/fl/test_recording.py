@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from fl_privacy import models
+from fl_privacy.defenses import data as data_lib
 from fl_privacy.defenses import dp as dp_lib
 from fl_privacy.defenses import registry
 from fl_privacy.defenses import update as update_lib
@@ -209,6 +210,8 @@ def test_member_accuracy_is_the_final_global_models_on_the_given_rows():
     ('quantize', 'bits', (2, 5), lambda v: lambda k, d, a: update_lib.quantize(k, d, v)),
     ('update_dp', 'noise_multiplier', (0.3, 1.7),
      lambda v: lambda k, d, a: dp_lib.clip_and_noise_update(k, d, 0.25, v)),
+    ('sampling', 'fraction', (0.5, 0.8),
+     lambda v: lambda k, x, y, m, a: (x, y, data_lib.sample_rows(k, m, v))),
 ])
 def test_a_sweeps_strengths_share_one_compiled_segment_and_give_the_closures_numbers(
     name, field, strengths, closure):
@@ -217,6 +220,7 @@ def test_a_sweeps_strengths_share_one_compiled_segment_and_give_the_closures_num
   xs, ys, qx, qy, params = _data()
   clients = rounds.pad_clients(xs, ys)
   extra = {'clip_norm': 0.25} if name == 'update_dp' else {}
+  slot = 'data' if name == 'sampling' else 'upload'
   kw = dict(key=jax.random.key(9), num_rounds=4, record_every=2, optimizer=OPT, epochs=1,
             batch_size=4, test_x=qx, test_y=qy, chunk_size=5)
   runs, sizes = [], []
@@ -228,7 +232,7 @@ def test_a_sweeps_strengths_share_one_compiled_segment_and_give_the_closures_num
   assert sizes[1] == sizes[0]  # the second strength compiled nothing
   for v, got in zip(strengths, runs):
     want = recording.train_recorded(MODEL.apply, params, clients, qx, qy,
-                                    hooks=client.ClientHooks(upload=closure(v)), **kw)
+                                    hooks=client.ClientHooks(**{slot: closure(v)}), **kw)
     for k in ('loss', 'cos', 'diff', 'margin', 'test_correct'):
       np.testing.assert_array_equal(got[k], want[k], err_msg=f'{name}={v}: {k}')
   assert not np.array_equal(got['cos'], recording.train_recorded(
