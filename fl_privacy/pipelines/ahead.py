@@ -9,11 +9,12 @@ and the memory do (up to depth + 1 results held at once).
 
 The depth that pays depends on where the time goes, so each pipeline names its own
 (`over(..., default_depth=)`) and `$FL_PRIVACY_AHEAD` overrides it for all. Measured on the
-2-core machine from an empty compilation cache (2026-11-27, one run each, identical results):
-FedMIA, whose trainings are mostly compilation, 5 min 39 s at depth 1 and 5 min 52 s at 2;
-PASTEL, whose 18 x 10 trainings mostly run and whose scoring waits for them, 6 min 15 s at 1
-and 5 min 14 s at 2. A single worker with three jobs queued was slower for FedMIA too (6 min
-43 s against 6 min 25 s, before its compile savings).
+2-core machine from an empty compilation cache (2026-11-27/28, identical results in every
+run): FedMIA, whose trainings are mostly compilation, 5 min 39 s to 6 min 4 s at depth 1
+(three runs) and 5 min 52 s at 2 (one); PASTEL, whose 18 x 10 trainings mostly run and whose
+scoring waits for them, 6 min 15 s at 1 (one) and 5 min 14 s to 5 min 48 s at 2 (three). A
+single worker with three jobs queued was slower for FedMIA too (6 min 43 s against 6 min 25 s,
+before its compile savings).
 
 A job's exception reaches the caller at `get`; an interrupted run leaves at most the jobs in
 flight to finish (queued ones are cancelled; artifacts are written atomically, so a resumed run
