@@ -82,10 +82,17 @@ def private_gradient(key: jax.Array, per_example: Any, mask: jax.Array, clip_nor
   return jax.tree_util.tree_map(lambda g: g / count.astype(g.dtype), noisy)
 
 
+def _update_dp_upload(clip_norm, std, key, delta, aux):
+  """clip_C(Delta) + N(0, std^2 I): `clip_and_noise_update` with std = z C given (the upload
+  hook's form, whose C and std may be traced)."""
+  del aux
+  return gaussian.add_noise(key, clip_tree(delta, clip_norm), std)
+
+
 def clip_and_noise_update(key: jax.Array, delta: Any, clip_norm: float,
                           noise_multiplier: float) -> Any:
   """`update_dp`: clip_C(Delta) + N(0, (z C)^2 I) (FedMIA paper, Appendix A.2.1)."""
-  return gaussian.add_noise(key, clip_tree(delta, clip_norm), noise_multiplier * clip_norm)
+  return _update_dp_upload(clip_norm, noise_multiplier * clip_norm, key, delta, None)
 
 
 def dp_fedavg(key: jax.Array, uploads: Any, weights: jax.Array, clip_norm: float,
@@ -119,11 +126,6 @@ def dp_sgd_hook(clip_norm: float, noise_multiplier: float, denominator: float | 
   def grad(key, per_example, mask):
     return private_gradient(key, per_example, mask, clip_norm, noise_multiplier, denominator)
   return grad
-
-
-def _update_dp_upload(clip_norm, std, key, delta, aux):
-  del aux
-  return gaussian.add_noise(key, clip_tree(delta, clip_norm), std)
 
 
 def update_dp_hook(clip_norm: float, noise_multiplier: float):

@@ -37,9 +37,9 @@ _MAX_DEPTH = 64
 
 def depth(default: int = 1) -> int:
   """Trainings run ahead: `$FL_PRIVACY_AHEAD` (an integer 0-64; 0 = in order), else `default`."""
-  value = os.environ.get(ENV, '').strip()
   if ENV not in os.environ:
     return default
+  value = os.environ[ENV].strip()
   if not (value.isdigit() and int(value) <= _MAX_DEPTH):
     raise ValueError(f'${ENV} must be an integer from 0 (in order) to {_MAX_DEPTH} '
                      f"(trainings ahead; unset: each pipeline's default) (got {value!r})")
