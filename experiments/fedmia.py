@@ -12,7 +12,7 @@ rounds), with the paper's 3-sigma filter (default, `fedmia_ii`), our leave-one-o
 are scored aligned (default) or the public code's way (redrawn per client and round), which
 measures how much that inflates the paper's numbers.
 
-  python -m experiments.fedmia                                   # digits: 5.7-6.1 min cold, 2 cores
+  python -m experiments.fedmia                                   # digits: 5.1-5.4 min cold, 2 cores
   python -m experiments.fedmia --config=configs/digits.py:smoke  # seconds (CI)
   python -m experiments.fedmia --config=configs/cifar100.py      # the paper's setting: GPU
   python -m experiments.fedmia --config.fedmia.outlier_filter=leave_one_out

@@ -306,7 +306,7 @@ def deploy(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[st
               seconds=time.perf_counter() - start, num_nodes=design.num_nodes)
 
 
-def scores(setting: dp_audit.Setting, design: Design, run: dict[str, Any],
+def scores(setting: dp_audit.Setting, run: dict[str, Any],
            directions: np.ndarray) -> dict[str, np.ndarray]:
   """Each threat model's statistic for the given unit directions [k, d] (the canaries', or
   never-inserted ones for the null; LocalDpMod's all-iterates statistic needs the canaries'
@@ -412,9 +412,9 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str
   included = run['included']
   if not (included.any() and (~included).any()):
     raise ValueError(f'{design.num_canaries} canaries gave no canary in one of the worlds')
-  canary = scores(setting, design, run, run['directions'])
+  canary = scores(setting, run, run['directions'])
   null_dirs = null_directions(jax.random.fold_in(key, 3), design)
-  null = scores(setting, design, run, null_dirs)
+  null = scores(setting, run, null_dirs)
   m: dict[str, Any] = dict(stated_epsilon=eps, stated_delta=delta, stated_epsilon_source=source,
                            num_nodes=run['num_nodes'], num_rounds=int(design.num_rounds),
                            num_canaries=int(design.num_canaries), num_real=int(design.num_real),

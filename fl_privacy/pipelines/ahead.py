@@ -11,7 +11,8 @@ The depth that pays depends on where the time goes, so each pipeline names its o
 (`over(..., default_depth=)`) and `$FL_PRIVACY_AHEAD` overrides it for all. Measured on the
 2-core machine from an empty compilation cache (2026-11-27/28, identical results in every
 run): FedMIA, whose trainings are mostly compilation, 5 min 39 s to 6 min 4 s at depth 1
-(three runs) and 5 min 52 s at 2 (one); PASTEL, whose 18 x 10 trainings mostly run and whose
+(three runs; 5 min 8 s to 5 min 20 s on 2026-11-28 with a shorter figure phase) and 5 min
+52 s at 2 (one, before that); PASTEL, whose 18 x 10 trainings mostly run and whose
 scoring waits for them, 6 min 15 s at 1 (one) and 5 min 14 s to 5 min 48 s at 2 (three). A
 single worker with three jobs queued was slower for FedMIA too (6 min 43 s against 6 min 25 s,
 before its compile savings).

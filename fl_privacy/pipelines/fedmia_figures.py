@@ -47,8 +47,14 @@ def _colour(attack: str) -> str:
   return _COLOURS.get(scores_lib.parse(attack)[0].replace('_best_round', ''), 'k')
 
 
-def round_curves(config, key, records: dict) -> dict:
-  """{model: {scoring: {attack: curve}}} of `evaluate.rounds_curve` on the main recordings."""
+def _kept(scored, model: str, attack: str, scoring: str) -> dict | None:
+  """Replicate 0's aligned scores that point scoring kept (`fedmia_replicates.Scored`)."""
+  return None if scored is None or scoring != 'aligned' else scored.get(model, attack, 0)
+
+
+def round_curves(config, key, records: dict, scored=None) -> dict:
+  """{model: {scoring: {attack: curve}}} of `evaluate.rounds_curve` on the main recordings
+  (replicate 0's), aligned from the scores `scored` kept where it has them."""
   s = config.fedmia
   out = {}
   for model, rec in records.items():
@@ -61,7 +67,7 @@ def round_curves(config, key, records: dict) -> dict:
                                                    'scoring': scoring}))
         out[model][scoring][a] = evaluate_lib.rounds_curve(
             rec, rec['owner'], a, scoring=scoring, default_filter=s.outlier_filter, rng=rng,
-            **attack_options(config))
+            scored=_kept(scored, model, a, scoring), **attack_options(config))
   return out
 
 
@@ -74,8 +80,9 @@ def _legend_outside(ax, **kw):
   ax.legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=7, borderaxespad=0, **kw)
 
 
-def roc_figure(config, key, records: dict):
-  """Log-log ROC of every main-setting attack (Table 1's attacks)."""
+def roc_figure(config, key, records: dict, scored=None):
+  """Log-log ROC of every main-setting attack (Table 1's attacks), aligned from the scores
+  `scored` kept where it has them."""
   plt = _plt()
   s = config.fedmia
   models = list(records)
@@ -97,12 +104,15 @@ def roc_figure(config, key, records: dict):
           continue  # one round: the public code's redraw only reorders non-members; RMIA
         rng = data_lib.rng_from_key(point_key(key, {'roc': attack, 'model': model,
                                                    'scoring': scoring}))
-        pooled = scores_lib.pooled_round_scores(rec, rec['owner'], attack, scoring=scoring,
-                                                default_filter=s.outlier_filter, rng=rng,
-                                                **attack_options(config))
-        final = scores_lib.combine_rounds(pooled['scores'], attack, single_index=single)
-        fpr, tpr, _ = metrics_lib.roc_curve(final, pooled['labels'])
-        floor = 1.0 / max(1, int((pooled['labels'] == 0).sum()))
+        kept = _kept(scored, model, attack, scoring)
+        if kept is None:
+          pooled = scores_lib.pooled_round_scores(rec, rec['owner'], attack, scoring=scoring,
+                                                  default_filter=s.outlier_filter, rng=rng,
+                                                  **attack_options(config))
+          kept = dict(round_scores=pooled['scores'], labels=pooled['labels'])
+        final = scores_lib.combine_rounds(kept['round_scores'], attack, single_index=single)
+        fpr, tpr, _ = metrics_lib.roc_curve(final, kept['labels'])
+        floor = 1.0 / max(1, int((kept['labels'] == 0).sum()))
         ax.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), style, color=_colour(attack),
                 lw=1.2, label=f'{scores_lib.label(attack, s.outlier_filter)}'
                 f'{" (public code)" if scoring == "public_code" else ""}')
@@ -326,15 +336,17 @@ def defenses_figure(config, points):
   return fig
 
 
-def save_all(config, key, points, records: dict, curves: dict, workdir: str) -> None:
-  """Writes the five figures (those whose data exist; the main ROC needs `records`)."""
+def save_all(config, key, points, records: dict, curves: dict, workdir: str,
+             scored=None) -> None:
+  """Writes the five figures (those whose data exist; the main ROC needs `records`, and
+  reads the aligned scores `scored` kept)."""
   plt = _plt()
   makers = [('fedmia_noniid', lambda: noniid_figure(config, points)),
             ('fedmia_rounds', lambda: rounds_figure(config, curves)),
             ('fedmia_clients_epochs', lambda: clients_epochs_figure(config, points)),
             ('fedmia_defenses', lambda: defenses_figure(config, points))]
   if records:
-    makers.insert(0, ('fedmia_roc', lambda: roc_figure(config, key, records)))
+    makers.insert(0, ('fedmia_roc', lambda: roc_figure(config, key, records, scored)))
   for name, make in makers:
     fig = make()
     figures.save(fig, workdir, name)

@@ -110,32 +110,73 @@ STATE_OF_THE_ART = tuple((w, ('lira_offline', 'lira_offline_fixed', 'lira_online
                          for w in ('fedmia_ii', 'fedmia_ii' + _LOO))
 
 
+# The scored entries `eval.replicated` pools (`evaluate.final_scores`' names).
+_ENTRIES = ('scores', 'labels', 'target', 'groups')
+
+
+class Scored:
+  """The main trainings' aligned scored entries, kept from point scoring for the figure phase.
+
+  Point scoring (`fedmia.plan`) ranks every main-setting attack's aligned entries on every
+  replicate; the claims (`claims`), the rounds curves and the ROC then score the same
+  recordings the same way (aligned scoring draws nothing), so they read them here instead of
+  scoring again (the default run's figure phase: 21.6 s before, 10-12 s with it, 2 cores). A
+  resumed run, whose points came from results.json, finds nothing here and scores again: the
+  same numbers (`tests/experiments/test_fedmia_replicates.py`).
+  """
+
+  def __init__(self):
+    self._kept: dict[tuple[str, str, int], dict] = {}
+
+  def put(self, model: str, attack: str, replicate: int, entries: dict) -> None:
+    """Keeps `evaluate`'s `entries_out` of an aligned main-setting point; the per-round scores
+    [R, N] only for replicate 0, the one the figures draw."""
+    kept = {k: entries[k] for k in _ENTRIES}
+    if int(replicate) == 0:
+      kept['round_scores'] = entries['round_scores']
+    self._kept[(model, attack, int(replicate))] = kept
+
+  def get(self, model: str, attack: str, replicate: int) -> dict | None:
+    return self._kept.get((model, attack, int(replicate)))
+
+
+  def entries(self, model: str, attack: str, replicate: int) -> dict | None:
+    """The kept entries as `eval.replicated` takes them, or None."""
+    kept = self.get(model, attack, replicate)
+    return None if kept is None else {k: kept[k] for k in _ENTRIES}
+
+
+
 def _entries(config, rec: dict, attack: str) -> dict:
   s = config.fedmia
   single = list(np.asarray(rec['rounds']) + 1).index(int(s.single_round))
   f = evaluate_lib.final_scores(
       rec, rec['owner'], attack, scoring='aligned', single_index=single,
       default_filter=s.outlier_filter, rmia_gamma=float(s.rmia_gamma), rmia_a=float(s.rmia_a))
-  return {k: f[k] for k in ('scores', 'labels', 'target', 'groups')}
+  return {k: f[k] for k in _ENTRIES}
 
 
-def claims(config, key, records: dict) -> dict[str, list[dict]]:
+def claims(config, key, records: dict, scored: Scored | None = None) -> dict[str, list[dict]]:
   """Paired comparisons over the replicated main trainings: {model: [{winner, loser, ...}]}.
 
   Each claim of ORDERING and STATE_OF_THE_ART whose two attacks are in `fedmia.attacks`,
   scored aligned on the same entries of every replicate (`records`: {model: [recording of
   replicate r]}), as `eval.replicated.compare` (A - B in AUC and TPR@0.1% FPR: per-replicate
   differences, their t-interval and the hierarchical bootstrap with the same resamples for
-  both, `bootstrap_resamples` of them, from a Generator keyed by the pair and model).
+  both, `bootstrap_resamples` of them, from a Generator keyed by the pair and model). The
+  entries come from `scored` where point scoring kept them, else are scored here.
   """
   s = config.fedmia
   out = {}
   for model, recs in records.items():
     rows, cache = [], {}
 
-    def entries(attack, recs=recs, cache=cache):
+    def entries(attack, recs=recs, cache=cache, model=model):
       if attack not in cache:
-        cache[attack] = [_entries(config, rec, attack) for rec in recs]
+        kept = [None if scored is None else scored.entries(model, attack, r)
+                for r in range(len(recs))]
+        cache[attack] = [_entries(config, rec, attack) if e is None else e
+                         for e, rec in zip(kept, recs)]
       return cache[attack]
 
     for winner, losers in ORDERING + STATE_OF_THE_ART:

@@ -330,10 +330,11 @@ def _paired_defense_lines(config, idx, model, attacks, none_row) -> list[str]:
 
 
 def write(config, points: list[dict], workdir: str, records: dict | None = None,
-          key=None) -> None:
+          key=None, scored=None) -> None:
   """table1.md and table2.md; given the main recordings and the run key, also the paired
-  claims (`claims`) in table1.md and claims.json."""
-  found = fedmia_replicates.claims(config, key, records) if records else {}
+  claims (`claims`, with the entries point scoring kept in `scored`) in table1.md and
+  claims.json."""
+  found = fedmia_replicates.claims(config, key, records, scored) if records else {}
   if found:
     atomic.atomic_write_text(os.path.join(workdir, CLAIMS), dumps(found))
   atomic.atomic_write_text(os.path.join(workdir, TABLE1), table1(config, points, found))

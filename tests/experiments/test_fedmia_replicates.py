@@ -184,3 +184,71 @@ def test_claims_compare_each_pair_of_present_attacks_on_the_same_entries(monkeyp
           f'[{100 * r["tpr_diff_low"]:+.2f}, {100 * r["tpr_diff_high"]:+.2f}]') in body[1]
   assert body[1].count('A better') >= 1
   assert fedmia_replicates.claim_lines(config, []) == []
+
+
+def _small_recording(seed, num_rounds=3, num_clients=4, per_client=30, num_test=80):
+  rng = np.random.default_rng(seed)
+  q = num_clients * per_client + num_test
+  owner = np.r_[np.repeat(np.arange(num_clients), per_client), np.full(num_test, -1)]
+  own = owner[None, None, :] == np.arange(num_clients)[None, :, None]
+  phi = 2.0 * rng.normal(size=q) + rng.normal(size=(num_rounds, num_clients, q)) + own
+  loss = np.logaddexp(0.0, -phi)
+  return dict(loss=loss, margin=phi, cos=phi + rng.normal(size=phi.shape), diff=-phi,
+              grad_sq=loss[:, 0], rounds=np.arange(num_rounds) * 5 + 4, owner=owner)
+
+
+def test_the_figure_phase_reads_point_scorings_aligned_scores_and_they_equal_a_fresh_scoring(
+    monkeypatch):
+  from configs import digits  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.attacks.passive import scores as scores_lib  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.pipelines import fedmia_figures  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  config = digits.get_config()
+  s = config.fedmia
+  s.attacks = ('blackbox_loss', 'avg_cosine', 'fedmia_ii', 'grad_cosine', 'loss_series',
+               'fedmia_i', 'fedmia_ii@leave_one_out')
+  s.single_round = 10
+  s.bootstrap_resamples = 20
+  key = jax.random.key(7)
+  recs = [_small_recording(r) for r in range(3)]
+  scored = fedmia_replicates.Scored()
+  for r, rec in enumerate(recs):
+    for a in s.attacks:
+      _, e = evaluate.recording_metrics(
+          dict(rec, num_test=np.array(80), test_correct=np.array([1, 2, 3]),
+               train_seconds=np.array(1.0)),
+          a, scoring='aligned', single_round=10, default_filter=s.outlier_filter,
+          rng=np.random.default_rng(r), entries=True, **fedmia_figures.attack_options(config))
+      scored.put('mlp', a, r, e)
+  assert 'round_scores' in scored.get('mlp', 'fedmia_ii', 0)
+  assert 'round_scores' not in scored.get('mlp', 'fedmia_ii', 1)  # only replicate 0's drawn
+  assert scored.get('mlp', 'fedmia_ii', 3) is None and scored.get('cnn', 'fedmia_ii', 0) is None
+  # Kept or scored again, the claims and the rounds curves are the same numbers.
+  fresh = fedmia_replicates.claims(config, key, {'mlp': recs})
+  assert len(fresh['mlp']) == 6
+  # (repr: equal NaNs, e.g. an undefined interval, compare equal there)
+  assert repr(fedmia_replicates.claims(config, key, {'mlp': recs}, scored)) == repr(fresh)
+  curves = fedmia_figures.round_curves(config, key, {'mlp': recs[0]}, scored)
+  assert repr(curves) == repr(fedmia_figures.round_curves(config, key, {'mlp': recs[0]}))
+  # ... and what is kept is what they read: other kept scores give other numbers.
+  flipped = fedmia_replicates.Scored()
+  for a in s.attacks:
+    e = dict(scored.get('mlp', a, 0))
+    e['scores'], e['round_scores'] = -e['scores'], -e['round_scores']
+    flipped.put('mlp', a, 0, e)
+  other = fedmia_replicates.claims(config, key, {'mlp': recs}, flipped)
+  assert [r['auc_a'] for r in other['mlp']] != [r['auc_a'] for r in fresh['mlp']]
+  other_curves = fedmia_figures.round_curves(config, key, {'mlp': recs[0]}, flipped)
+  assert (other_curves['mlp']['aligned']['fedmia_ii']['auc']
+          != curves['mlp']['aligned']['fedmia_ii']['auc'])
+  # The public code's redraws are never read from the kept aligned scores.
+  assert other_curves['mlp']['public_code'] == curves['mlp']['public_code']
+  with pytest.raises(ValueError, match='aligned'):
+    evaluate.rounds_curve(recs[0], recs[0]['owner'], 'fedmia_ii', scoring='public_code',
+                          rng=np.random.default_rng(0), scored=scored.get('mlp', 'fedmia_ii', 0))
+  # The ROC scores only what it was not given: the public code's curves.
+  calls = []
+  real = scores_lib.pooled_round_scores
+  monkeypatch.setattr(scores_lib, 'pooled_round_scores',
+                      lambda *a, **kw: calls.append(kw['scoring']) or real(*a, **kw))
+  fedmia_figures._plt().close(fedmia_figures.roc_figure(config, key, {'mlp': recs[0]}, scored))
+  assert calls and set(calls) == {'public_code'}

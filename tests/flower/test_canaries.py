@@ -166,37 +166,3 @@ def test_a_zero_update_crashes_flowers_server_side_clip(wrapper):
   fine = canaries.deploy(dp_audit.Setting('s', 'server_fixed'), SMALL, KEY)
   assert np.isfinite(fine['models']).all()
 
-
-def test_exact_epsilons_by_hand_for_every_kind_of_wrapper():
-  """`exact_epsilons` against mu-GDP computed here, at settings where z != 1 and the clips
-  move, so each formula's factors are seen (T = 3 rounds, n = 64 nodes, delta 1e-5)."""
-  delta, t, n = 1e-5, SMALL.num_rounds, SMALL.num_nodes
-  for wrapper in ('server_fixed', 'client_fixed'):
-    out = canaries.exact_epsilons(_setting(wrapper, noise_multiplier=2.0), SMALL, {}, delta)
-    want = auditing.gdp_epsilon(math.sqrt(t) / 2.0, delta)
-    assert out == {'exact_epsilon_all_iterates': pytest.approx(want, rel=1e-12),
-                   'exact_epsilon_last_iterate': pytest.approx(want, rel=1e-12)}
-  s = _setting('server_adaptive', noise_multiplier=0.5, clipped_count_stddev=8.0)
-  clips = np.array([0.1, 0.2, 0.15, 0.3])  # C_0 .. C_T
-  out = canaries.exact_epsilons(s, SMALL, {'clips': clips}, delta)
-  std_b, z = dp_audit.adaptive_noise(dataclasses.replace(s, num_sampled_clients=n))
-  per_round = [0.1 / (z * 0.2), 0.2 / (z * 0.15), 0.15 / (z * 0.3)]
-  mu_all = math.sqrt(sum(m * m for m in per_round))
-  mu_last = (0.1 + 0.2 + 0.15) / (z * math.sqrt(0.2 ** 2 + 0.15 ** 2 + 0.3 ** 2))
-  assert out['exact_epsilon_all_iterates'] == pytest.approx(
-      auditing.gdp_epsilon(mu_all, delta), rel=1e-12)
-  assert out['exact_epsilon_last_iterate'] == pytest.approx(
-      auditing.gdp_epsilon(mu_last, delta), rel=1e-12)
-  assert out['exact_epsilon_with_counts'] == pytest.approx(
-      auditing.gdp_epsilon(math.sqrt(mu_all ** 2 + t / std_b ** 2), delta), rel=1e-12)
-  assert out['exact_epsilon_as_claimed'] == pytest.approx(
-      auditing.gdp_epsilon(math.sqrt(t) / 0.5, delta), rel=1e-12)
-  assert (out['noise_multiplier_aggregate'], out['clipped_count_stddev']) == (z, std_b)
-  local = _setting('local_dp', clipping_norm=0.5, sensitivity=0.5, epsilon=2.0, delta=1e-5)
-  out = canaries.exact_epsilons(local, SMALL, {}, delta)
-  sigma = dp_audit.local_dp_std(0.5, 2.0, 1e-5)
-  mu = math.sqrt(t) * 0.5 / sigma
-  assert out['exact_epsilon_all_iterates'] == pytest.approx(auditing.gdp_epsilon(mu, delta),
-                                                             rel=1e-12)
-  assert out['exact_epsilon_last_iterate'] == pytest.approx(
-      auditing.gdp_epsilon(mu / math.sqrt(n), delta), rel=1e-12)

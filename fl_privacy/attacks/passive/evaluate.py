@@ -197,7 +197,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
     rmia_gamma, rmia_a: RMIA's threshold and offline parameter.
     num_resamples: resamples of the query-cluster bootstrap (0: none, no `_boot_` fields).
     entries_out: when given, filled with the scored entries (`scores, labels, target,
-      groups`, as `final_scores` returns them).
+      groups`, as `final_scores` returns them) and `round_scores`, the per-round scores
+      [R, N] they were combined from (`scores.pooled_round_scores`' `scores`).
 
   Returns:
     `score_metrics` (with the groups of `scores.pooled_queries`, so distinct negatives and,
@@ -213,7 +214,8 @@ def evaluate(recording: dict[str, np.ndarray], owner: np.ndarray, attack: str, *
                    default_filter=default_filter, rng=rng, rmia_gamma=rmia_gamma, rmia_a=rmia_a)
   final, labels, pooled = f['scores'], f['labels'], f['pooled']
   if entries_out is not None:
-    entries_out.update({k: f[k] for k in ('scores', 'labels', 'target', 'groups')})
+    entries_out.update({k: f[k] for k in ('scores', 'labels', 'target', 'groups')},
+                       round_scores=pooled['scores'])
   m = score_metrics(final, labels, f['target'], f['groups'], boot_rng, num_resamples)
   m['round'] = f['round']
   if scores_lib.parse(attack, default_filter)[0] == 'rmia':
@@ -304,17 +306,25 @@ def rounds_curve(recording: dict[str, np.ndarray], owner: np.ndarray, attack: st
                  scoring: str = 'aligned', default_filter: str = scores_lib.DEFAULT_FILTER,
                  rng: np.random.Generator | None = None,
                  rmia_gamma: float = scores_lib.RMIA_GAMMA,
-                 rmia_a: float = scores_lib.RMIA_A) -> dict[str, list]:
+                 rmia_a: float = scores_lib.RMIA_A,
+                 scored: dict[str, np.ndarray] | None = None) -> dict[str, list]:
   """TPR@0.1% FPR (with interval) and AUC after each recorded round (Fig. 5a of the paper).
 
   Multi-round attacks use the rounds recorded so far (Eqs. 5 and 12 with T = that round);
-  single-round attacks use that round alone.
+  single-round attacks use that round alone. `scored`: this recording's aligned
+  `round_scores` and `labels` already computed (`evaluate`'s `entries_out`), used instead of
+  scoring again; refused for another scoring (the public code's draws depend on `rng`).
   """
   base, _ = scores_lib.parse(attack, default_filter)
-  pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
-                                          default_filter=default_filter, rng=rng,
-                                          rmia_gamma=rmia_gamma, rmia_a=rmia_a)
-  per_round, labels = pooled['scores'], pooled['labels']
+  if scored is not None:
+    if scoring != 'aligned':
+      raise ValueError(f'precomputed scores are aligned; scoring={scoring!r} draws its own')
+    per_round, labels = scored['round_scores'], scored['labels']
+  else:
+    pooled = scores_lib.pooled_round_scores(recording, owner, attack, scoring=scoring,
+                                            default_filter=default_filter, rng=rng,
+                                            rmia_gamma=rmia_gamma, rmia_a=rmia_a)
+    per_round, labels = pooled['scores'], pooled['labels']
   multi = base in scores_lib.MULTI_ROUND
   out = {'round': [], 'tpr_at_fpr_1e-3': [], 'tpr_at_fpr_1e-3_ci_low': [],
          'tpr_at_fpr_1e-3_ci_high': [], 'auc': []}
