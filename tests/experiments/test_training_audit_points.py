@@ -1,0 +1,323 @@
+"""`pipelines.training_audit` in process: the sweep, its validation, and each point's audit.
+
+The command-line tests (test_training_audit*.py) run the pipeline in a subprocess, where a
+mutation run cannot see it; these call its functions, on three tiny real trainings (one per
+branch of `point_metrics`: a reader of the aggregate under participation sampling, weak_dp's
+per-round claim composed over the rounds, and ldp_sgd's declaration from the registry).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from configs import digits
+from fl_privacy import accounting
+from fl_privacy import validate
+from fl_privacy.attacks.audit import canaries
+from fl_privacy.defenses import registry
+from fl_privacy.pipelines import training_audit as ta
+from fl_privacy.report import point_key
+
+TRAININGS = (
+    dict(defense='central_dp', sampling='without_replacement', claimed_epsilon=2.0,
+         canary='client'),
+    dict(defense='weak_dp', sampling='none', claimed_epsilon=2.0, canary='client'),
+    dict(defense='ldp_sgd', sampling='none', claimed_epsilon=8.0, canary='client'),
+)
+
+
+def _config():
+  config = digits.get_config('smoke')
+  s = config.training_audit
+  s.num_canary_clients = s.num_canary_examples = 40
+  s.num_rounds = 2
+  s.delta, s.confidence = 2e-5, 0.9
+  return config
+
+
+@pytest.fixture(scope='module')
+def trained():
+  config = _config()
+  state = ta.prepare(config)
+  return config, state, {tr['defense']: ta.run_training(config, state, tr, point_key(
+      jax.random.key(0), tr)) for tr in TRAININGS}
+
+
+@pytest.mark.parametrize('tr', TRAININGS, ids=lambda tr: tr['defense'])
+@pytest.mark.parametrize('threat', ['all_iterates', 'last_iterate'])
+def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeypatch, tr,
+                                                                 threat):
+  config, state, done = trained
+  s = config.training_audit
+  d = done[tr['defense']]
+  seen = {}
+  real_scores, real_audit = canaries.threat_scores, canaries.audit
+
+  def threat_scores(*a, **kw):
+    seen['scores'] = (a, kw)
+    return real_scores(*a, **kw)
+
+  def audit(*a, **kw):
+    seen['audit'] = (a, kw)
+    return real_audit(*a, **kw)
+
+  monkeypatch.setattr(canaries, 'threat_scores', threat_scores)
+  monkeypatch.setattr(canaries, 'audit', audit)
+  m, n = ta.point_metrics(config, state, tr, threat, d)
+  adversary = 'server' if tr['defense'] == 'ldp_sgd' else 'aggregate'
+  # The statistic: the declaration's adversary reading this training under the threat.
+  (sc, th, adv), kw = seen['scores']
+  assert sc is d['scores'] and (th, adv) == (threat, adversary)
+  want_kw = {'participation': d['participation']}
+  if adversary == 'aggregate':
+    z = float(d['claimed'].metrics['noise_multiplier'])
+    want_kw.update(shift=1.0, sigma=z * 1.0, known=True)
+  assert kw == pytest.approx(want_kw)
+  # The audit: this training's coins, the mechanism that ran, the claim, the run's delta and
+  # confidence, independence where each canary's score has its own noise, the claim's profile.
+  (scores, world, mechanism, claimed), kw = seen['audit']
+  assert world is d['world']
+  assert mechanism == {'central_dp': 'central_dp_without_replacement'}.get(tr['defense'],
+                                                                           tr['defense'])
+  assert claimed == m['dp_epsilon']
+  assert (kw['delta'], kw['confidence']) == (2e-5, 0.9)
+  assert kw['independent'] == (threat == 'all_iterates')  # central readers: Dirac canaries
+  decl = d['claimed'].declaration
+  if tr['defense'] == 'ldp_sgd':
+    assert decl is None
+    sizes = np.full(int(s.num_clients), int(s.per_client))
+    decl = registry.declaration('ldp_sgd', {'epsilon': 8.0 / 2},
+                                ta.setting(config, state, tr, sizes))
+    assert m['dp_epsilon'] == pytest.approx(8.0, rel=1e-9)  # 4 per round, 2 rounds
+    assert m['dp_epsilon'] == accounting.epsilon(decl, delta=2e-5)
+    assert m['dp_delta'] == 2e-5
+    for k, v in accounting.describe(decl).items():
+      assert m[k] == v, k
+  else:
+    for k, v in d['claimed'].metrics.items():
+      if k not in ('best_bound', 'privacy_violation'):
+        assert m[k] == v or (isinstance(v, float) and math.isnan(v)), k
+  if tr['defense'] == 'weak_dp':   # a per-round claim: the profile of the rounds that ran
+    decl = dataclasses.replace(decl, compositions=2)
+  grid = np.array([0.5, 1.0, 3.0])
+  z = m.get('noise_multiplier')
+  assert kw['claimed_delta'](grid) == accounting.delta_curve(decl, z, grid)
+  if tr['defense'] == 'weak_dp':
+    assert kw['claimed_delta'](grid) != accounting.delta_curve(
+        d['claimed'].declaration, z, grid)
+  # What the point records beside the audit.
+  assert m['dp_adversary'] == adversary
+  assert m['canary_relation'] == d['relation']
+  assert m['participation_run'] == float(d['participation'])
+  assert m['participation_run'] == (0.5 if tr['sampling'] == 'without_replacement' else 1.0)
+  assert m['test_accuracy'] == float(d['scores'].test_accuracy)
+  assert m['audited_pipeline'] == ta.AUDITED and m['plant'] == 'none'
+  assert m['model_parameters'] == d['dim'] > 40
+  assert n == m['num_canaries'] == 40
+  assert m['n_in'] + m['n_out'] == 40
+
+
+def test_the_sweep_is_defenses_by_samplings_by_claims_by_kinds():
+  config = _config()
+  s = config.training_audit
+  s.samplings = ('shuffle', 'none', 'poisson')
+  s.epsilons = (2.0, 8.0)
+  s.record_kinds = ('input', 'gradient')
+  state = {'defenses': ('dp_sgd', 'weak_dp', 'ldp_sgd')}
+  got = [(t['defense'], t['sampling'], t['claimed_epsilon'], t['canary'])
+         for t in ta.trainings(config, state)]
+  want = [('dp_sgd', x, e, k) for x in ('poisson', 'shuffle') for e in (2.0, 8.0)
+          for k in ('input', 'gradient')]
+  want += [(d, 'none', e, 'client') for d in ('weak_dp', 'ldp_sgd') for e in (2.0, 8.0)]
+  assert got == want
+  # One epsilon, one kind, one sampling as plain values.
+  config = types.SimpleNamespace(training_audit=types.SimpleNamespace(
+      epsilons=3.0, record_kinds='gradient', samplings='poisson'))
+  assert ta.trainings(config, {'defenses': ('dp_sgd', 'central_dp')}) == [
+      dict(defense='dp_sgd', sampling='poisson', claimed_epsilon=3.0, canary='gradient')]
+  assert isinstance(ta.trainings(config, {'defenses': ('dp_sgd',)})[0]['claimed_epsilon'],
+                    float)
+
+
+def test_mechanism_names_and_independence_by_hand():
+  assert ta.mechanism({'defense': 'dp_sgd', 'sampling': 'poisson'}) == 'dp_sgd_poisson'
+  assert ta.mechanism({'defense': 'update_dp', 'sampling': 'none'}) == 'update_dp'
+  config = _config()
+  client = {'canary': 'client'}
+  for direction in ('dirac', 'random'):
+    config.training_audit.direction = direction
+    assert ta.independent(config, client, 'all_iterates', 'server')
+    assert ta.independent(config, client, 'all_iterates', 'aggregate') == (direction == 'dirac')
+    for adversary in ('server', 'aggregate'):
+      assert not ta.independent(config, client, 'last_iterate', adversary)
+      assert not ta.independent(config, {'canary': 'gradient'}, 'all_iterates', adversary)
+  done = {'claimed': type('C', (), {'metrics': {'noise_multiplier': 1.5}})()}
+  config.training_audit.clip_norm = 0.5
+  assert ta._adversary_stats(config, done) == {'shift': 0.5, 'sigma': 0.75, 'known': True}
+  done['claimed'].metrics = {}
+  assert math.isnan(ta._adversary_stats(config, done)['sigma'])
+
+
+# (field, value, words the message must hold); each on the valid smoke config.
+_BAD = [
+    ('defenses', ('dp_sgd', 'gaussian'), 'dp_sgd'),
+    ('samplings', ('poisson', 'uniform'), 'without_replacement'),
+    ('epsilons', (0.0,), ''),
+    ('epsilons', (50.5,), '50'),
+    ('epsilons', (math.inf,), ''),
+    ('delta', 1.0, ''),
+    ('clip_norm', 0.0, ''),
+    ('participation', 1.0, 'in (0, 1) (the sampled fraction (below 1))'),
+    ('participation', 0.0, 'in (0, 1)'),
+    ('confidence', 0.5, ''),
+    ('confidence', 1.0, ''),
+    ('record_kinds', ('dirac',), 'gradient'),
+    ('threats', ('every_iterate',), 'last_iterate'),
+    ('num_canary_clients', 3, 'an integer in [4, 1e+06] (canaries (at least 2 per world))'),
+    ('num_canary_examples', 3, 'an integer in [4, 1e+06] (canaries (at least 2 per world))'),
+    ('canary_norm', 0.9, 'in units of the clip norm'),
+    ('direction', 'gauss', 'random'),
+    ('model', 'cnn', 'mlp'),
+    ('hidden', (0,), 'a sequence of widths in [1, 4096]'),
+    ('hidden', (4097,), 'a sequence of widths in [1, 4096]'),
+    ('num_clients', 0, '[1, 1000]'),
+    ('num_clients', 1001, '[1, 1000]'),
+    ('per_client', 100_001, '[1, 100000]'),
+    ('epochs', 101, '[1, 100]'),
+    ('num_rounds', 1001, '[1, 1000]'),
+    ('batch_size', 32, 'below per_client (32): Poisson sampling needs q < 1'),
+    ('optimizer', 'lbfgs', 'sgd'),
+    ('learning_rate', 0.0, '(0, 100]'),
+    ('learning_rate', 101.0, '(0, 100]'),
+    ('plant', 'quarter_noise', 'one_composition'),
+]
+
+
+@pytest.mark.parametrize('field, value, words', _BAD, ids=[f'{f}={v}' for f, v, _ in _BAD])
+def test_each_field_is_refused_outside_its_range_naming_it(field, value, words):
+  config = _config()
+  config.training_audit[field] = value
+  with pytest.raises(validate.ConfigError) as e:
+    ta.validate_config(config)
+  message = str(e.value)
+  assert message.startswith(f'config.training_audit.{field}: must be '), message
+  assert words in message, message
+
+
+def test_the_edges_of_each_range_are_accepted():
+  config = _config()
+  s = config.training_audit
+  s.epsilons, s.participation, s.confidence = (50.0, 1e-3), 0.999, 0.999
+  s.num_canary_clients = s.num_canary_examples = 4
+  s.canary_norm, s.hidden, s.num_clients, s.epochs = 1.0, (4096, 1), 1000, 100
+  s.batch_size, s.learning_rate, s.num_rounds = 31, 100.0, 1000
+  assert ta.validate_config(config) == {'defenses': tuple(s.defenses)}
+  s.hidden = ()
+  ta.validate_config(config)
+
+
+def test_a_defense_without_one_of_its_samplings_and_a_defense_section_are_refused():
+  config = _config()
+  config.training_audit.defenses = ('dp_sgd', 'update_dp')
+  config.training_audit.samplings = ('poisson',)
+  with pytest.raises(validate.ConfigError, match=r"config.training_audit.samplings: must be one "
+                     r"a chosen defense offers for each of them \(dp_sgd: \('poisson', "
+                     r"'shuffle'\), update_dp: \('none',\)\)"):
+    ta.validate_config(config)
+  config.training_audit.samplings = ('poisson', 'none')
+  ta.validate_config(config)
+  config = _config()
+  config.defense.name = 'update_dp'
+  with pytest.raises(validate.ConfigError, match='config.defense.name'):
+    ta.validate_config(config)
+
+
+def test_prepare_bounds_the_canaries_by_the_model_and_the_data():
+  config = _config()
+  s = config.training_audit
+  state = ta.prepare(config)
+  assert state['dim'] == 64 * 32 + 32 + 32 * 10 + 10  # digits' 8x8 inputs, hidden 32, 10
+  assert state['trainings'] == {} and len(state['train']) >= 10 * 32
+  for field, value, needle in (
+      ('per_client', 200, rf'config.training_audit.per_client: must be at most '
+                          rf'{len(state["train"]) // 10} \(num_clients x per_client rows of the '
+                          rf'train split, which has {len(state["train"])}\)'),
+      ('num_canary_examples', state['dim'] + 1,
+       "config.training_audit.num_canary_examples: must be at most the model's 2410"),
+      ('num_canary_clients', state['dim'] + 1,
+       "config.training_audit.num_canary_clients: must be at most the model's 2410")):
+    c = _config()
+    c.training_audit[field] = value
+    with pytest.raises(validate.ConfigError, match=needle):
+      ta.prepare(c)
+  # Gradient canaries bound by the parameters only where dp_sgd runs them; client canaries
+  # only for Dirac directions of a client-level defense.
+  c = _config()
+  c.training_audit.defenses = ('central_dp',)
+  c.training_audit.samplings = ('none',)
+  c.training_audit.num_canary_examples = state['dim'] + 1
+  ta.prepare(c)
+  c.training_audit.num_canary_clients = state['dim'] + 1
+  c.training_audit.direction = 'random'
+  ta.prepare(c)
+  c = _config()
+  c.training_audit.defenses = ('dp_sgd',)
+  c.training_audit.num_canary_clients = state['dim'] + 1
+  ta.prepare(c)
+  # Input canaries come from the rows no client holds.
+  c = _config()
+  c.training_audit.record_kinds = ('input',)
+  pool = len(state['train']) - 10 * 32 + len(state['test'])
+  c.training_audit.num_canary_examples = pool + 1
+  with pytest.raises(validate.ConfigError, match=f'at most the {pool} images no client holds'):
+    ta.prepare(c)
+  del s
+
+
+def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplog):
+  config = _config()
+  s = config.training_audit
+  s.defenses, s.samplings = ('central_dp', 'weak_dp'), ('none',)
+  state = {'defenses': s.defenses, 'trainings': {}}
+  runs, scored = [], []
+
+  def run_training(config_, state_, tr, key):
+    runs.append((tr['defense'], key))
+    return {'defense': tr['defense']}
+
+  def point_metrics(config_, state_, tr, threat, done):
+    assert done['defense'] == tr['defense']
+    scored.append((tr['defense'], threat, dict(state_['trainings'])))
+    return {'privacy_violation': float(tr['defense'] == 'weak_dp'), 'dp_epsilon': 2.0,
+            'best_bound': 3.5}, 40
+
+  monkeypatch.setattr(ta, 'run_training', run_training)
+  monkeypatch.setattr(ta, 'point_metrics', point_metrics)
+  key = jax.random.key(4)
+  points = ta.plan(config, state, None, key)
+  trs = ta.trainings(config, state)
+  assert [p.params for p in points] == [{**tr, 'threat': t} for tr in trs
+                                        for t in s.threats]
+  assert all(p.unit == 'canaries' for p in points)
+  import logging  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  with caplog.at_level(logging.ERROR):
+    for p in points:
+      m = p.compute()
+      p.after(m[0])
+  # Each training ran once, with its own key, for its first threat; one held at a time.
+  assert [d for d, _ in runs] == [tr['defense'] for tr in trs] == ['central_dp', 'weak_dp']
+  for (_, got), tr in zip(runs, trs):
+    np.testing.assert_array_equal(jax.random.key_data(got),
+                                  jax.random.key_data(point_key(key, tr)))
+  assert [len(c) for _, _, c in scored] == [1, 1, 1, 1]
+  errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+  assert len(errors) == len(s.threats)  # weak_dp's points only
+  assert errors[0] == ('PRIVACY VIOLATION: weak_dp (none, client canaries, all_iterates) '
+                       'claims epsilon 2 but the training audit certifies more: 3.500 at '
+                       'family-wise 90%')
