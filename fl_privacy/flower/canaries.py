@@ -267,7 +267,6 @@ def deploy(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[st
   after each round, NaN without one), 'upload_projections' [T, m] (LocalDpMod: canary i's
   upload minus the round's model, on v_i) or None,
   'stated_flower' (the fixed wrappers' `privacy_spent().epsilon`, else NaN), 'seconds'}."""
-  setting = dataclasses.replace(setting, num_sampled_clients=design.num_nodes)
   included, directions = canary_draws(jax.random.fold_in(key, 0), design)
   real = real_updates(jax.random.fold_in(key, 1), design)
   seed = int(jax.random.bits(jax.random.fold_in(key, 2), dtype=np.uint32))

@@ -288,11 +288,12 @@ def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplo
   runs, scored = [], []
 
   def run_training(config_, state_, tr, key):
+    assert config_ is config and state_ is state
     runs.append((tr['defense'], key))
     return {'defense': tr['defense']}
 
   def point_metrics(config_, state_, tr, threat, done):
-    assert done['defense'] == tr['defense']
+    assert config_ is config and state_ is state and done['defense'] == tr['defense']
     scored.append((tr['defense'], threat, dict(state_['trainings'])))
     return {'privacy_violation': float(tr['defense'] == 'weak_dp'), 'dp_epsilon': 2.0,
             'best_bound': 3.5}, 40
@@ -315,9 +316,17 @@ def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplo
   for (_, got), tr in zip(runs, trs):
     np.testing.assert_array_equal(jax.random.key_data(got),
                                   jax.random.key_data(point_key(key, tr)))
+  assert [(d, t) for d, t, _ in scored] == [(p.params['defense'], p.params['threat'])
+                                           for p in points]
   assert [len(c) for _, _, c in scored] == [1, 1, 1, 1]
   errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
   assert len(errors) == len(s.threats)  # weak_dp's points only
   assert errors[0] == ('PRIVACY VIOLATION: weak_dp (none, client canaries, all_iterates) '
                        'claims epsilon 2 but the training audit certifies more: 3.500 at '
                        'family-wise 90%')
+  # A point without a verdict (or with none) logs nothing.
+  caplog.clear()
+  with caplog.at_level(logging.ERROR):
+    ta._report_violation(config, points[0].params, {})
+    ta._report_violation(config, points[0].params, {'privacy_violation': 0.0})
+  assert not caplog.records

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 import pytest
 
+from flwr.clientapp import ClientApp
+
 from fl_privacy.eval import auditing
 from fl_privacy.flower import canaries
 from fl_privacy.flower import dp_audit
@@ -311,3 +313,78 @@ def test_exact_epsilons_by_hand_for_every_kind_of_wrapper():
                                                              rel=1e-12)
   assert out['exact_epsilon_last_iterate'] == pytest.approx(
       auditing.gdp_epsilon(mu / math.sqrt(n), delta), rel=1e-12)
+
+
+def test_build_strategy_hands_flower_every_setting_field():
+  design = dataclasses.replace(DESIGN, num_canaries=8, num_real=4, dimension=64, num_null=8)
+  nodes, dirs = list(range(4, 12)), np.eye(8, 64)
+  kw = dict(clipping_norm=0.3, noise_multiplier=0.7, target_clipped_quantile=0.3,
+            clip_norm_lr=0.1, clipped_count_stddev=2.5)
+  for wrapper in dp_audit.WRAPPERS:
+    st = canaries.build_strategy(_setting(wrapper, **kw), design, nodes, dirs)
+    inner = getattr(st, 'strategy', st)
+    assert (inner.fraction_train, inner.fraction_evaluate, inner.min_train_nodes,
+            inner.min_available_nodes) == (1.0, 0.0, 12, 12), wrapper
+    if wrapper == 'local_dp':
+      assert isinstance(st, canaries._Uploads) and st.canary_nodes == {n: i for i, n in
+                                                                       enumerate(nodes)}
+      continue
+    assert (st.clipping_norm, st.num_sampled_clients) == (0.3, 12), wrapper
+    if wrapper in dp_audit.ADAPTIVE:
+      assert (st.target_clipped_quantile, st.clip_norm_lr, st.clipped_count_stddev) == (
+          0.3, 0.1, 2.5), wrapper
+    else:
+      assert st.noise_multiplier == 0.7 and st.accountant is not None
+
+
+def test_random_canaries_are_float64_unit_rows_and_real_updates_fit_every_node_count():
+  design = dataclasses.replace(DESIGN, directions='random', num_canaries=30)
+  included, dirs = canaries.canary_draws(KEY, design)
+  assert included.dtype == bool and dirs.dtype == np.float64 and dirs.shape == (30, 512)
+  np.testing.assert_allclose(np.linalg.norm(dirs, axis=1), 1.0, rtol=1e-6)
+  for k in (0, 1, 3):
+    real = canaries.real_updates(KEY, dataclasses.replace(DESIGN, num_real=k))
+    assert real.shape == (3, k, 512)
+    np.testing.assert_allclose(np.linalg.norm(real, axis=-1),
+                               np.broadcast_to(np.linspace(0.5, 2.0, k), (3, k)), rtol=1e-9)
+
+
+_TINY = dataclasses.replace(DESIGN, num_canaries=6, num_null=4, num_real=2, dimension=32)
+
+
+def test_a_deployment_reports_its_models_in_float64_its_nodes_and_its_time():
+  run = canaries.deploy(_setting('server_fixed'), _TINY, KEY)
+  assert run['models'].dtype == np.float64 and run['models'].shape == (4, 32)
+  assert not run['models'][0].any()
+  assert run['num_nodes'] == 8 and 0 < run['seconds'] < 300
+
+
+def test_a_client_error_stops_the_deployment_with_the_clients_own_error(monkeypatch):
+  """Not a run that lost rounds: `raise_client_errors` surfaces the node's exception."""
+  def broken_app(*args):
+    del args
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+      del msg, context
+      raise KeyError('canary node failed')
+    return app
+
+  monkeypatch.setattr(canaries, 'client_app', broken_app)
+  with pytest.raises(KeyError, match='canary node failed'):
+    canaries.deploy(_setting('server_fixed'), _TINY, KEY)
+
+
+def test_a_deployment_that_released_too_few_models_is_refused(monkeypatch):
+  real_run = canaries.runner.run
+
+  def two_rounds_released(strategy, grid, initial, *, num_rounds, evaluate_fn):
+    calls = []   # the initial model and round 1's reach the observer, not rounds 2 and 3
+    return real_run(strategy, grid, initial, num_rounds=num_rounds,
+                    evaluate_fn=lambda r, a: calls.append(r) or (
+                        evaluate_fn(r, a) if len(calls) <= 2 else None))
+
+  monkeypatch.setattr(canaries.runner, 'run', two_rounds_released)
+  with pytest.raises(RuntimeError, match='^1 of 3 rounds released a model$'):
+    canaries.deploy(_setting('server_fixed'), _TINY, KEY)
