@@ -252,3 +252,26 @@ def test_the_figure_phase_reads_point_scorings_aligned_scores_and_they_equal_a_f
                       lambda *a, **kw: calls.append(kw['scoring']) or real(*a, **kw))
   fedmia_figures._plt().close(fedmia_figures.roc_figure(config, key, {'mlp': recs[0]}, scored))
   assert calls and set(calls) == {'public_code'}
+
+
+def test_the_figure_phase_scores_what_it_lacks_with_the_runs_filter_and_rmia_options():
+  """Scored again (nothing kept: a resumed run), the entries are point scoring's: the run's
+  default filter and RMIA's gamma and a reach `_entries` as they reach `recording_metrics`."""
+  from configs import digits  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.pipelines import fedmia_figures  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  config = digits.get_config()
+  s = config.fedmia
+  s.single_round, s.outlier_filter, s.rmia_gamma, s.rmia_a = 10, 'leave_one_out', 1.5, 0.3
+  rec = dict(_small_recording(4), num_test=np.array(80), test_correct=np.array([1, 2, 3]),
+             train_seconds=np.array(1.0))
+  for attack in ('rmia', 'fedmia_ii'):
+    _, kept = evaluate.recording_metrics(
+        rec, attack, scoring='aligned', single_round=10, default_filter=s.outlier_filter,
+        rng=np.random.default_rng(0), entries=True, **fedmia_figures.attack_options(config))
+    fresh = fedmia_replicates._entries(config, rec, attack)
+    assert set(fresh) == {'scores', 'labels', 'target', 'groups'}
+    for k, v in fresh.items():
+      np.testing.assert_array_equal(v, kept[k], err_msg=f'{attack} {k}')
+    # ... and they are the options' entries, not the defaults'.
+    default = evaluate.final_scores(rec, rec['owner'], attack, single_index=1)
+    assert not np.array_equal(fresh['scores'], default['scores']), attack

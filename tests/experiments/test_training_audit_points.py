@@ -238,46 +238,64 @@ def test_a_defense_without_one_of_its_samplings_and_a_defense_section_are_refuse
     ta.validate_config(config)
 
 
+def _refused(config) -> str:
+  with pytest.raises(validate.ConfigError) as e:
+    ta.prepare(config)
+  return str(e.value)
+
+
 def test_prepare_bounds_the_canaries_by_the_model_and_the_data():
-  config = _config()
-  s = config.training_audit
-  state = ta.prepare(config)
-  assert state['dim'] == 64 * 32 + 32 + 32 * 10 + 10  # digits' 8x8 inputs, hidden 32, 10
-  assert state['trainings'] == {} and len(state['train']) >= 10 * 32
-  for field, value, needle in (
-      ('per_client', 200, rf'config.training_audit.per_client: must be at most '
-                          rf'{len(state["train"]) // 10} \(num_clients x per_client rows of the '
-                          rf'train split, which has {len(state["train"])}\)'),
-      ('num_canary_examples', state['dim'] + 1,
-       "config.training_audit.num_canary_examples: must be at most the model's 2410"),
-      ('num_canary_clients', state['dim'] + 1,
-       "config.training_audit.num_canary_clients: must be at most the model's 2410")):
-    c = _config()
-    c.training_audit[field] = value
-    with pytest.raises(validate.ConfigError, match=needle):
-      ta.prepare(c)
+  state = ta.prepare(_config())
+  dim, n_train = state['dim'], len(state['train'])
+  assert dim == 64 * 32 + 32 + 32 * 10 + 10  # digits' 8x8 inputs, hidden 32, 10 classes
+  assert state['trainings'] == {} and n_train >= 10 * 32
+  c = _config()
+  c.training_audit.per_client = 200
+  assert _refused(c) == (f'config.training_audit.per_client: must be at most {n_train // 10} '
+                         f'(num_clients x per_client rows of the train split, which has '
+                         f'{n_train}) (got 200)')
+  c = _config()   # every train row held by the clients: allowed
+  c.training_audit.num_clients, c.training_audit.per_client = 2, n_train // 2
+  c.training_audit.record_kinds = ('gradient',)
+  assert n_train % 2 == 0
+  ta.prepare(c)
+  c = _config()
+  c.training_audit.num_canary_examples = dim + 1
+  assert _refused(c) == (f"config.training_audit.num_canary_examples: must be at most the "
+                         f"model's {dim} parameters (one Dirac coordinate each) (got {dim + 1})")
+  c.training_audit.num_canary_examples = dim
+  c.training_audit.record_kinds = ('gradient',)
+  ta.prepare(c)
+  c = _config()
+  c.training_audit.num_canary_clients = dim + 1
+  assert _refused(c) == (f"config.training_audit.num_canary_clients: must be at most the "
+                         f"model's {dim} parameters with direction 'dirac' (one coordinate "
+                         f"each) (got {dim + 1})")
+  c.training_audit.num_canary_clients = dim
+  ta.prepare(c)
   # Gradient canaries bound by the parameters only where dp_sgd runs them; client canaries
   # only for Dirac directions of a client-level defense.
   c = _config()
   c.training_audit.defenses = ('central_dp',)
   c.training_audit.samplings = ('none',)
-  c.training_audit.num_canary_examples = state['dim'] + 1
+  c.training_audit.num_canary_examples = dim + 1
   ta.prepare(c)
-  c.training_audit.num_canary_clients = state['dim'] + 1
+  c.training_audit.num_canary_clients = dim + 1
   c.training_audit.direction = 'random'
   ta.prepare(c)
   c = _config()
   c.training_audit.defenses = ('dp_sgd',)
-  c.training_audit.num_canary_clients = state['dim'] + 1
+  c.training_audit.num_canary_clients = dim + 1
   ta.prepare(c)
   # Input canaries come from the rows no client holds.
   c = _config()
   c.training_audit.record_kinds = ('input',)
-  pool = len(state['train']) - 10 * 32 + len(state['test'])
+  pool = n_train - 10 * 32 + len(state['test'])
   c.training_audit.num_canary_examples = pool + 1
-  with pytest.raises(validate.ConfigError, match=f'at most the {pool} images no client holds'):
-    ta.prepare(c)
-  del s
+  assert _refused(c) == (f'config.training_audit.num_canary_examples: must be at most the '
+                         f'{pool} images no client holds (the input canaries) (got {pool + 1})')
+  c.training_audit.num_canary_examples = pool   # (below the 2410 of the gradient canaries)
+  ta.prepare(c)
 
 
 def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplog):
