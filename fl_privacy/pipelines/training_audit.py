@@ -207,8 +207,8 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   claimed = done['claimed']
   decl = claimed.declaration
   if decl is None:   # ldp_sgd: a mechanism-family defense; its declaration by the registry
-    decl = registry.declaration(tr['defense'], {'epsilon': float(
-        claimed.params.get('defense_epsilon', tr['claimed_epsilon'] / int(s.num_rounds)))},
+    decl = registry.declaration(
+        tr['defense'], {'epsilon': float(claimed.params['defense_epsilon'])},
         setting(config, state, tr, np.full(int(s.num_clients), int(s.per_client))))
     eps = accounting.epsilon(decl, delta=float(s.delta))
     metrics: dict[str, Any] = {'dp_epsilon': eps, **accounting.describe(decl),

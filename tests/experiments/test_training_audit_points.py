@@ -29,33 +29,40 @@ TRAININGS = (
          canary='client'),
     dict(defense='weak_dp', sampling='none', claimed_epsilon=2.0, canary='client'),
     dict(defense='ldp_sgd', sampling='none', claimed_epsilon=8.0, canary='client'),
+    dict(defense='dp_sgd', sampling='poisson', claimed_epsilon=2.0, canary='gradient'),
 )
+# ldp_sgd's canaries on random directions: the server reads them independently all the same.
+_DIRECTION = {'ldp_sgd': 'random'}
 
 
-def _config():
+def _config(direction='dirac'):
   config = digits.get_config('smoke')
   s = config.training_audit
   s.num_canary_clients = s.num_canary_examples = 40
   s.num_rounds = 2
   s.delta, s.confidence = 2e-5, 0.9
+  s.direction = direction
   return config
 
 
 @pytest.fixture(scope='module')
 def trained():
-  config = _config()
-  state = ta.prepare(config)
-  return config, state, {tr['defense']: ta.run_training(config, state, tr, point_key(
-      jax.random.key(0), tr)) for tr in TRAININGS}
+  state = ta.prepare(_config())
+  out = {}
+  for tr in TRAININGS:
+    config = _config(_DIRECTION.get(tr['defense'], 'dirac'))
+    out[tr['defense']] = (config, ta.run_training(config, state, tr, point_key(
+        jax.random.key(0), tr)))
+  return state, out
 
 
 @pytest.mark.parametrize('tr', TRAININGS, ids=lambda tr: tr['defense'])
 @pytest.mark.parametrize('threat', ['all_iterates', 'last_iterate'])
 def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeypatch, tr,
                                                                  threat):
-  config, state, done = trained
+  state, done = trained
+  config, d = done[tr['defense']]
   s = config.training_audit
-  d = done[tr['defense']]
   seen = {}
   real_scores, real_audit = canaries.threat_scores, canaries.audit
 
@@ -70,7 +77,7 @@ def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeyp
   monkeypatch.setattr(canaries, 'threat_scores', threat_scores)
   monkeypatch.setattr(canaries, 'audit', audit)
   m, n = ta.point_metrics(config, state, tr, threat, d)
-  adversary = 'server' if tr['defense'] == 'ldp_sgd' else 'aggregate'
+  adversary = 'aggregate' if tr['defense'] in ('central_dp', 'weak_dp') else 'server'
   # The statistic: the declaration's adversary reading this training under the threat.
   (sc, th, adv), kw = seen['scores']
   assert sc is d['scores'] and (th, adv) == (threat, adversary)
@@ -83,11 +90,12 @@ def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeyp
   # confidence, independence where each canary's score has its own noise, the claim's profile.
   (scores, world, mechanism, claimed), kw = seen['audit']
   assert world is d['world']
-  assert mechanism == {'central_dp': 'central_dp_without_replacement'}.get(tr['defense'],
-                                                                           tr['defense'])
+  assert mechanism == {'central_dp': 'central_dp_without_replacement',
+                       'dp_sgd': 'dp_sgd_poisson'}.get(tr['defense'], tr['defense'])
   assert claimed == m['dp_epsilon']
   assert (kw['delta'], kw['confidence']) == (2e-5, 0.9)
-  assert kw['independent'] == (threat == 'all_iterates')  # central readers: Dirac canaries
+  # Client canaries read every iterate: by the server, or on their own Dirac coordinate.
+  assert kw['independent'] == (threat == 'all_iterates' and tr['canary'] == 'client')
   decl = d['claimed'].declaration
   if tr['defense'] == 'ldp_sgd':
     assert decl is None
@@ -119,6 +127,10 @@ def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeyp
   assert m['test_accuracy'] == float(d['scores'].test_accuracy)
   assert m['audited_pipeline'] == ta.AUDITED and m['plant'] == 'none'
   assert m['model_parameters'] == d['dim'] > 40
+  assert m['dp_unit'] == ('record' if tr['defense'] == 'dp_sgd' else 'client')
+  assert m['dp_compositions'] == decl.compositions   # weak_dp's: over the rounds, as audited
+  if tr['defense'] == 'dp_sgd':   # steps, not rounds: the profile keeps them
+    assert decl.compositions > 2
   assert n == m['num_canaries'] == 40
   assert m['n_in'] + m['n_out'] == 40
 
