@@ -320,9 +320,7 @@ def plan(config, state, store, key) -> list[base.Point]:
       dp = defense_for(config, state, tr).metrics
       per = [point_metrics(config, key, rec, tr, a, sc, dp, r)
              for r, rec in enumerate(cache['recs'])]
-      if tr['sweep'] == 'main' and sc == 'aligned':
-        for r, (_, entries) in enumerate(per):
-          state['scored'].put(tr['model'], a, r, entries)
+      state['scored'].keep(tr, a, sc, per)
       m = fedmia_replicates.combine(
           per, rng=data_lib.rng_from_key(point_key(key, dict(point_params(tr, a, sc),
                                                             replicated=1))),
@@ -340,16 +338,13 @@ def plan(config, state, store, key) -> list[base.Point]:
 def figures(config, state, store, key) -> None:
   """`rounds.json`, table1.md (with the paired claims over the replicates), claims.json,
   table2.md and the figures, from the stored points and the main trainings' recordings (ROC
-  and rounds curves: replicate 0's), reading the aligned scores point scoring kept in
-  `state['scored']` and scoring the rest (all of them on a resumed run) again."""
+  and rounds curves: replicate 0's) or the aligned scores point scoring kept (`Scored`)."""
   artifacts = ArtifactStore(store.workdir, RECORDED)
   main = {tr['model']: [recorded(config, state, key, artifacts, tr, r)
                         for r in range(int(config.fedmia.replicates))]
           for tr in state['trainings'] if tr['sweep'] == 'main'}
   first = {model: recs[0] for model, recs in main.items()}
-  scored = state.get('scored')
-  curves = fedmia_figures.round_curves(config, key, first, scored)
-  atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON),
-                           fedmia_tables.dumps(curves))
+  curves = fedmia_figures.round_curves(config, key, first, scored := state.get('scored'))
+  atomic.atomic_write_text(os.path.join(store.workdir, ROUNDS_JSON), fedmia_tables.dumps(curves))
   fedmia_tables.write(config, store.points, store.workdir, main, key, scored)
   fedmia_figures.save_all(config, key, store.points, first, curves, store.workdir, scored)

@@ -47,11 +47,6 @@ def _colour(attack: str) -> str:
   return _COLOURS.get(scores_lib.parse(attack)[0].replace('_best_round', ''), 'k')
 
 
-def _kept(scored, model: str, attack: str, scoring: str) -> dict | None:
-  """Replicate 0's aligned scores that point scoring kept (`fedmia_replicates.Scored`)."""
-  return None if scored is None or scoring != 'aligned' else scored.get(model, attack, 0)
-
-
 def round_curves(config, key, records: dict, scored=None) -> dict:
   """{model: {scoring: {attack: curve}}} of `evaluate.rounds_curve` on the main recordings
   (replicate 0's), aligned from the scores `scored` kept where it has them."""
@@ -67,7 +62,7 @@ def round_curves(config, key, records: dict, scored=None) -> dict:
                                                    'scoring': scoring}))
         out[model][scoring][a] = evaluate_lib.rounds_curve(
             rec, rec['owner'], a, scoring=scoring, default_filter=s.outlier_filter, rng=rng,
-            scored=_kept(scored, model, a, scoring), **attack_options(config))
+            scored=scored and scored.aligned(model, a, scoring), **attack_options(config))
   return out
 
 
@@ -104,7 +99,7 @@ def roc_figure(config, key, records: dict, scored=None):
           continue  # one round: the public code's redraw only reorders non-members; RMIA
         rng = data_lib.rng_from_key(point_key(key, {'roc': attack, 'model': model,
                                                    'scoring': scoring}))
-        kept = _kept(scored, model, attack, scoring)
+        kept = scored and scored.aligned(model, attack, scoring)
         if kept is None:
           pooled = scores_lib.pooled_round_scores(rec, rec['owner'], attack, scoring=scoring,
                                                   default_filter=s.outlier_filter, rng=rng,

@@ -136,8 +136,19 @@ class Scored:
       kept['round_scores'] = entries['round_scores']
     self._kept[(model, attack, int(replicate))] = kept
 
+  def keep(self, tr: dict, attack: str, scoring: str, per: list[tuple[dict, dict]]) -> None:
+    """Keeps a point's replicates (`fedmia.point_metrics`' (metrics, entries)) when the
+    figure phase reads them: an aligned point of a main training."""
+    if tr['sweep'] == 'main' and scoring == 'aligned':
+      for r, (_, entries) in enumerate(per):
+        self.put(tr['model'], attack, r, entries)
+
   def get(self, model: str, attack: str, replicate: int) -> dict | None:
     return self._kept.get((model, attack, int(replicate)))
+
+  def aligned(self, model: str, attack: str, scoring: str) -> dict | None:
+    """Replicate 0's kept scores, for the figures; None for another scoring."""
+    return self.get(model, attack, 0) if scoring == 'aligned' else None
 
 
   def entries(self, model: str, attack: str, replicate: int) -> dict | None:

@@ -275,3 +275,17 @@ def test_the_figure_phase_scores_what_it_lacks_with_the_runs_filter_and_rmia_opt
     # ... and they are the options' entries, not the defaults'.
     default = evaluate.final_scores(rec, rec['owner'], attack, single_index=1)
     assert not np.array_equal(fresh['scores'], default['scores']), attack
+
+
+def test_keep_holds_the_aligned_points_of_the_main_trainings_only():
+  entries = [({}, dict(scores=np.r_[r, 1.0], labels=np.r_[0, 1], target=np.r_[0, 0],
+                       groups=np.r_[0, 1], round_scores=np.zeros((2, 2)) + r)) for r in range(2)]
+  scored = fedmia_replicates.Scored()
+  main, sweep = dict(sweep='main', model='mlp'), dict(sweep='noniid', model='mlp')
+  scored.keep(sweep, 'fedmia_ii', 'aligned', entries)
+  scored.keep(main, 'fedmia_ii', 'public_code', entries)
+  assert scored.get('mlp', 'fedmia_ii', 0) is None
+  scored.keep(main, 'fedmia_ii', 'aligned', entries)
+  assert scored.entries('mlp', 'fedmia_ii', 1)['scores'].tolist() == [1.0, 1.0]
+  assert scored.aligned('mlp', 'fedmia_ii', 'aligned')['round_scores'].sum() == 0
+  assert scored.aligned('mlp', 'fedmia_ii', 'public_code') is None
