@@ -150,12 +150,10 @@ class Scored:
     """Replicate 0's kept scores, for the figures; None for another scoring."""
     return self.get(model, attack, 0) if scoring == 'aligned' else None
 
-
   def entries(self, model: str, attack: str, replicate: int) -> dict | None:
     """The kept entries as `eval.replicated` takes them, or None."""
     kept = self.get(model, attack, replicate)
     return None if kept is None else {k: kept[k] for k in _ENTRIES}
-
 
 
 def _entries(config, rec: dict, attack: str) -> dict:
@@ -184,10 +182,8 @@ def claims(config, key, records: dict, scored: Scored | None = None) -> dict[str
 
     def entries(attack, recs=recs, cache=cache, model=model):
       if attack not in cache:
-        kept = [None if scored is None else scored.entries(model, attack, r)
-                for r in range(len(recs))]
-        cache[attack] = [_entries(config, rec, attack) if e is None else e
-                         for e, rec in zip(kept, recs)]
+        cache[attack] = [(scored and scored.entries(model, attack, r))
+                         or _entries(config, rec, attack) for r, rec in enumerate(recs)]
       return cache[attack]
 
     for winner, losers in ORDERING + STATE_OF_THE_ART:
