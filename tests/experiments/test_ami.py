@@ -82,7 +82,7 @@ def test_resume_keeps_saved_points(smoke_run):
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, flag, field):
   workdir = tmp_path / 'never'
-  proc = _run(str(workdir), flag)
+  proc = cli.run_forked('ami', workdir, flag)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert field in proc.stderr
   assert not workdir.exists()

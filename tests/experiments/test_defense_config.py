@@ -56,7 +56,7 @@ def test_validate_section_names_the_field(field, value, allowed):
 @pytest.mark.parametrize('field,value,allowed', [BAD[0], BAD[1], BAD[3], BAD[8]])
 def test_dishonest_bad_defense_exits_2_writing_nothing(tmp_path, field, value, allowed):
   workdir = tmp_path / 'never'
-  proc = _run('dishonest_mia', workdir, f'--config.defense.{field}={value}')
+  proc = cli.run_forked('dishonest_mia', workdir, f'--config.defense.{field}={value}')
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith('error')]
   assert len(lines) == 1 and f'config.defense.{field}' in lines[0] and allowed in lines[0]
@@ -65,7 +65,7 @@ def test_dishonest_bad_defense_exits_2_writing_nothing(tmp_path, field, value, a
 
 def test_ami_bad_defense_exits_2_writing_nothing(tmp_path):
   workdir = tmp_path / 'never'
-  proc = _run('ami', workdir, '--config.defense.name=nope')
+  proc = cli.run_forked('ami', workdir, '--config.defense.name=nope')
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert 'config.defense.name' in proc.stderr
   assert not os.path.exists(workdir)

@@ -176,7 +176,7 @@ def test_halved_noise_is_flagged_and_honest_noise_is_not(mechanism, claim):
 ])
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, override, field):
   workdir = tmp_path / 'never'
-  proc = _run(workdir, override, timeout=120)
+  proc = cli.run_forked('dp_audit', workdir, override, JAX_PLATFORMS='cpu')
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f'config.{field}' in proc.stderr
   assert 'Traceback' not in proc.stderr

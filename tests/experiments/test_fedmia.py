@@ -138,7 +138,7 @@ def test_replicates_are_independent_trainings_stored_on_their_own(smoke):
 ])
 def test_bad_input_exits_2_naming_the_field(tmp_path, override, field):
   workdir = tmp_path / 'never'
-  proc = _run(workdir, override)
+  proc = cli.run_forked('fedmia', workdir, override)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f'config.{field}' in proc.stderr
   assert not os.path.exists(workdir)

@@ -94,7 +94,7 @@ def test_resume_keeps_points(smoke_run):
 ])
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, override, field):
   workdir = tmp_path / 'never'
-  proc = _run(workdir, override, timeout=120)
+  proc = cli.run_forked('ldp_audit', workdir, override, JAX_PLATFORMS='cpu')
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f'config.{field}' in proc.stderr
   assert not workdir.exists()

@@ -210,7 +210,7 @@ def test_both_readings_at_every_lambda_and_replicates_in_both_settings():
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, override, field):
   workdir = tmp_path / 'never'
-  proc = _run(workdir, override)
+  proc = cli.run_forked('pastel', workdir, override)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert f'config.{field}' in proc.stderr
   assert len(proc.stderr.strip().splitlines()[-1]) > 0

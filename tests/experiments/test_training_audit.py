@@ -86,7 +86,7 @@ def test_resumed_run_reads_every_point_back(smoke, tmp_path):
     (('--config.defense.name=update_dp',), 'config.defense.name: must be'),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, flags, needle):
-  proc = cli.run('training_audit', tmp_path / 'never', *flags, timeout=300)
+  proc = cli.run_forked('training_audit', tmp_path / 'never', *flags)
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = proc.stderr.splitlines()
   assert len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]

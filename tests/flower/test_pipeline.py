@@ -219,11 +219,7 @@ def test_two_replicates_each_stored_and_reported_over_both(tmp_path, monkeypatch
 ])
 def test_bad_input_exits_2_writing_nothing(tmp_path, override, field):
   workdir = tmp_path / 'run'
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.flower_audit', f'--config={cli.SMOKE}',
-       f'--workdir={workdir}', override],
-      cwd=cli.REPO, env=cli.env(FLWR_TELEMETRY_ENABLED='0'), capture_output=True, text=True,
-      timeout=300, check=False)
+  proc = cli.run_forked('flower_audit', workdir, override, FLWR_TELEMETRY_ENABLED='0')
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert field in proc.stderr
   assert not workdir.exists()
