@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 
 import jax
@@ -193,10 +194,14 @@ _BAD = [
     ('threats', ('every_iterate',), 'last_iterate'),
     ('num_canary_clients', 3, 'an integer in [4, 1e+06] (canaries (at least 2 per world))'),
     ('num_canary_examples', 3, 'an integer in [4, 1e+06] (canaries (at least 2 per world))'),
-    ('canary_norm', 0.9, 'in units of the clip norm'),
+    ('num_canary_clients', 1_000_001, 'an integer in [4, 1e+06]'),
+    ('canary_norm', 0.9, 'must be a finite number in [1, 1e+06] (in units of the clip norm) '
+     '(got 0.9)'),
+    ('canary_norm', 1_000_000.5, 'in [1, 1e+06]'),
     ('direction', 'gauss', 'random'),
     ('model', 'cnn', 'mlp'),
-    ('hidden', (0,), 'a sequence of widths in [1, 4096]'),
+    ('hidden', (0,), 'must be a sequence of widths in [1, 4096] (got (0,))'),
+    ('hidden', (2.5,), 'a sequence of widths in [1, 4096]'),
     ('hidden', (4097,), 'a sequence of widths in [1, 4096]'),
     ('num_clients', 0, '[1, 1000]'),
     ('num_clients', 1001, '[1, 1000]'),
@@ -222,6 +227,18 @@ def test_each_field_is_refused_outside_its_range_naming_it(field, value, words):
   assert words in message, message
 
 
+@pytest.mark.parametrize('field', ('num_clients', 'per_client', 'batch_size', 'epochs',
+                                   'num_rounds', 'num_canary_clients'))
+def test_a_count_that_is_not_an_integer_is_refused(field):
+  # A config file may hold a float where the default is an int (the command line cannot).
+  config = _config()
+  with config.ignore_type():
+    config.training_audit[field] = 2.5
+  with pytest.raises(validate.ConfigError, match=rf'config.training_audit.{field}: must be an '
+                     r'integer in \[\d, [\d+e]+\]'):
+    ta.validate_config(config)
+
+
 def test_the_edges_of_each_range_are_accepted():
   config = _config()
   s = config.training_audit
@@ -230,7 +247,7 @@ def test_the_edges_of_each_range_are_accepted():
   s.canary_norm, s.hidden, s.num_clients, s.epochs = 1.0, (4096, 1), 1000, 100
   s.batch_size, s.learning_rate, s.num_rounds = 31, 100.0, 1000
   assert ta.validate_config(config) == {'defenses': tuple(s.defenses)}
-  s.hidden = ()
+  s.hidden, s.canary_norm = (), 1e6
   ta.validate_config(config)
 
 
@@ -240,13 +257,15 @@ def test_a_defense_without_one_of_its_samplings_and_a_defense_section_are_refuse
   config.training_audit.samplings = ('poisson',)
   with pytest.raises(validate.ConfigError, match=r"config.training_audit.samplings: must be one "
                      r"a chosen defense offers for each of them \(dp_sgd: \('poisson', "
-                     r"'shuffle'\), update_dp: \('none',\)\)"):
+                     r"'shuffle'\), update_dp: \('none',\)\) \(got \('poisson',\)\)$"):
     ta.validate_config(config)
   config.training_audit.samplings = ('poisson', 'none')
   ta.validate_config(config)
   config = _config()
   config.defense.name = 'update_dp'
-  with pytest.raises(validate.ConfigError, match='config.defense.name'):
+  with pytest.raises(validate.ConfigError, match=re.escape(
+      "config.defense.name: must be one of ('none',) for experiments.training_audit (it audits "
+      "every DP defense itself (training_audit.defenses)) (got 'update_dp')")):
     ta.validate_config(config)
 
 
