@@ -183,8 +183,9 @@ def run_training(config, state, tr: dict, key) -> dict[str, Any]:
         hooks.loss, num_classes, kw['coordinates'], sgn, norm,
         lambda p: flatten_util.ravel_pytree(p)[0]))
   scores = canaries.train(model.apply, params, clients, key=jax.random.fold_in(key, 5),
-                          hooks=hooks, clip_norm=float(s.clip_norm), num_rounds=int(s.num_rounds), optimizer=opt,
-                          epochs=int(s.epochs), batch_size=int(s.batch_size),
+                          hooks=hooks, clip_norm=float(s.clip_norm),
+                          num_rounds=int(s.num_rounds), optimizer=opt, epochs=int(s.epochs),
+                          batch_size=int(s.batch_size),
                           participation=participation, **kw)
   return dict(claimed=claimed, scores=scores, world=world, participation=participation,
               relation=relation, dim=dim)

@@ -327,11 +327,13 @@ def test_canary_clients_scores_without_noise_are_exact():
                       world, dirs)
   np.testing.assert_array_equal(agg.participants, [9, 9, 9])
   left = agg.aggregates * agg.participants[:, None] - agg.known
-  took_part = np.abs(left) > 0.5
-  np.testing.assert_allclose(left[took_part], np.broadcast_to(sign, left.shape)[took_part],
-                             rtol=1e-4)
-  np.testing.assert_allclose(left[~took_part], 0.0, atol=1e-4)
+  # Who took part: the round loop's documented draw over the 3 real and 12 canary clients.
+  took_part = np.stack([np.asarray(rounds.participants(jax.random.key(4), t, 15, 0.6))[3:]
+                        for t in range(3)])
   assert 0 < took_part.mean() < 1
+  np.testing.assert_allclose(left, took_part * sign, atol=1e-4)
+  # The server's reading of each canary's own (unclipped, norm 2) upload, over its rounds.
+  np.testing.assert_allclose(agg.uploads, 2.0 * sign * took_part.sum(axis=0), rtol=1e-5)
   own = canaries.threat_scores(agg, 'all_iterates', 'aggregate', participation=1.0, known=True)
   np.testing.assert_allclose(own, left.sum(axis=0), rtol=1e-6)
 
@@ -363,7 +365,7 @@ def test_one_client_one_round_server_view_equals_the_last_iterate(kind):
   ex = canaries.place_examples(clients, x, y, world, 'add_remove')
   sc = canaries.train(model.apply, params, ex.clients, key=jax.random.key(2), hooks=hooks,
                       num_rounds=1, optimizer=optax.sgd(0.5), epochs=1, batch_size=4,
-                      participation=1.0, kind=kind, examples=ex, **kw)
+                      participation=1.0, kind=kind, clip_norm=1.0, examples=ex, **kw)
   np.testing.assert_allclose(sc.uploads, sc.last, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(sc.aggregates[0], sc.last, rtol=1e-4, atol=1e-6)
 
@@ -486,3 +488,32 @@ def test_gaussian_fit_below_unit_spread():
   mu, _ = canaries.gaussian_fit_epsilon(np.array([0.0, 0.2]), np.array([0.1, 0.3]), 1e-5)
   # variances 0.02 each: pooled sd sqrt(0.02); means 0.1 and 0.2.
   assert mu == pytest.approx(0.1 / math.sqrt(0.02))
+
+
+def test_test_accuracy_is_the_final_models_and_nan_without_a_test_split():
+  model, params = _model()
+  rng = np.random.default_rng(7)
+  tx = rng.normal(size=(40, DIM_IN)).astype(np.float32)
+  ty = rng.integers(0, CLASSES, 40).astype(np.int32)
+  cx = rng.normal(size=(4, DIM_IN)).astype(np.float32)
+  cy = np.zeros(4, np.int32)
+  ex = canaries.place_examples(_clients(), cx, cy, np.array([True, False, True, False]),
+                               'add_remove')
+  kw = dict(key=jax.random.key(2), hooks=client_lib.ClientHooks(), num_rounds=2,
+            optimizer=optax.sgd(0.5), epochs=1, batch_size=4, participation=1.0)
+  sc = canaries.train(model.apply, params, ex.clients, kind='input', clip_norm=1.0,
+                      examples=ex, canary_x=cx, canary_y=cy, test_x=tx, test_y=ty, **kw)
+  final, _ = rounds.run(losses.make_loss_fn(model.apply), params, ex.clients, **kw)
+  want = np.mean(np.argmax(np.asarray(model.apply(final, tx)), -1) == ty)
+  assert 0 < want < 1
+  assert sc.test_accuracy == pytest.approx(want, abs=1e-9)
+  # Without a test split, and with 2 of the 3 clients taking part in one round: a canary
+  # of a client that sat out has no reading (0, not a division by its 0 participation).
+  kw.update(num_rounds=1, participation=0.5)
+  bare = canaries.train(model.apply, params, ex.clients, kind='input', clip_norm=1.0,
+                        examples=ex, canary_x=cx, canary_y=cy, **kw)
+  assert math.isnan(bare.test_accuracy)
+  took = np.asarray(rounds.participants(kw['key'], 0, 3, 0.5))[ex.owner]
+  assert 0 < took.sum() < 4
+  assert np.all(bare.uploads[~took] == 0) and np.all(bare.uploads[took] != 0)
+  np.testing.assert_array_equal(bare.known, np.zeros((1, 4)))  # a client canaries' field

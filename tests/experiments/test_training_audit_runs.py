@@ -42,15 +42,16 @@ def captured(monkeypatch):
 
 
 def test_setting_is_the_federation_that_runs():
-  config = _config()
+  config = _config(epochs=2)  # neither it nor the class count at the Setting's defaults
   s = config.training_audit
   sizes = np.asarray([5, 9, 7])
-  st = runs.setting(config, STATE, _tr(canary='client'), sizes)
+  st = runs.setting(config, {'train': types.SimpleNamespace(num_classes=7)},
+                    _tr(canary='client'), sizes)
   assert st.num_clients == int(s.num_clients) + int(s.num_canary_clients)
   assert (st.num_examples, st.max_examples) == (5, 9)
   assert st.steps_per_epoch == -(-9 // int(s.batch_size))
-  assert st.rounds == int(s.num_rounds) and st.num_classes == 10
-  assert st.batch_size == int(s.batch_size) and st.epochs == int(s.epochs)
+  assert st.rounds == int(s.num_rounds) and st.num_classes == 7 and st.image_shape is None
+  assert st.batch_size == int(s.batch_size) and st.epochs == 2
   example = runs.setting(config, STATE, _tr(canary='gradient'), sizes, rounds_=1)
   assert example.num_clients == int(s.num_clients) and example.rounds == 1
 
@@ -61,6 +62,8 @@ def test_sections_as_a_user_writes_them():
   dp = runs._section(config, _tr('dp_sgd', 'poisson'), 2.0)  # pylint: disable=protected-access
   assert dp.name == 'dp_sgd' and dp.dp_sgd_sampling == 'poisson' and dp.target_epsilon == 2.0
   assert dp.clip_norm == float(s.clip_norm) and dp.delta == float(s.delta)
+  shuffled = runs._section(config, _tr('dp_sgd', 'shuffle'), 2.0)  # pylint: disable=protected-access
+  assert shuffled.dp_sgd_sampling == 'shuffle'  # not the field's default, Poisson
   sampled = runs._section(config, _tr('update_dp', 'without_replacement'), None, noise=1.5,  # pylint: disable=protected-access
                           clip=3.0)
   assert sampled.participation == 0.25 and sampled.target_epsilon is None

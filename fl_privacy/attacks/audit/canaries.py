@@ -206,7 +206,7 @@ class Scores(NamedTuple):
   uploads projected and summed per round (`known` [T, m], what a white-box reader of the
   aggregate subtracts), the participants per round (`participants` [T]), the last iterate's
   projection w_0 - w_T (`last` [m]; the loss decrease for input canaries) and w_T's test
-  accuracy."""
+  accuracy (NaN without a test split)."""
   uploads: np.ndarray
   aggregates: np.ndarray
   known: np.ndarray
@@ -239,7 +239,7 @@ def _client_observers(dirs: jax.Array, num_real: int, num_rounds: int, clip_norm
 
 def train(apply_fn, params, clients: rounds.ClientData, *, key, hooks, num_rounds: int,
           optimizer, epochs: int, batch_size: int, participation: float, kind: str,
-          clip_norm: float = 1.0, canary_dirs: np.ndarray | None = None,
+          clip_norm: float, canary_dirs: np.ndarray | None = None,
           injected: rounds.Injected | None = None, examples: Examples | None = None,
           coordinates: np.ndarray | None = None, canary_x: np.ndarray | None = None,
           canary_y: np.ndarray | None = None, test_x=None, test_y=None) -> Scores:
@@ -252,7 +252,7 @@ def train(apply_fn, params, clients: rounds.ClientData, *, key, hooks, num_round
     key, hooks, num_rounds, optimizer, epochs, batch_size, participation: as `rounds.run`
       takes them (the defense's hooks, the participation that runs).
     kind: 'client', 'gradient' or 'input'.
-    clip_norm: C of the known contributions (canary clients).
+    clip_norm: C of the known contributions (canary clients; the record kinds do not read it).
     canary_dirs: [J, P] the canary clients' unit directions ('client').
     injected: the canary clients ('client').
     examples: the canary rows' placement ('gradient', 'input').
@@ -318,7 +318,7 @@ def train(apply_fn, params, clients: rounds.ClientData, *, key, hooks, num_round
     own = np.asarray(observed)[examples.owner, _slot_positions(examples.owner)]
     known = np.zeros_like(per_round)
   before = np.concatenate([first[None], per_round[:-1]])
-  acc = float(correct) / max(1, 0 if test_y is None else len(test_y))
+  acc = math.nan if test_y is None else float(correct) / len(test_y)
   # Projections are read as w_t - w_{t+1} (what moved towards the canary); the input
   # canaries' projection is minus their loss, so there the same reading is a loss decrease
   # with the other sign.
