@@ -516,4 +516,4 @@ def test_test_accuracy_is_the_final_models_and_nan_without_a_test_split():
   took = np.asarray(rounds.participants(kw['key'], 0, 3, 0.5))[ex.owner]
   assert 0 < took.sum() < 4
   assert np.all(bare.uploads[~took] == 0) and np.all(bare.uploads[took] != 0)
-  np.testing.assert_array_equal(bare.known, np.zeros((1, 4)))  # a client canaries' field
+  assert bare.known.shape == (1, 4) and not bare.known.any()  # a client canaries' field

@@ -22,6 +22,7 @@ from fl_privacy import accounting
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.defenses import registry
+from fl_privacy.fl import rounds
 from fl_privacy.pipelines import training_audit as ta
 from fl_privacy.report import point_key
 
@@ -379,3 +380,37 @@ def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplo
     ta._report_violation(config, points[0].params, {})
     ta._report_violation(config, points[0].params, {'privacy_violation': 0.0})
   assert not caplog.records
+
+
+@pytest.mark.parametrize('tr', TRAININGS, ids=lambda tr: tr['defense'])
+def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained, tr):
+  # What `run_training` returns, from its documented draws: the coins, the model, the relation
+  # of the claim, the participation and federation that ran, the test split's accuracy.
+  state, done = trained
+  config, d = done[tr['defense']]
+  s = config.training_audit
+  key = point_key(jax.random.key(0), tr)
+  np.testing.assert_array_equal(d['world'], canaries.coins(jax.random.fold_in(key, 3), 40))
+  params = state['model'].init(jax.random.key(0), np.zeros((1, 64), np.float32))
+  assert d['dim'] == sum(np.size(p) for p in jax.tree_util.tree_leaves(params))
+  decl = d['claimed'].declaration
+  assert d['relation'] == ('add_remove' if tr['defense'] == 'dp_sgd' else
+                           decl.relation if decl is not None else 'replace_one')
+  assert d['participation'] == (float(s.participation)
+                                if tr['sampling'] == 'without_replacement' else 1.0)
+  sc = d['scores']
+  total = int(s.num_clients) + (40 if tr['canary'] == 'client' else 0)
+  np.testing.assert_array_equal(sc.participants,
+                                [max(1, round(d['participation'] * total))] * 2)
+  assert sc.uploads.shape == (40,) and sc.aggregates.shape == sc.known.shape == (2, 40)
+  assert 0.0 <= sc.test_accuracy <= 1.0
+  if tr['defense'] == 'central_dp':
+    # The noise is added to the aggregate: the server reads each canary's own update (norm
+    # canary_norm x C along its coin's sign) in each round the round loop drew it for.
+    took = np.stack([np.asarray(rounds.participants(jax.random.fold_in(key, 5), t, total,
+                                                    d['participation']))[-40:]
+                     for t in range(2)])
+    assert 0 < took.mean() < 1
+    want = float(s.canary_norm) * float(s.clip_norm) * canaries.signs(
+        d['relation'], d['world']) * took.sum(axis=0)
+    np.testing.assert_allclose(sc.uploads, want, rtol=1e-4, atol=1e-5)
