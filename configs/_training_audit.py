@@ -8,7 +8,7 @@ experiments use (`defenses.configured.configure`) and run by the experiments' ro
 (`fl.rounds.run`: client protocol, participation sampling, upload hook, aggregate hook) with
 canary clients or canary examples added. Expected results: docs/experiments/training_audit.md.
 
-  python -m experiments.training_audit                                  # 3.5 min warm, 12 min cold (loaded)
+  python -m experiments.training_audit                                  # ~2 min cold (2 cores)
   python -m experiments.training_audit --config=configs/digits.py:smoke  # ~1-2 min (CI)
 
 Expect no privacy violation; with independent canaries (canary clients, all iterates) update_dp

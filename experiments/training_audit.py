@@ -10,7 +10,7 @@ canaries' scores under the adversary's threat (all iterates, last iterate) give 
 al.'s one-run lower bounds and Andrew et al.'s Gaussian-fit estimate. A bound above the claim
 is logged as an error and stored as `privacy_violation = 1`.
 
-  python -m experiments.training_audit                                    # 3.5 min warm, 12 min cold (loaded)
+  python -m experiments.training_audit                                    # ~2 min cold (2 cores)
   python -m experiments.training_audit --config=configs/digits.py:smoke   # ~1-2 min (CI)
   python -m experiments.training_audit --config.training_audit.plant=half_noise  # planted bug
 
