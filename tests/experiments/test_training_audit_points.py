@@ -19,11 +19,13 @@ import pytest
 
 from configs import digits
 from fl_privacy import accounting
+from fl_privacy import data
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.defenses import registry
 from fl_privacy.fl import rounds
 from fl_privacy.pipelines import training_audit as ta
+from fl_privacy.pipelines import training_audit_runs as runs
 from fl_privacy.report import point_key
 
 TRAININGS = (
@@ -40,7 +42,7 @@ _DIRECTION = {'ldp_sgd': 'random'}
 def _config(direction='dirac'):
   config = digits.get_config('smoke')
   s = config.training_audit
-  s.num_canary_clients = s.num_canary_examples = 40
+  s.num_canary_clients, s.num_canary_examples = 40, 44
   s.num_rounds = 2
   s.delta, s.confidence = 2e-5, 0.9
   s.direction = direction
@@ -56,6 +58,70 @@ def trained():
     out[tr['defense']] = (config, ta.run_training(config, state, tr, point_key(
         jax.random.key(0), tr)))
   return state, out
+
+
+def _m(tr) -> int:
+  return 40 if tr['canary'] == 'client' else 44   # the two counts differ on purpose
+
+
+def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
+  # What `run_training` returns, from its documented draws: the coins, the model, the relation
+  # of the claim, the participation and federation that ran, the test split's accuracy. (One
+  # test over the four trainings, first in the file: a mutation run ties the module fixture's
+  # calls to the first test that uses it.)
+  state, done = trained
+  params = state['model'].init(jax.random.key(0), np.zeros((1, 64), np.float32))
+  dim = sum(np.size(p) for p in jax.tree_util.tree_leaves(params))
+  for tr in TRAININGS:
+    config, d = done[tr['defense']]
+    s = config.training_audit
+    key = point_key(jax.random.key(0), tr)
+    m = _m(tr)
+    np.testing.assert_array_equal(d['world'], canaries.coins(jax.random.fold_in(key, 3), m))
+    assert d['dim'] == dim
+    decl = d['claimed'].declaration
+    assert d['relation'] == ('add_remove' if tr['defense'] == 'dp_sgd' else
+                             decl.relation if decl is not None else 'replace_one')
+    assert d['participation'] == (float(s.participation)
+                                  if tr['sampling'] == 'without_replacement' else 1.0)
+    sc = d['scores']
+    total = int(s.num_clients) + (m if tr['canary'] == 'client' else 0)
+    np.testing.assert_array_equal(sc.participants,
+                                  [max(1, round(d['participation'] * total))] * 2)
+    assert sc.uploads.shape == (m,) and sc.aggregates.shape == sc.known.shape == (2, m)
+    assert 0.0 <= sc.test_accuracy <= 1.0
+    if tr['defense'] == 'central_dp':
+      # The noise is added to the aggregate: the server reads each canary's own update (norm
+      # canary_norm x C along its coin's sign) in each round the round loop drew it for.
+      took = np.stack([np.asarray(rounds.participants(jax.random.fold_in(key, 5), t, total,
+                                                      d['participation']))[-m:]
+                       for t in range(2)])
+      assert 0 < took.mean() < 1
+      want = float(s.canary_norm) * float(s.clip_norm) * canaries.signs(
+          d['relation'], d['world']) * took.sum(axis=0)
+      np.testing.assert_allclose(sc.uploads, want, rtol=1e-4, atol=1e-5)
+
+
+def test_shards_are_the_clients_disjoint_rows_and_the_pool_what_no_client_holds():
+  state = ta.prepare(_config())
+  config = _config()
+  s = config.training_audit
+  key = jax.random.key(3)
+  clients, pool_x, pool_y = runs._shards(config, state, key)  # pylint: disable=protected-access
+  train, test = state['train'], state['test']
+  k, n = int(s.num_clients), int(s.per_client)
+  assert clients.x.shape == (k, n, 64) and clients.y.shape == (k, n)
+  flat = np.asarray(data.to_float(train.x)).reshape(len(train), -1)
+  parts = data.iid_partition(jax.random.fold_in(key, 1), len(train), k, per_client=n)
+  for c, rows in enumerate(parts):
+    np.testing.assert_array_equal(clients.x[c], flat[rows])
+    np.testing.assert_array_equal(clients.y[c], train.y[rows])
+  unused = np.setdiff1d(np.arange(len(train)), np.concatenate(parts))
+  assert len(unused) == len(train) - k * n > 0
+  np.testing.assert_array_equal(pool_x, np.concatenate(
+      [flat[unused], np.asarray(data.to_float(test.x)).reshape(len(test), -1)]))
+  np.testing.assert_array_equal(pool_y, np.concatenate([train.y[unused], test.y]))
+  assert pool_y.dtype == np.int32 and pool_x.shape == (len(pool_y), 64)
 
 
 @pytest.mark.parametrize('tr', TRAININGS, ids=lambda tr: tr['defense'])
@@ -133,8 +199,8 @@ def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeyp
   assert m['dp_compositions'] == decl.compositions   # weak_dp's: over the rounds, as audited
   if tr['defense'] == 'dp_sgd':   # steps, not rounds: the profile keeps them
     assert decl.compositions > 2
-  assert n == m['num_canaries'] == 40
-  assert m['n_in'] + m['n_out'] == 40
+  assert n == m['num_canaries'] == _m(tr)
+  assert m['n_in'] + m['n_out'] == _m(tr)
 
 
 def test_the_sweep_is_defenses_by_samplings_by_claims_by_kinds():
@@ -381,36 +447,3 @@ def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplo
     ta._report_violation(config, points[0].params, {'privacy_violation': 0.0})
   assert not caplog.records
 
-
-@pytest.mark.parametrize('tr', TRAININGS, ids=lambda tr: tr['defense'])
-def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained, tr):
-  # What `run_training` returns, from its documented draws: the coins, the model, the relation
-  # of the claim, the participation and federation that ran, the test split's accuracy.
-  state, done = trained
-  config, d = done[tr['defense']]
-  s = config.training_audit
-  key = point_key(jax.random.key(0), tr)
-  np.testing.assert_array_equal(d['world'], canaries.coins(jax.random.fold_in(key, 3), 40))
-  params = state['model'].init(jax.random.key(0), np.zeros((1, 64), np.float32))
-  assert d['dim'] == sum(np.size(p) for p in jax.tree_util.tree_leaves(params))
-  decl = d['claimed'].declaration
-  assert d['relation'] == ('add_remove' if tr['defense'] == 'dp_sgd' else
-                           decl.relation if decl is not None else 'replace_one')
-  assert d['participation'] == (float(s.participation)
-                                if tr['sampling'] == 'without_replacement' else 1.0)
-  sc = d['scores']
-  total = int(s.num_clients) + (40 if tr['canary'] == 'client' else 0)
-  np.testing.assert_array_equal(sc.participants,
-                                [max(1, round(d['participation'] * total))] * 2)
-  assert sc.uploads.shape == (40,) and sc.aggregates.shape == sc.known.shape == (2, 40)
-  assert 0.0 <= sc.test_accuracy <= 1.0
-  if tr['defense'] == 'central_dp':
-    # The noise is added to the aggregate: the server reads each canary's own update (norm
-    # canary_norm x C along its coin's sign) in each round the round loop drew it for.
-    took = np.stack([np.asarray(rounds.participants(jax.random.fold_in(key, 5), t, total,
-                                                    d['participation']))[-40:]
-                     for t in range(2)])
-    assert 0 < took.mean() < 1
-    want = float(s.canary_norm) * float(s.clip_norm) * canaries.signs(
-        d['relation'], d['world']) * took.sum(axis=0)
-    np.testing.assert_allclose(sc.uploads, want, rtol=1e-4, atol=1e-5)
