@@ -13,7 +13,10 @@ import math
 import re
 import types
 
+import chex
 import jax
+from jax import flatten_util
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -23,6 +26,7 @@ from fl_privacy import data
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.defenses import registry
+from fl_privacy.fl import optimizers
 from fl_privacy.fl import rounds
 from fl_privacy.pipelines import training_audit as ta
 from fl_privacy.pipelines import training_audit_runs as runs
@@ -37,12 +41,19 @@ TRAININGS = (
 )
 # ldp_sgd's canaries on random directions: the server reads them independently all the same.
 _DIRECTION = {'ldp_sgd': 'random'}
+# Trained too, for run_training's own test only: input canaries under replace-one.
+INPUT = dict(defense='dp_sgd', sampling='shuffle', claimed_epsilon=2.0, canary='input')
+
+
+def _name(tr) -> str:
+  return 'dp_sgd_input' if tr['canary'] == 'input' else tr['defense']
 
 
 def _config(direction='dirac'):
   config = digits.get_config('smoke')
   s = config.training_audit
   s.num_canary_clients, s.num_canary_examples = 40, 44
+  s.clip_norm = 0.5   # not 1: C enters as a factor, never as a divisor
   s.num_rounds = 2
   s.delta, s.confidence = 2e-5, 0.9
   s.direction = direction
@@ -51,13 +62,30 @@ def _config(direction='dirac'):
 
 @pytest.fixture(scope='module')
 def trained():
-  state = ta.prepare(_config())
-  out = {}
-  for tr in TRAININGS:
-    config = _config(_DIRECTION.get(tr['defense'], 'dirac'))
-    out[tr['defense']] = (config, ta.run_training(config, state, tr, point_key(
-        jax.random.key(0), tr)))
-  return state, out
+  config = _config()
+  config.training_audit.record_kinds = ('gradient', 'input')
+  state = ta.prepare(config)
+  out, calls = {}, {}
+  real_train, real_place = canaries.train, canaries.place_examples
+
+  def train(*a, **kw):
+    calls[name]['train'] = (a, kw)
+    return real_train(*a, **kw)
+
+  def place(*a, **kw):
+    calls[name]['place'] = (a, kw)
+    return real_place(*a, **kw)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(canaries, 'train', train)
+    mp.setattr(canaries, 'place_examples', place)
+    for tr in TRAININGS + (INPUT,):
+      name = _name(tr)
+      calls[name] = {}
+      config = _config(_DIRECTION.get(tr['defense'], 'dirac'))
+      out[name] = (config, ta.run_training(config, state, tr, point_key(
+          jax.random.key(0), tr)))
+  return state, out, calls
 
 
 def _m(tr) -> int:
@@ -65,31 +93,75 @@ def _m(tr) -> int:
 
 
 def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
-  # What `run_training` returns, from its documented draws: the coins, the model, the relation
-  # of the claim, the participation and federation that ran, the test split's accuracy. (One
-  # test over the four trainings, first in the file: a mutation run ties the module fixture's
-  # calls to the first test that uses it.)
-  state, done = trained
-  params = state['model'].init(jax.random.key(0), np.zeros((1, 64), np.float32))
-  dim = sum(np.size(p) for p in jax.tree_util.tree_leaves(params))
-  for tr in TRAININGS:
-    config, d = done[tr['defense']]
+  # What `run_training` returns and hands to `canaries.train`, from its documented draws: the
+  # coins, the model, the relation, the canaries, the participation and federation that ran,
+  # the training's settings and test split. (One test over every training, first in the file:
+  # a mutation run ties the module fixture's calls to the first test that uses it.)
+  state, done, calls = trained
+  test = state['test']
+  test_x = np.asarray(data.to_float(test.x)).reshape(len(test), -1)
+  for tr in TRAININGS + (INPUT,):
+    config, d = done[_name(tr)]
+    (_, params, clients), kw = calls[_name(tr)]['train']
     s = config.training_audit
     key = point_key(jax.random.key(0), tr)
-    m = _m(tr)
+    m, c = _m(tr), float(s.clip_norm)
+    flat, unravel = flatten_util.ravel_pytree(params)
     np.testing.assert_array_equal(d['world'], canaries.coins(jax.random.fold_in(key, 3), m))
-    assert d['dim'] == dim
+    chex.assert_trees_all_equal(params, state['model'].init(jax.random.fold_in(key, 2),
+                                                            np.zeros((1, 64), np.float32)))
+    assert d['dim'] == flat.shape[0]
     decl = d['claimed'].declaration
-    assert d['relation'] == ('add_remove' if tr['defense'] == 'dp_sgd' else
-                             decl.relation if decl is not None else 'replace_one')
-    assert d['participation'] == (float(s.participation)
-                                  if tr['sampling'] == 'without_replacement' else 1.0)
+    if tr['canary'] == 'client':
+      relation = decl.relation if decl is not None else 'replace_one'
+    else:
+      relation = 'add_remove' if tr['sampling'] == 'poisson' else 'replace_one'
+    assert d['relation'] == relation
+    assert d['participation'] == kw['participation'] == (
+        float(s.participation) if tr['sampling'] == 'without_replacement' else 1.0)
+    # The training's settings, the test split, and the optimizer (one step compared).
+    assert kw['kind'] == tr['canary'] and kw['clip_norm'] == c
+    assert (kw['num_rounds'], kw['epochs'], kw['batch_size']) == (
+        int(s.num_rounds), int(s.epochs), int(s.batch_size))
+    np.testing.assert_array_equal(kw['test_x'], test_x)
+    np.testing.assert_array_equal(kw['test_y'], test.y)
+    g = jax.tree_util.tree_map(jnp.ones_like, params)
+    want_opt = optimizers.make(s.optimizer, float(s.learning_rate))
+    chex.assert_trees_all_close(kw['optimizer'].update(g, kw['optimizer'].init(params))[0],
+                                want_opt.update(g, want_opt.init(params))[0])
     sc = d['scores']
     total = int(s.num_clients) + (m if tr['canary'] == 'client' else 0)
     np.testing.assert_array_equal(sc.participants,
                                   [max(1, round(d['participation'] * total))] * 2)
     assert sc.uploads.shape == (m,) and sc.aggregates.shape == sc.known.shape == (2, m)
     assert 0.0 <= sc.test_accuracy <= 1.0
+    if tr['canary'] == 'client':
+      dirs = canaries.directions(jax.random.fold_in(key, 4), m, flat.shape[0], s.direction)
+      np.testing.assert_array_equal(kw['canary_dirs'], dirs)
+      want = canaries.injected_clients(dirs, d['world'], unravel, norm=float(s.canary_norm) * c,
+                                       relation=relation, size=float(s.per_client))
+      chex.assert_trees_all_close(kw['injected'], want)
+    else:
+      (_, cx, cy, world, placed_relation), _ = calls[_name(tr)]['place']
+      assert placed_relation == relation and world is d['world']
+      assert kw['examples'].clients is clients
+      if tr['canary'] == 'gradient':
+        np.testing.assert_array_equal(kw['coordinates'], canaries.dirac_coordinates(
+            jax.random.fold_in(key, 4), m, flat.shape[0]))
+        np.testing.assert_array_equal(cx, np.zeros((m, 64), np.float32))
+        np.testing.assert_array_equal(cy, 10 + np.arange(m))
+      else:
+        # m distinct rows no client holds, each with a wrong label drawn uniformly among the
+        # other classes; under replace-one an OUT canary keeps its true label.
+        _, pool_x, pool_y = runs._shards(config, state, key)  # pylint: disable=protected-access
+        rng = data.rng_from_key(jax.random.fold_in(key, 4))
+        pick = rng.choice(len(pool_y), m, replace=False)
+        wrong = (pool_y[pick] + rng.integers(1, 10, m)) % 10
+        np.testing.assert_array_equal(cx, pool_x[pick])
+        np.testing.assert_array_equal(kw['canary_x'], pool_x[pick])
+        np.testing.assert_array_equal(kw['canary_y'], wrong)
+        assert np.all(wrong != pool_y[pick])
+        np.testing.assert_array_equal(cy, np.where(d['world'], wrong, pool_y[pick]))
     if tr['defense'] == 'central_dp':
       # The noise is added to the aggregate: the server reads each canary's own update (norm
       # canary_norm x C along its coin's sign) in each round the round loop drew it for.
@@ -97,8 +169,7 @@ def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
                                                       d['participation']))[-m:]
                        for t in range(2)])
       assert 0 < took.mean() < 1
-      want = float(s.canary_norm) * float(s.clip_norm) * canaries.signs(
-          d['relation'], d['world']) * took.sum(axis=0)
+      want = float(s.canary_norm) * c * canaries.signs(relation, d['world']) * took.sum(axis=0)
       np.testing.assert_allclose(sc.uploads, want, rtol=1e-4, atol=1e-5)
 
 
@@ -128,7 +199,7 @@ def test_shards_are_the_clients_disjoint_rows_and_the_pool_what_no_client_holds(
 @pytest.mark.parametrize('threat', ['all_iterates', 'last_iterate'])
 def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeypatch, tr,
                                                                  threat):
-  state, done = trained
+  state, done, _ = trained
   config, d = done[tr['defense']]
   s = config.training_audit
   seen = {}
@@ -152,7 +223,7 @@ def test_point_metrics_audit_the_training_against_its_own_claim(trained, monkeyp
   want_kw = {'participation': d['participation']}
   if adversary == 'aggregate':
     z = float(d['claimed'].metrics['noise_multiplier'])
-    want_kw.update(shift=1.0, sigma=z * 1.0, known=True)
+    want_kw.update(shift=0.5, sigma=z * 0.5, known=True)   # C = 0.5
   assert kw == pytest.approx(want_kw)
   # The audit: this training's coins, the mechanism that ran, the claim, the run's delta and
   # confidence, independence where each canary's score has its own noise, the claim's profile.
