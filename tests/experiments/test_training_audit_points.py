@@ -26,6 +26,7 @@ from fl_privacy import data
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.defenses import registry
+from fl_privacy.fl import losses
 from fl_privacy.fl import optimizers
 from fl_privacy.fl import rounds
 from fl_privacy.pipelines import training_audit as ta
@@ -66,7 +67,7 @@ def trained():
   config.training_audit.record_kinds = ('gradient', 'input')
   state = ta.prepare(config)
   out, calls = {}, {}
-  real_train, real_place = canaries.train, canaries.place_examples
+  real_train, real_place, real_ran = canaries.train, canaries.place_examples, runs.ran
 
   def train(*a, **kw):
     calls[name]['train'] = (a, kw)
@@ -76,9 +77,14 @@ def trained():
     calls[name]['place'] = (a, kw)
     return real_place(*a, **kw)
 
+  def ran(*a, **kw):
+    calls[name]['ran'] = (a, kw)
+    return real_ran(*a, **kw)
+
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(canaries, 'train', train)
     mp.setattr(canaries, 'place_examples', place)
+    mp.setattr(runs, 'ran', ran)
     for tr in TRAININGS + (INPUT,):
       name = _name(tr)
       calls[name] = {}
@@ -117,6 +123,13 @@ def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
     else:
       relation = 'add_remove' if tr['sampling'] == 'poisson' else 'replace_one'
     assert d['relation'] == relation
+    # The claim is configured for the clients' record counts that run (canary rows included).
+    sizes = (np.full(int(s.num_clients), int(s.per_client)) if tr['canary'] == 'client' else
+             np.asarray(kw['examples'].clients.mask).sum(axis=1))
+    assert d['claimed'].declaration == runs.claim(config, state, tr, sizes).declaration
+    (config_, state_, tr_, claimed_, ran_sizes), _ = calls[_name(tr)]['ran']
+    assert (config_, state_, tr_, claimed_) == (config, state, tr, d['claimed'])
+    np.testing.assert_array_equal(ran_sizes, sizes)
     assert d['participation'] == kw['participation'] == (
         float(s.participation) if tr['sampling'] == 'without_replacement' else 1.0)
     # The training's settings, the test split, and the optimizer (one step compared).
@@ -135,6 +148,8 @@ def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
                                   [max(1, round(d['participation'] * total))] * 2)
     assert sc.uploads.shape == (m,) and sc.aggregates.shape == sc.known.shape == (2, m)
     assert 0.0 <= sc.test_accuracy <= 1.0
+    if tr['canary'] != 'gradient':
+      assert kw['hooks'] is d['claimed'].hooks
     if tr['canary'] == 'client':
       dirs = canaries.directions(jax.random.fold_in(key, 4), m, flat.shape[0], s.direction)
       np.testing.assert_array_equal(kw['canary_dirs'], dirs)
@@ -146,8 +161,20 @@ def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
       assert placed_relation == relation and world is d['world']
       assert kw['examples'].clients is clients
       if tr['canary'] == 'gradient':
-        np.testing.assert_array_equal(kw['coordinates'], canaries.dirac_coordinates(
-            jax.random.fold_in(key, 4), m, flat.shape[0]))
+        coords = canaries.dirac_coordinates(jax.random.fold_in(key, 4), m, flat.shape[0])
+        np.testing.assert_array_equal(kw['coordinates'], coords)
+        # The claim's hooks with the loss of the Dirac gradient canaries: canary i's row has
+        # the gradient s_i x canary_norm x C e_{c_i}.
+        assert kw['hooks']._replace(loss=None) == d['claimed'].hooks._replace(loss=None)
+        sgn = canaries.signs(relation, d['world'])
+        loss_fn = losses.make_loss_fn(state['model'].apply)
+        for i in (0, m - 1):
+          grad = jax.grad(lambda p, i=i: kw['hooks'].loss(
+              jax.random.key(0), loss_fn, p, jnp.zeros((1, 64)), jnp.array([10 + i]), None,
+              None))(params)
+          want = np.zeros(flat.shape[0], np.float32)
+          want[coords[i]] = sgn[i] * float(s.canary_norm) * c
+          np.testing.assert_allclose(flatten_util.ravel_pytree(grad)[0], want, atol=1e-6)
         np.testing.assert_array_equal(cx, np.zeros((m, 64), np.float32))
         np.testing.assert_array_equal(cy, 10 + np.arange(m))
       else:
