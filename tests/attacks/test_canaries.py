@@ -240,6 +240,33 @@ def test_threat_scores_read_what_each_adversary_sees():
     canaries.threat_scores(sc, 'first_iterate', 'server', participation=1.0)
 
 
+def test_threat_scores_under_participation_sampling_are_the_mixture_llr_by_hand():
+  # float32 readings, as a training returns them: every score comes back in float64.
+  f32 = lambda a: np.asarray(a, np.float32)
+  sc = canaries.Scores(uploads=f32([1.0, 2.0]), aggregates=f32([[0.1, -0.2], [0.3, 0.4]]),
+                       known=f32([[1.0, 0.0], [0.0, 2.0]]), participants=f32([10, 20]),
+                       last=f32([5.0, 6.0]), test_accuracy=0.5)
+  for threat, adversary in (('last_iterate', 'server'), ('all_iterates', 'server'),
+                            ('all_iterates', 'aggregate')):
+    assert canaries.threat_scores(sc, threat, adversary, participation=1.0).dtype == np.float64
+  left = np.array([[0.0, -2.0], [6.0, 6.0]])   # k_t x aggregate - known, [T, m]
+
+  def llr(x, q, d, sd):   # log(1 - q + q e^{(xD - D^2/2)/s^2}) - the same at -x, summed over t
+    f = lambda y: np.log(1 - q + q * np.exp((y * d - d * d / 2) / sd**2))
+    return (f(x) - f(-x)).sum(axis=0)
+
+  for q, d, sd in ((0.5, 1.0, 2.0), (0.2, 0.5, 0.5)):
+    got = canaries.threat_scores(sc, 'all_iterates', 'aggregate', participation=q, shift=d,
+                                 sigma=sd, known=True)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, llr(left, q, d, sd), rtol=1e-5)
+  # Without the sampling, a shift or a positive sigma: the plain sum over rounds.
+  for kw in (dict(participation=1.0, shift=1.0, sigma=2.0), dict(participation=0.5, sigma=2.0),
+             dict(participation=0.5, shift=1.0), dict(participation=0.5, shift=1.0, sigma=0.0)):
+    np.testing.assert_allclose(canaries.threat_scores(sc, 'all_iterates', 'aggregate',
+                                                      known=True, **kw), left.sum(axis=0))
+
+
 # ----------------------------------------------------------------------- statistics ---
 
 
@@ -517,3 +544,35 @@ def test_test_accuracy_is_the_final_models_and_nan_without_a_test_split():
   assert 0 < took.sum() < 4
   assert np.all(bare.uploads[~took] == 0) and np.all(bare.uploads[took] != 0)
   assert bare.known.shape == (1, 4) and not bare.known.any()  # a client canaries' field
+
+
+def test_place_examples_keeps_the_shards_mask_aux_and_dtypes_and_places_each_row():
+  base = _clients(k=3, n=4)
+  mask = np.ones((3, 4), np.float32)
+  mask[1, 3] = 0.0   # a padded real row stays padding
+  aux = {'tag': np.arange(3)}
+  clients = base._replace(mask=mask, aux=aux)
+  rng = np.random.default_rng(11)
+  x = rng.normal(size=(5, DIM_IN)).astype(np.float32)
+  y = np.arange(5, dtype=np.int32)
+  world = np.array([True, False, True, True, False])
+  for relation in ('add_remove', 'replace_one'):
+    ex = canaries.place_examples(clients, x, y, world, relation)
+    data = ex.clients
+    assert data.aux is aux
+    assert data.x.dtype == np.float32 and data.mask.dtype == np.float32
+    np.testing.assert_array_equal(data.x[:, :4], base.x)
+    np.testing.assert_array_equal(data.mask[:, :4], mask)
+    np.testing.assert_array_equal(data.x[ex.owner, ex.row], x)
+    np.testing.assert_array_equal(data.y[ex.owner, ex.row], y)
+    live = world if relation == 'add_remove' else np.ones(5, bool)
+    np.testing.assert_array_equal(data.mask[ex.owner, ex.row], live.astype(np.float32))
+    assert data.mask.sum() == mask.sum() + live.sum()   # the slots no canary fills: padding
+
+
+def test_signs_refuse_an_unknown_relation_naming_the_allowed_ones():
+  np.testing.assert_array_equal(canaries.signs('replace_one', np.array([True, False])),
+                                [1.0, -1.0])
+  with pytest.raises(ValueError, match="relation must be 'add_remove' or 'replace_one' "
+                     r"\(got 'zero_out'\)"):
+    canaries.signs('zero_out', np.array([True]))
