@@ -576,3 +576,12 @@ def test_signs_refuse_an_unknown_relation_naming_the_allowed_ones():
   with pytest.raises(ValueError, match="relation must be 'add_remove' or 'replace_one' "
                      r"\(got 'zero_out'\)"):
     canaries.signs('zero_out', np.array([True]))
+
+
+def test_slot_positions_count_each_clients_canaries_in_order():
+  owner = np.array([0, 1, 0, 0, 1, 2, 0])
+  np.testing.assert_array_equal(canaries._slot_positions(owner), [0, 0, 1, 2, 1, 0, 3])  # pylint: disable=protected-access
+  # place_examples' round-robin placement: canary i in slot i // K of client i mod K.
+  ex = canaries.place_examples(_clients(k=3, n=2), np.zeros((8, DIM_IN), np.float32),
+                               np.zeros(8, np.int32), np.ones(8, bool), 'replace_one')
+  np.testing.assert_array_equal(canaries._slot_positions(ex.owner), np.arange(8) // 3)  # pylint: disable=protected-access
