@@ -58,16 +58,21 @@ def smoke_results(tmp_path_factory, experiment: str, folder: str, *,
 _SERVER = []
 
 
-def run_forked(experiment: str, workdir, *overrides, config: str = SMOKE,
-               **extra_env) -> subprocess.CompletedProcess:
-  """`run` for a command that stops at a check (a refused input): the same argv, cwd and
-  environment, run in a fork of one interpreter per test process that imported the library
-  once (forkserver.py), so each refusal costs a fork, not a Python start (about 3 s here).
-  What a fork cannot show (import-time output) test_bad_inputs checks with real processes."""
+def forked_client():
+  """This test process's fork server (forkserver.py), started on first use, closed at exit."""
   from tests.experiments import forkserver  # pylint: disable=g-import-not-at-top,import-outside-toplevel
   if not _SERVER:
     _SERVER.append(forkserver.Client(REPO, env()))
     atexit.register(_SERVER[0].close)
-  return _SERVER[0].run(experiment, [f'--config={config}', f'--workdir={workdir}', *overrides],
-                        cwd=REPO, env=env(fast_compile=experiment not in EXECUTION_BOUND,
-                                          **extra_env))
+  return _SERVER[0]
+
+
+def run_forked(experiment: str, workdir, *overrides, config: str = SMOKE,
+               **extra_env) -> subprocess.CompletedProcess:
+  """`run` for a command that stops at a check (a refused input): the same argv, cwd and
+  environment, run in a fork of one interpreter per test process that imported the library
+  once (`forked_client`), so each refusal costs a fork, not a Python start (about 3 s here).
+  What a fork cannot show (import-time output) test_bad_inputs checks with real processes."""
+  return forked_client().run(
+      experiment, [f'--config={config}', f'--workdir={workdir}', *overrides], cwd=REPO,
+      env=env(fast_compile=experiment not in EXECUTION_BOUND, **extra_env))

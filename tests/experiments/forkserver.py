@@ -2,7 +2,7 @@
 
 The bad-input rows each start Python, import JAX, Flax and the library, and stop at the first
 check: the imports were most of their time. The server (`python -m tests.experiments.forkserver`,
-one per test module that asks for it) imports `experiments.common` once (JAX's backend is not
+one per test process, `cli.forked_client`) imports `experiments.common` once (JAX's backend is not
 started, so forking stays safe), then for each request on stdin forks a child that runs the
 experiment module as `__main__` with the request's argv, cwd and environment, its stdout and
 stderr written to files; the reply is the child's exit status and both streams, as

@@ -18,7 +18,6 @@ import pytest
 from configs import _base
 from experiments import common
 from tests.experiments import cli
-from tests.experiments import forkserver
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -311,11 +310,10 @@ def _run(experiment, flags, cwd=REPO):
 
 @pytest.fixture(scope='module')
 def server():
-  # The rows run in forks of one interpreter that imported the library once (forkserver.py);
-  # one real subprocess per experiment below checks what a fork cannot (import-time output).
-  client = forkserver.Client(REPO, cli.env(JAX_PLATFORMS='cpu'))
-  yield client
-  client.close()
+  # The rows run in forks of one interpreter that imported the library once (the test
+  # process's fork server, shared with the other files' refusals); one real subprocess per
+  # experiment below checks what a fork cannot (import-time output).
+  return cli.forked_client()
 
 
 @pytest.mark.parametrize('row,experiment,make_flags,needle', ROWS, ids=[r[0] for r in ROWS])

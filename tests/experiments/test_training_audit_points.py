@@ -201,8 +201,8 @@ def test_run_training_builds_the_federation_and_the_canaries_it_claims(trained):
 
 
 def test_shards_are_the_clients_disjoint_rows_and_the_pool_what_no_client_holds():
-  state = ta.prepare(_config())
   config = _config()
+  state = ta.prepare(config)
   s = config.training_audit
   key = jax.random.key(3)
   clients, pool_x, pool_y = runs._shards(config, state, key)  # pylint: disable=protected-access
@@ -544,4 +544,3 @@ def test_plan_trains_once_per_training_and_reports_violations(monkeypatch, caplo
     ta._report_violation(config, points[0].params, {})
     ta._report_violation(config, points[0].params, {'privacy_violation': 0.0})
   assert not caplog.records
-
