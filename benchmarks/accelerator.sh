@@ -47,9 +47,12 @@ step ami_game 90 "$py" -m benchmarks.ami_game
 step ldp_audit 90 "$py" -m benchmarks.ldp_audit --memory_chunks=10000
 step dishonest_runs 60 "$py" -m benchmarks.dishonest_runs
 step game_runner 60 "$py" -m benchmarks.game_runner --memory_chunks=1024
-step fedmia_measure 60 "$py" -m benchmarks.fedmia_measure --chunks=128,1024
+step fedmia_measure 180 "$py" -m benchmarks.fedmia_measure --models=mlp --chunks=1024
 step pastel_mlp 90 "$py" -m benchmarks.pastel_train --models=mlp --repeats=1
 step conv_in_loop 90 "$py" -m benchmarks.conv_in_loop
 step pastel_resnet 150 "$py" -m benchmarks.pastel_train --models=resnet --repeats=1
-tar -C "$work" -czf "$out/logs.tar.gz" --exclude=cc --exclude=ami --exclude=ami2 .
+# Last, as they are the longest: STEPS="training_audit training_audit_warm" runs them alone.
+step training_audit 240 "$py" -m experiments.training_audit --workdir="$work/ta"
+step training_audit_warm 150 "$py" -m experiments.training_audit --workdir="$work/ta2"
+tar -C "$work" -czf "$out/logs.tar.gz" --exclude=cc --exclude=ami --exclude=ami2 --exclude=ta --exclude=ta2 .
 cat "$out/summary.txt"

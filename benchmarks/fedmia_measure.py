@@ -142,6 +142,8 @@ def main(argv):
                              f'--repeats={_REPEATS.value}'], capture_output=True, text=True,
                             check=True)
       results[what] = json.loads(proc.stdout.strip().splitlines()[-1])
+      # Each child as it finishes: a run stopped at a deadline still leaves its figures.
+      print(f'{model_name} {what}: {results[what]}', file=sys.stderr, flush=True)
     ref = results['reference']
     q = ref['q']
     for what, r in results.items():
