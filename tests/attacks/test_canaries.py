@@ -465,6 +465,51 @@ def test_audit_reports_every_field_as_computed_by_hand(mechanism, independent):
     assert m['privacy_violation'] == float(m['best_bound'] > claim)
 
 
+def test_audit_profile_grid_the_claims_edge_and_a_world_of_zero_one_ints(monkeypatch):
+  rng = np.random.default_rng(5)
+  world = rng.random(200) < 0.5
+  scores = rng.normal(size=world.size)
+  curve = lambda grid: np.zeros_like(grid)
+  # A world given as 0/1 integers is the same mask as the bools.
+  by_bool = canaries.audit(scores, world, 'update_dp', 2.5, delta=1e-5, confidence=0.9,
+                           independent=True, claimed_delta=curve)
+  by_int = canaries.audit(scores, world.astype(np.int64), 'update_dp', 2.5, delta=1e-5,
+                          confidence=0.9, independent=True, claimed_delta=curve)
+  assert by_int == pytest.approx(by_bool, nan_ok=True)
+  assert by_int['n_in'] == world.sum()
+  # The profile test runs on 41 epsilons evenly spaced over [0, 2 x claim], at the
+  # Bonferroni level, and its verdict alone makes a violation.
+  calls = []
+
+  def profile(ins, outs, claimed_delta, grid, *, confidence):
+    calls.append((ins, outs, claimed_delta, np.asarray(grid), confidence))
+    return {'profile_violation': verdict, 'profile_excess': 0.25, 'profile_epsilon': 1.5}
+
+  monkeypatch.setattr(canaries.auditing, 'profile_violation', profile)
+  for verdict in (0.0, 1.0):
+    m = canaries.audit(scores, world, 'update_dp', 2.5, delta=1e-5, confidence=0.9,
+                       independent=True, claimed_delta=curve)
+    ins, outs, claimed, grid, level = calls[-1]
+    np.testing.assert_array_equal(grid, np.linspace(0.0, 5.0, 41))
+    np.testing.assert_array_equal(ins, scores[world])
+    np.testing.assert_array_equal(outs, scores[~world])
+    k = len(canaries.counted_bounds('update_dp', True)) + 1
+    assert claimed is curve and level == pytest.approx(1 - 0.1 / k)
+    assert m['best_bound'] < 2.5  # null scores: no counted bound refutes the claim
+    assert (m['profile_violation'], m['profile_excess'], m['profile_epsilon']) == (
+        verdict, 0.25, 1.5)
+    assert m['privacy_violation'] == verdict
+  # A counted bound equal to the claim does not refute it; just above does; a bound not
+  # counted decides nothing.
+  bounds = {'epsilon_one_run': 2.0, 'epsilon_one_run_fdp': 1.0, 'epsilon_cp': 9.0,
+            'epsilon_gdp': 9.0}
+  monkeypatch.setattr(canaries.auditing, 'audit_scores',
+                      lambda ins, outs, *, delta, confidence: bounds)
+  for claim, want in ((2.0, 0.0), (1.999, 1.0)):
+    m = canaries.audit(scores, world, 'update_dp', claim, delta=1e-5, confidence=0.95)
+    assert m['best_bound'] == 2.0 and m['privacy_violation'] == want, claim
+
+
 def test_gaussian_fit_of_identical_constant_scores_is_infinite_and_of_equal_means_zero():
   assert canaries.gaussian_fit_epsilon(np.ones(5), np.ones(5), 1e-5) == (math.inf, math.inf)
   mu, eps = canaries.gaussian_fit_epsilon(np.array([1.0, -1.0, 1.0, -1.0]),
