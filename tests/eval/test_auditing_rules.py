@@ -487,3 +487,77 @@ def test_explicit_needs_a_finite_threshold(threshold):
   with pytest.raises(ValueError, match=r"'explicit' needs a finite threshold"):
     auditing.audit_scores([1.0, 0.0], [0.0, 0.0], delta=1e-5,
                           threshold_strategy='explicit', threshold=threshold)
+
+
+# --- From the mutation run after issue 28 ------------------------------------------------
+
+
+def test_explicit_threshold_is_the_one_given_not_the_best_one_after_the_fact():
+  # Continuous scores and a poor threshold fixed beforehand: the bound is the library's at
+  # that threshold, well below what the best threshold chosen on the same data would give
+  # (`Explicit(None)`: every threshold at the full significance, which is not valid).
+  from jax_privacy import auditing as library  # pylint: disable=g-import-not-at-top
+  a, b = _scores(17, 400, 400, shift=2.0)
+  got = auditing.audit_scores(a, b, delta=1e-5, confidence=0.9, fdp=False,
+                              threshold_strategy='explicit', threshold=-0.5)
+  auditor = library.CanaryScoreAuditor(a, b)
+  at = library.Explicit(-0.5)
+  assert got['epsilon_cp'] == pytest.approx(
+      auditor.epsilon_clopper_pearson(0.1, 1e-5, threshold_strategy=at), rel=1e-12)
+  assert got['epsilon_one_run'] == pytest.approx(
+      auditor.epsilon_one_run(0.1, 1e-5, threshold_strategy=at), rel=1e-9)
+  best = library.Explicit(None)
+  assert got['epsilon_cp'] < 0.5 * auditor.epsilon_clopper_pearson(
+      0.1, 1e-5, threshold_strategy=best)
+
+
+def test_split_needs_both_parts_at_the_fraction_given():
+  # int(3 x 0.2) = 0 scores of each side would choose the threshold: refused at 0.2, while
+  # the default 0.5 (1 of 3) would pass.
+  with pytest.raises(ValueError, match=r"^threshold_strategy 'split' \(fraction 0\.2\) needs "
+                     r'scores of each side in both parts \(got 3 IN, 3 OUT\); use '
+                     r"'bonferroni' for so few trials$"):
+    auditing.audit_scores([1.0, 2.0, 3.0], [0.0, 0.5, 1.0], delta=1e-5, fdp=False,
+                          split_fraction=0.2)
+  assert auditing.audit_scores([1.0, 2.0, 3.0], [0.0, 0.5, 1.0], delta=1e-5,
+                               fdp=False)['n_in'] == 3
+  # one_run_trials' default fraction is the bound's default: half of each side bounds.
+  assert auditing.one_run_trials(120, 141, 'split') == 60 + 71
+
+
+@pytest.mark.parametrize('confidence', [0.0, 1.0, 1.5])
+def test_profile_confidence_outside_open_interval_raises(confidence):
+  # Refused by the profile's own check, which names the value given (the rates' intervals
+  # downstream would refuse a level above 1 too, but with another value in the message).
+  with pytest.raises(ValueError, match=rf'^confidence must be in \(0, 1\) \(got {confidence}\)$'):
+    auditing.privacy_profile([1.0], [0.0], [1.0], confidence=confidence)
+
+
+def test_profile_violation_is_the_profile_above_the_claimed_curve():
+  a, b = _scores(18, 300, 300, shift=2.5)
+  grid = np.array([0.0, 0.5, 1.0, 2.0])
+  lower = auditing.privacy_profile(a, b, grid, confidence=0.9)
+  seen = []
+
+  def curve(eps, value):
+    seen.append(eps)
+    return value
+
+  # Claimed below the bound where it is lowest, above it elsewhere: violated there.
+  claimed = lower + np.array([0.1, 0.1, -0.05, 0.1])
+  got = auditing.profile_violation(a, b, lambda e: curve(e, claimed), [0, 0.5, 1, 2],
+                                   confidence=0.9)
+  assert seen[-1].dtype == np.float64 and list(seen[-1]) == list(grid)
+  assert got == {'profile_violation': 1.0, 'profile_excess': pytest.approx(0.05),
+                 'profile_epsilon': 1.0}
+  # The claimed curve is evaluated at float64 epsilons even when given integers.
+  got = auditing.profile_violation(a, b, lambda e: curve(e, np.ones(3)), [0, 1, 2],
+                                   confidence=0.9)
+  assert seen[-1].dtype == np.float64 and got['profile_violation'] == 0.0
+  # A claim equal to the bound everywhere is not refuted; its excess is 0 at the first epsilon.
+  got = auditing.profile_violation(a, b, lambda e: curve(e, lower), grid, confidence=0.9)
+  assert got == {'profile_violation': 0.0, 'profile_excess': 0.0, 'profile_epsilon': 0.0}
+  # The confidence reaches the profile: a lower one bounds higher.
+  high = auditing.profile_violation(a, b, lambda e: np.zeros_like(e), grid, confidence=0.5)
+  assert high['profile_excess'] > auditing.profile_violation(
+      a, b, lambda e: np.zeros_like(e), grid, confidence=0.99)['profile_excess']
