@@ -137,3 +137,34 @@ def test_audit_refuses_trials_with_an_empty_world(monkeypatch):
       'present': np.ones(n, bool), 'score': np.zeros(n)})
   with pytest.raises(ValueError, match=r'^3 trials gave no game in one of the worlds$'):
     dp_audit.audit(_setting('server_fixed'), KEY, 3)
+
+
+@pytest.mark.parametrize('wrapper', ['server_fixed', 'local_dp', 'client_adaptive'])
+def test_claim_metrics_fields_by_hand(wrapper):
+  s = _setting(wrapper, clipping_norm=0.5, noise_multiplier=0.2, num_sampled_clients=5,
+               epsilon=2.0, delta=1e-4)
+  for kw in ({}, {'dimension': 5}):
+    m = dp_audit.claim_metrics(s, **kw)
+    game = dp_audit.make_game(s, dimension=kw.get('dimension', 8))
+    mean_in, mean_out = dp_audit.release_means(game)
+    std_in, std_out = dp_audit.world_noise_stds(game)
+    decl = dp_audit.declaration(s)
+    assert (m['dp_mechanism'], m['dp_level'], m['dp_delta']) == (decl.mechanism, decl.level,
+                                                                 1e-4)
+    assert m['effective_noise_multiplier'] == pytest.approx(
+        dp_audit.effective_noise_multiplier(s))
+    assert m['release_sensitivity'] == pytest.approx(np.linalg.norm(mean_in - mean_out))
+    assert (m['flower_noise_std'], m['flower_noise_std_out']) == pytest.approx((std_in, std_out))
+    projection = (mean_in - mean_out)[0]  # the canary lies on coordinate 0
+    assert m['dp_epsilon_exact_projection'] == pytest.approx(
+        dp_audit.auditing.gdp_epsilon(projection / std_in, 1e-4))
+    assert m['dp_epsilon_exact'] == pytest.approx(dp_audit.gaussian_pair_epsilon(
+        m['release_sensitivity'], std_in, std_out, kw.get('dimension', 8), 1e-4))
+    if s.central:
+      assert m['flower_rdp_epsilon'] == m['stated_epsilon']
+    else:
+      assert math.isnan(m['flower_rdp_epsilon']) and math.isnan(m['dp_epsilon_exact_worst'])
+  # The dimension reaches the game: the other clients' known updates differ with it.
+  if s.central:
+    assert dp_audit.claim_metrics(s, dimension=5)['release_sensitivity'] != pytest.approx(
+        dp_audit.claim_metrics(s)['release_sensitivity'])
