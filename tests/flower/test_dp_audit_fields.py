@@ -180,34 +180,3 @@ def test_claim_metrics_fields_by_hand(wrapper):
   if s.central:
     assert dp_audit.claim_metrics(s, dimension=5)['release_sensitivity'] != pytest.approx(
         dp_audit.claim_metrics(s)['release_sensitivity'])
-
-
-def _hockey_monte_carlo(eps, distance, std_p, std_q, d, rng, n=400_000):
-  """max over both orders of E_P[(1 - e^(eps - L))_+], L = log p / q, by sampling: an
-  independent check of `gaussian_pair_epsilon`'s quadrature (P = N(distance e_1, std_p^2 I),
-  Q = N(0, std_q^2 I))."""
-  def one(mu_a, s_a, mu_b, s_b):
-    x = rng.normal(size=(n, d)) * s_a
-    x[:, 0] += mu_a
-    shift_a, shift_b = x.copy(), x.copy()
-    shift_a[:, 0] -= mu_a
-    shift_b[:, 0] -= mu_b
-    log_ratio = (-0.5 * np.sum(shift_a ** 2, 1) / s_a ** 2 - d * math.log(s_a)
-                 + 0.5 * np.sum(shift_b ** 2, 1) / s_b ** 2 + d * math.log(s_b))
-    return float(np.mean(np.maximum(0.0, 1.0 - np.exp(eps - log_ratio))))
-  return max(one(distance, std_p, 0.0, std_q), one(0.0, std_q, distance, std_p))
-
-
-@pytest.mark.parametrize('d,std_p,std_q,distance,delta', [
-    (1, 1.0, 1.3, 0.8, 0.05), (8, 0.6, 0.5, 1.0, 0.05), (8, 0.6, 0.5, 1.0, 0.2),
-    (3, 0.5, 0.8, 0.3, 0.1)])
-def test_gaussian_pair_epsilon_against_monte_carlo(d, std_p, std_q, distance, delta):
-  eps = dp_audit.gaussian_pair_epsilon(distance, std_p, std_q, d, delta)
-  assert eps > 0
-  rng = np.random.default_rng(6)
-  got = _hockey_monte_carlo(eps, distance, std_p, std_q, d, rng)
-  # The integrand lies in [0, 1]: its sample mean's sd is at most sqrt(delta / n).
-  assert got == pytest.approx(delta, abs=5 * math.sqrt(delta / 400_000))
-  # And the epsilon is the smallest: a little less leaves more than delta.
-  assert _hockey_monte_carlo(0.97 * eps, distance, std_p, std_q, d, rng) > delta + 5 * math.sqrt(
-      delta / 400_000)
