@@ -67,24 +67,17 @@ def trained():
   config.training_audit.record_kinds = ('gradient', 'input')
   state = ta.prepare(config)
   out, calls = {}, {}
-  real_train, real_place, real_ran = canaries.train, canaries.place_examples, runs.ran
 
-  def train(*a, **kw):
-    calls[name]['train'] = (a, kw)
-    return real_train(*a, **kw)
-
-  def place(*a, **kw):
-    calls[name]['place'] = (a, kw)
-    return real_place(*a, **kw)
-
-  def ran(*a, **kw):
-    calls[name]['ran'] = (a, kw)
-    return real_ran(*a, **kw)
+  def recorded(label, real):  # records the current training's call, then makes it
+    def call(*a, **kw):
+      calls[name][label] = (a, kw)
+      return real(*a, **kw)
+    return call
 
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(canaries, 'train', train)
-    mp.setattr(canaries, 'place_examples', place)
-    mp.setattr(runs, 'ran', ran)
+    mp.setattr(canaries, 'train', recorded('train', canaries.train))
+    mp.setattr(canaries, 'place_examples', recorded('place', canaries.place_examples))
+    mp.setattr(runs, 'ran', recorded('ran', runs.ran))
     for tr in TRAININGS + (INPUT,):
       name = _name(tr)
       calls[name] = {}
