@@ -85,12 +85,13 @@ def combine(*hooks: ClientHooks) -> ClientHooks:
   """One `ClientHooks` applying each of `hooks` in order at every hook point.
 
   `data`, `batch` and `upload` hooks run one after the other; `loss` hooks nest (the later
-  wraps the earlier); at most one `grad`, one `aggregate` and one `batches` hook may be given.
+  wraps the earlier); at most one `grad`, one `aggregate`, one `batches` and one `report` hook
+  may be given.
   The i-th non-identity hook at a point gets the point's key for i = 0 and `fold_in(key, i)`
   after, so `combine(h)` and `combine(h, IDENTITY)` equal `h` draw for draw.
 
   Raises:
-    ValueError: two `grad`, two `aggregate` or two `batches` hooks.
+    ValueError: two `grad`, two `aggregate`, two `batches` or two `report` hooks.
   """
   fields = {}
   for point in ('data', 'batch', 'upload', 'loss'):
@@ -106,7 +107,7 @@ def combine(*hooks: ClientHooks) -> ClientHooks:
       fields[point] = _chain_upload(fns)
     else:
       fields[point] = _chain_data(fns)
-  for point in ('grad', 'aggregate', 'batches'):
+  for point in ('grad', 'aggregate', 'batches', 'report'):
     fns = [getattr(h, point) for h in hooks if getattr(h, point) is not None]
     if len(fns) > 1:
       raise ValueError(f'at most one {point} hook can be combined (got {len(fns)})')

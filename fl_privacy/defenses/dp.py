@@ -121,11 +121,25 @@ def dp_fedavg(key: jax.Array, uploads: Any, weights: jax.Array, clip_norm: float
   return jax.tree_util.tree_map(lambda u: jnp.where(jnp.sum(part) > 0, u, 0.0), noisy)
 
 
+def _operand(value):
+  """A hook's parameter as a weakly typed array: a Python number through float (so 2 and 2.0
+  give the same program), a traced value (a strength a jitted training sweeps) as it is."""
+  if isinstance(value, (int, float)):
+    return jnp.asarray(float(value))
+  return jnp.asarray(value)
+
+
+def _dp_sgd_grad(clip_norm, noise_multiplier, denominator, key, per_example, mask):
+  return private_gradient(key, per_example, mask, clip_norm, noise_multiplier, denominator)
+
+
 def dp_sgd_hook(clip_norm: float, noise_multiplier: float, denominator: float | None = None):
-  """`grad` hook of DP-SGD (`private_gradient`)."""
-  def grad(key, per_example, mask):
-    return private_gradient(key, per_example, mask, clip_norm, noise_multiplier, denominator)
-  return grad
+  """`grad` hook of DP-SGD (`private_gradient`): a `jax.tree_util.Partial` over C, z and the
+  denominator as weakly typed arrays (as `update_dp_hook`), so a jitted training that takes
+  the hook as an operand compiles once for every noise of a sweep."""
+  return jax.tree_util.Partial(
+      _dp_sgd_grad, _operand(clip_norm), _operand(noise_multiplier),
+      None if denominator is None else _operand(denominator))
 
 
 def update_dp_hook(clip_norm: float, noise_multiplier: float):
@@ -137,8 +151,12 @@ def update_dp_hook(clip_norm: float, noise_multiplier: float):
                                jnp.asarray(float(noise_multiplier) * float(clip_norm)))
 
 
+def _central_dp_aggregate(clip_norm, noise_multiplier, key, uploads, weights):
+  return dp_fedavg(key, uploads, weights, clip_norm, noise_multiplier)
+
+
 def central_dp_hook(clip_norm: float, noise_multiplier: float):
-  """`aggregate` hook of DP-FedAvg (`central_dp` and `weak_dp`)."""
-  def aggregate(key, uploads, weights):
-    return dp_fedavg(key, uploads, weights, clip_norm, noise_multiplier)
-  return aggregate
+  """`aggregate` hook of DP-FedAvg (`central_dp` and `weak_dp`): a `jax.tree_util.Partial`
+  over C and z as weakly typed arrays (as `update_dp_hook`)."""
+  return jax.tree_util.Partial(_central_dp_aggregate, _operand(clip_norm),
+                               _operand(noise_multiplier))

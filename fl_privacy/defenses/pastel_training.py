@@ -75,7 +75,8 @@ def optimizer(name: str, learning_rate: float, field: str = 'pastel.optimizer'):
 
 @functools.lru_cache(maxsize=None)
 def hook_factory(kind: str, apply_fn, layers: tuple, representation: str, temperature: float,
-                 batch_size: int, clip_norm: float, max_batch_size: int | None = None):
+                 batch_size: int, clip_norm: float, max_batch_size: int | None = None,
+                 num_examples: int | None = None, steps_per_epoch: int | None = None):
   """`strength -> ClientHooks` of one kind, cached: a static argument of the jitted rounds.
 
   The strength (lambda, or the DP noise multiplier) is traced, so every lambda of PASTEL, and
@@ -90,9 +91,12 @@ def hook_factory(kind: str, apply_fn, layers: tuple, representation: str, temper
     # The registry's builders, with the noise multiplier traced; `central_dp` and `weak_dp`
     # are the same DP-FedAvg mechanism at different noise.
     build = registry.DEFENSES['dp_sgd' if kind == 'ldp' else 'central_dp'].build
+    # Poisson DP-SGD runs the public schedule of its declaration (rate B / N, S steps an
+    # epoch, N the declared member count), as `dp_accounting` reports it.
     extra = {} if kind == 'server_dp' else dict(
         sampling='shuffle' if max_batch_size is None else 'poisson', batch_size=batch_size,
-        num_examples=batch_size, max_batch_size=max_batch_size)
+        num_examples=batch_size if num_examples is None else num_examples,
+        max_batch_size=max_batch_size, steps_per_epoch=steps_per_epoch)
     return lambda z: build(clip_norm=clip_norm, noise_multiplier=z, **extra)
   raise ValueError(f'unknown hook kind {kind!r}')
 
@@ -163,7 +167,8 @@ def setup(defense: str, strength: float, dp: Callable[[], dict], *, apply_fn, la
   info.update({k: m[k] for k in info})
   if defense == 'ldp':
     factory = hook_factory('ldp', apply_fn, (), '', 1.0, b, float(clip_norm),
-                           m.get('dp_max_batch_size'))
+                           m.get('dp_max_batch_size'), m.get('dp_public_examples'),
+                           m.get('dp_steps_per_epoch'))
   else:
     factory = hook_factory('server_dp', apply_fn, (), '', 1.0, b, float(update_clip_norm))
   return factory, m['noise_multiplier'], info

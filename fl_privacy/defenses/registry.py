@@ -117,18 +117,25 @@ FIELDS: dict[str, Field] = {
                             'dp_sgd Poisson: the padded batch (None: chosen so that a batch '
                             'overflows with probability <= 1e-12 over the run)', False),
     'num_examples': Field(V.number(1, integer=True, optional=True), None,
-                          'dp_sgd Poisson: a client\'s records, to size the batch', False),
+                          'dp_sgd Poisson: the record count per client the experiment declares '
+                          'public (the rate B / N of its public schedule)', False),
     'batch_size': Field(V.number(1, integer=True, optional=True), None,
                         'dp_sgd Poisson: the expected batch B', False),
+    'steps_per_epoch': Field(V.number(1, integer=True, optional=True), None,
+                             'dp_sgd Poisson: the public schedule\'s steps per local epoch '
+                             '(None: ceil(N / B))', False),
 }
 
 
 class Setting(NamedTuple):
   """What an experiment tells a defense about its run (accounting and shape-dependent hooks).
 
-  num_examples is the smallest client's record count (the largest sampling rate, hence the
-  largest epsilon); max_examples the largest (the widest spread of a Poisson batch, hence
-  the padded batch size); None means all clients hold num_examples.
+  Everything here is public configuration, which the accounting may take as fixed. num_examples
+  is the record count per client the experiment declares public: DP-SGD's Poisson schedule runs
+  at rate B / num_examples for steps_per_epoch steps a local epoch (None: ceil(num_examples /
+  B)) on every client, whatever its real row count (`fl.sampling.public_schedule`); an
+  experiment declares its smallest client's count, the largest rate. max_examples is the largest
+  shard the padded Poisson batch must hold (None: num_examples).
   """
   num_classes: int = 10
   image_shape: tuple | None = None
@@ -136,21 +143,33 @@ class Setting(NamedTuple):
   batch_size: int = 1
   num_examples: int = 1
   epochs: int = 1
-  steps_per_epoch: int = 1
+  steps_per_epoch: int | None = None
   rounds: int = 1
   num_clients: int = 1
   participants: int | None = None
   max_examples: int | None = None
 
 
+def steps_per_epoch(setting: Setting) -> int:
+  """The public schedule's steps per local epoch: the setting's, or ceil(num_examples / B)."""
+  if setting.steps_per_epoch is not None:
+    return int(setting.steps_per_epoch)
+  return -(-int(setting.num_examples) // int(setting.batch_size))
+
+
+def poisson_rate(setting: Setting) -> float:
+  """The public schedule's rate q = min(B / num_examples, 1)."""
+  return min(float(setting.batch_size) / float(setting.num_examples), 1.0)
+
+
 def poisson_max_batch(setting: Setting) -> int:
   """The padded Poisson batch of dp_sgd: overflow probability <= 1e-12 over every step of the
-  run, for the client whose batch size spreads most (the largest)."""
+  run at the public rate, for the largest shard (`max_examples`)."""
   from fl_privacy.fl import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
   n = int(setting.max_examples or setting.num_examples)
-  per_epoch = max(int(setting.steps_per_epoch), -(-n // int(setting.batch_size)))
-  steps = int(setting.epochs) * per_epoch * int(setting.rounds)
-  return sampling_lib.max_batch_size(n, int(setting.batch_size), steps)
+  steps = int(setting.epochs) * steps_per_epoch(setting) * int(setting.rounds)
+  return sampling_lib.max_batch_size(n, int(setting.batch_size), steps,
+                                     rate=poisson_rate(setting))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,23 +241,35 @@ def _augment_sampling(level, pad, image_shape, jitter, value_range, fraction):
 
 
 def _dp_sgd(clip_norm, noise_multiplier, sampling='shuffle', batch_size=None,
-            num_examples=None, max_batch_size=None):
+            num_examples=None, max_batch_size=None, steps_per_epoch=None):
   if sampling != 'poisson':
     return client.ClientHooks(grad=dp.dp_sgd_hook(float(clip_norm), noise_multiplier))
   validate.require(batch_size is not None and num_examples is not None,
                    'defense.dp_sgd_sampling', "'shuffle' where the experiment does not give "
-                   'the batch size and the shard size', sampling)
+                   'the batch size and the declared record count', sampling)
   from fl_privacy.fl import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
+  schedule = sampling_lib.public_schedule(int(num_examples), int(batch_size), steps_per_epoch)
   if max_batch_size is None:
-    max_batch_size = sampling_lib.max_batch_size(int(num_examples), int(batch_size), 1)
-  # Poisson batches divide by the expected batch size: the realised one is not public.
-  return client.ClientHooks(grad=dp.dp_sgd_hook(float(clip_norm), noise_multiplier,
-                                                float(batch_size)),
-                            batches=sampling_lib.poisson_sampler(int(max_batch_size)))
+    max_batch_size = sampling_lib.max_batch_size(int(num_examples), int(batch_size), 1,
+                                                 rate=schedule.rate)
+  # Poisson batches divide by the expected batch size: the realised one is not public. The
+  # schedule (rate, steps) and the reported count are public too (`fl.sampling`).
+  return client.ClientHooks(
+      grad=dp.dp_sgd_hook(float(clip_norm), noise_multiplier, float(batch_size)),
+      batches=sampling_lib.poisson_sampler(int(max_batch_size), num_examples=int(num_examples),
+                                           batch_size=int(batch_size),
+                                           steps_per_epoch=schedule.steps_per_epoch),
+      report=client.report_public(float(num_examples)))
+
+
+# Client-level guarantees against the server: the client's size is part of what is protected,
+# so it reports one unit (equal FedAvg weights, as DP-FedAvg's fixed weights), not its rows.
+_EQUAL_WEIGHTS = client.report_public(1.0)
 
 
 def _update_dp(clip_norm, noise_multiplier):
-  return client.ClientHooks(upload=dp.update_dp_hook(float(clip_norm), noise_multiplier))
+  return client.ClientHooks(upload=dp.update_dp_hook(float(clip_norm), noise_multiplier),
+                            report=_EQUAL_WEIGHTS)
 
 
 def _central_dp(clip_norm, noise_multiplier):
@@ -276,7 +307,7 @@ def _ldp_sgd(epsilon, clip_norm):
   def upload(key, delta, aux):
     del aux
     return ldp_sgd_upload(key, delta, e, c)
-  return client.ClientHooks(upload=upload)
+  return client.ClientHooks(upload=upload, report=_EQUAL_WEIGHTS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,7 +315,7 @@ def _ldp_sgd(epsilon, clip_norm):
 
 
 def _declare_dp_sgd(p: dict, s: Setting) -> accounting.Declaration:
-  steps = int(s.epochs) * int(s.steps_per_epoch) * int(s.rounds)
+  steps = int(s.epochs) * steps_per_epoch(s) * int(s.rounds)
   return accounting.dp_sgd(batch_size=int(s.batch_size), num_examples=int(s.num_examples),
                            steps=steps, epochs=int(s.epochs) * int(s.rounds),
                            sampling=p.get('sampling', 'shuffle'),
@@ -348,14 +379,15 @@ DEFENSES: dict[str, Defense] = {d.name: d for d in (
             'FedMIA paper, augmentation + sampling', strength='fraction',
             defaults={'pad': None, 'image_shape': None, 'jitter': data.DEFAULT_JITTER,
                       'value_range': (0.0, 1.0)}),
-    Defense('dp_sgd', 'dp', ('grad', 'batches'),
+    Defense('dp_sgd', 'dp', ('grad', 'batches', 'report'),
             {**_DP, 'sampling': 'dp_sgd_sampling', 'batch_size': 'batch_size',
-             'num_examples': 'num_examples', 'max_batch_size': 'max_batch_size'}, _dp_sgd,
+             'num_examples': 'num_examples', 'max_batch_size': 'max_batch_size',
+             'steps_per_epoch': 'steps_per_epoch'}, _dp_sgd,
             'Abadi et al. 2016, Algorithm 1', protects='server', declare=_declare_dp_sgd,
             strength='noise_multiplier',
             defaults={'sampling': 'shuffle', 'batch_size': None, 'num_examples': None,
-                      'max_batch_size': None}),
-    Defense('update_dp', 'dp', ('upload',), dict(_DP), _update_dp,
+                      'max_batch_size': None, 'steps_per_epoch': None}),
+    Defense('update_dp', 'dp', ('upload', 'report'), dict(_DP), _update_dp,
             'FedMIA paper, Appendix A.2.1 (DP on the update, before upload)', protects='server',
             declare=_declare_update_dp, strength='noise_multiplier'),
     Defense('central_dp', 'dp', ('aggregate',), dict(_DP), _central_dp,
@@ -373,7 +405,8 @@ DEFENSES: dict[str, Defense] = {d.name: d for d in (
             _input_mechanism('gaussian'), 'Gaussian mechanism, AMI paper Appendix E',
             defaults={'sigma': None}, passthrough=('epsilon', 'delta', 'sensitivity'),
             protects='server', declare=_declare_gaussian),
-    Defense('ldp_sgd', 'mechanism', ('upload',), {'epsilon': 'epsilon', 'clip_norm': 'clip_norm'},
+    Defense('ldp_sgd', 'mechanism', ('upload', 'report'),
+            {'epsilon': 'epsilon', 'clip_norm': 'clip_norm'},
             _ldp_sgd, 'LDP-SGD, Algorithm 1 of the LDP-audit paper', protects='server',
             declare=_declare_ldp_sgd),
 )}
@@ -484,11 +517,12 @@ def dp_metrics(name: str, params: dict, setting: Setting, *, noise_multiplier: f
   if decl.sampling == 'poisson' and decl.max_batch_size is not None:
     from fl_privacy.fl import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
     metrics['dp_max_batch_size'] = int(decl.max_batch_size)
+    metrics['dp_public_examples'] = int(setting.num_examples)
+    metrics['dp_steps_per_epoch'] = steps_per_epoch(setting)
     n = int(setting.max_examples or setting.num_examples)
-    per_epoch = max(int(setting.steps_per_epoch), -(-n // int(setting.batch_size)))
     metrics['dp_overflow_probability'] = sampling_lib.overflow_probability(
-        n, min(1.0, int(setting.batch_size) / n), int(decl.max_batch_size),
-        int(setting.epochs) * per_epoch * int(setting.rounds))
+        n, poisson_rate(setting), int(decl.max_batch_size),
+        int(setting.epochs) * steps_per_epoch(setting) * int(setting.rounds))
   if not math.isfinite(metrics['dp_epsilon']):
     metrics['dp_epsilon'] = math.inf
   return noise_multiplier, metrics

@@ -14,6 +14,7 @@ own key:
 | `upload` | once, after training | `(key, delta, aux) -> delta` | returns `delta` |
 | `aggregate` | on the server, once per round | `(key, uploads, weights) -> mean update` | None: weighted mean |
 | `batches` | once per round, after `data` | `(key, mask, *, epochs, batch_size) -> (indices [E, S, Bmax], row_masks [E, S, Bmax], step_masks [E, S])` | None: `local.masked_batch_order` (or `batch_order`) |
+| `report` | on the server, once per round | `(num_examples [K]) -> reported [K]` | None: the real row counts |
 
 `mask` marks the real rows of a padded shard or batch (1.0 real, 0.0 padding); `aux` is the
 client's auxiliary pytree (for example a held-out batch a regulariser reads), or None. Labels
@@ -28,6 +29,12 @@ None the step differentiates the batch's mean loss directly, which is what plain
 for DP-SGD, `sampling.poisson_sampler`). It always takes the masked path (a shard without a mask
 gets an all-ones one); a step with `step_masks` 1 runs even when its row masks are all zero
 (DP-SGD noises an empty batch too), a step with `step_masks` 0 is skipped.
+
+`report` is what a client tells the server about its data beside its upload: the example count
+FedAvg weighs it by (`rounds.run`). A real row count is a private number: a record-level
+add/remove guarantee, or a client-level one, that the server's adversary is held to must not
+reveal it, so DP-SGD's Poisson schedule and the client-level DP defenses against the server
+report a public constant (`report_public`; a client with no rows still reports 0).
 
 Keys (all from the client's round key `k_tk = fold_in(fold_in(run_key, t), k)`, see
 `rounds.client_key`): minibatch j of epoch e uses `step_key(k_tk, e, j)` and gives `fold_in(., 0)` to
@@ -81,9 +88,28 @@ class ClientHooks(NamedTuple):
   upload: Callable = _identity_upload
   aggregate: Callable | None = None
   batches: Callable | None = None
+  report: Callable | None = None
 
 
 IDENTITY = ClientHooks()
+
+
+def _report_constant(value, num_examples):
+  n = jnp.asarray(num_examples)
+  return jnp.where(n > 0, jnp.asarray(value, n.dtype), jnp.zeros_like(n))
+
+
+def report_public(value: float) -> Callable:
+  """A `report` hook: every client with rows reports `value` (a public count), one without
+  rows 0. A `jax.tree_util.Partial` whose value is an operand, so a jitted training that takes
+  the hooks' Partials as traced operands compiles once for every value."""
+  return jax.tree_util.Partial(_report_constant, float(value))
+
+
+def reported_sizes(hooks: 'ClientHooks', num_examples) -> jnp.ndarray:
+  """The example counts the server weighs clients by: `hooks.report` of the real counts."""
+  n = jnp.asarray(num_examples)
+  return n if hooks.report is None else jnp.asarray(hooks.report(n), n.dtype)
 
 
 def is_identity(hooks: ClientHooks) -> bool:

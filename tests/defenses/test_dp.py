@@ -183,3 +183,91 @@ def test_dp_sgd_trains_through_fedavg_under_jit():
   moved = np.sqrt(sum(float(jnp.sum((a - b) ** 2)) for a, b in
                       zip(jax.tree.leaves(out), jax.tree.leaves(params))))
   assert 0 < moved <= 3 * 1e-3 + 1e-7
+
+
+# ----------------------------------------------------------------------------------------------
+# dp_sgd_hook / central_dp_hook: Partials over (C, z[, denominator]), operands under jit.
+
+
+def _uploads(k=4, seed=1):
+  rng = np.random.default_rng(seed)
+  return {'w': jnp.asarray(rng.normal(size=(k, 6, 5)), jnp.float32),
+          'b': jnp.asarray(rng.normal(size=(k, 5)) * 0.1, jnp.float32)}
+
+
+@pytest.mark.parametrize('denominator', [None, 4.0])
+def test_dp_sgd_hook_is_a_partial_giving_private_gradients_numbers(denominator):
+  """The hook is a `jax.tree_util.Partial` and gives `private_gradient(key, g, mask, C, z,
+  denominator)`'s numbers (float32 rounding of z C apart)."""
+  g, mask = _per_example(), jnp.asarray([1.0] * 12 + [0.0] * 4)
+  hook = dp.dp_sgd_hook(0.8, 1.3, denominator)
+  assert isinstance(hook, jax.tree_util.Partial)
+  for seed in range(3):
+    key = jax.random.key(seed)
+    want = dp.private_gradient(key, g, mask, 0.8, 1.3, denominator)
+    for out in (hook(key, g, mask), jax.jit(hook)(key, g, mask)):
+      for k in g:
+        np.testing.assert_allclose(out[k], want[k], rtol=1e-6, atol=1e-7)
+  # The denominator is honoured: 4 divides where 12 real rows would.
+  if denominator is not None:
+    plain = dp.private_gradient(jax.random.key(0), g, mask, 0.8, 1.3)
+    np.testing.assert_allclose(hook(jax.random.key(0), g, mask)['b'], plain['b'] * 3,
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_central_dp_hook_is_a_partial_giving_dp_fedavgs_numbers():
+  uploads, weights = _uploads(), jnp.asarray([3.0, 0.0, 1.0, 8.0])
+  hook = dp.central_dp_hook(1.5, 0.7)
+  assert isinstance(hook, jax.tree_util.Partial)
+  for seed in range(3):
+    key = jax.random.key(seed)
+    want = dp.dp_fedavg(key, uploads, weights, 1.5, 0.7)
+    for out in (hook(key, uploads, weights), jax.jit(hook)(key, uploads, weights)):
+      for k in uploads:
+        np.testing.assert_allclose(out[k], want[k], rtol=1e-6, atol=1e-7)
+
+
+def test_one_compilation_serves_two_noise_multipliers():
+  """A jitted function that takes the hook as an argument traces once for z = 0.5 and z = 2.0
+  (C and z are leaves, not static) and still gives each z's numbers: `dp_sgd_hook`,
+  `central_dp_hook`, and the dp_sgd hook inside a jitted `local.fedavg`."""
+  g, mask = _per_example(), jnp.ones(16)
+  uploads, weights = _uploads(), jnp.ones(4)
+  key = jax.random.key(3)
+  traces = []
+
+  @jax.jit
+  def step(grad_hook, aggregate_hook):
+    traces.append(1)
+    return grad_hook(key, g, mask), aggregate_hook(key, uploads, weights)
+
+  for z in (0.5, 2.0):
+    grad, mean = step(dp.dp_sgd_hook(1.0, z), dp.central_dp_hook(1.0, z))
+    want_grad = dp.private_gradient(key, g, mask, 1.0, z)
+    want_mean = dp.dp_fedavg(key, uploads, weights, 1.0, z)
+    for k in g:
+      np.testing.assert_allclose(grad[k], want_grad[k], rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(mean[k], want_mean[k], rtol=1e-6, atol=1e-7)
+  assert len(traces) == 1
+
+  model = models.MLP(hidden=(4,), num_classes=3)
+  x = jax.random.normal(jax.random.key(0), (12, 5))
+  y = jnp.arange(12) % 3
+  params = model.init(jax.random.key(1), x[:1])
+  loss_fn = losses.make_loss_fn(model.apply)
+  kw = dict(key=jax.random.key(2), optimizer=optax.sgd(0.5), epochs=1, batch_size=4)
+  trains = []
+
+  @jax.jit
+  def train(grad_hook, p):
+    trains.append(1)
+    return local.fedavg(loss_fn, p, x, y, hooks=defenses.ClientHooks(grad=grad_hook), **kw)
+
+  outs = [train(dp.dp_sgd_hook(1.0, z), params) for z in (0.5, 2.0)]
+  assert len(trains) == 1
+  for z, out in zip((0.5, 2.0), outs):
+    want = local.fedavg(loss_fn, params, x, y, hooks=defenses.make(
+        'dp_sgd', clip_norm=1.0, noise_multiplier=z), **kw)
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(outs[0]['params']['fc1']['kernel'], outs[1]['params']['fc1']['kernel'])

@@ -114,8 +114,8 @@ def test_combine_nests_loss_hooks_the_later_wrapping_the_earlier():
                    ('base', 6, 4, 'y210', None)]
 
 
-@pytest.mark.parametrize('point', ['grad', 'aggregate', 'batches'])
-def test_combine_takes_at_most_one_grad_aggregate_or_batches_hook(point):
+@pytest.mark.parametrize('point', ['grad', 'aggregate', 'batches', 'report'])
+def test_combine_takes_at_most_one_grad_aggregate_batches_or_report_hook(point):
   f, g = (lambda *a: 'f'), (lambda *a: 'g')
   one = defenses.combine(client.IDENTITY, client.ClientHooks(**{point: f}), client.IDENTITY)
   assert getattr(one, point) is f
@@ -132,7 +132,22 @@ def test_combine_of_one_hook_is_that_hook():
     del key, aux
     return delta
   h = client.ClientHooks(data=lambda *a: a, batch=lambda *a: a, loss=lambda *a: a, upload=up,
-                         grad=up, aggregate=up, batches=up)
+                         grad=up, aggregate=up, batches=up, report=client.report_public(2.0))
   assert defenses.combine(h) == h
   assert defenses.combine(client.IDENTITY, h, client.IDENTITY) == h
   assert defenses.combine() == client.IDENTITY
+
+
+def test_combine_keeps_a_defenses_report_hook_and_refuses_a_second_one():
+  """update_dp reports one unit per client (equal weights); combined with a defense without a
+  report hook it still does, and with another report hook `combine` refuses, whatever values
+  the two would report (the server can weigh by one count only)."""
+  dp_upload = defenses.make('update_dp', clip_norm=1.0, noise_multiplier=0.5)
+  both = defenses.combine(defenses.make('sampling', fraction=0.5), dp_upload)
+  assert both.report is dp_upload.report and both.data is not client.IDENTITY.data
+  np.testing.assert_array_equal(client.reported_sizes(both, np.asarray([7.0, 0.0, 2.0])),
+                                [1.0, 0.0, 1.0])
+  for other in (client.ClientHooks(report=client.report_public(1.0)),
+                defenses.make('ldp_sgd', epsilon=1.0, clip_norm=1.0)):
+    with pytest.raises(ValueError, match=r'^at most one report hook can be combined \(got 2\)$'):
+      defenses.combine(dp_upload, other)

@@ -213,12 +213,15 @@ def test_poisson_batch_is_sized_for_the_largest_client():
   setting = defenses.Setting(batch_size=10, num_examples=50, max_examples=400, epochs=2,
                              steps_per_epoch=5, rounds=3)
   b = registry.poisson_max_batch(setting)
-  steps = 2 * 40 * 3  # the largest client walks ceil(400 / 10) steps an epoch
-  assert sampling.overflow_probability(400, 10 / 400, b, steps) <= 1e-12
-  assert sampling.overflow_probability(400, 10 / 400, b - 1, steps) > 1e-12
+  # Every client, the largest too, runs the public schedule: the declared 5 steps an epoch at
+  # q = 10 / 50, so the 400-row client's batch is Binomial(400, 0.2).
+  steps = 2 * 5 * 3
+  assert sampling.overflow_probability(400, 10 / 50, b, steps) <= 1e-12
+  assert sampling.overflow_probability(400, 10 / 50, b - 1, steps) > 1e-12
   assert registry.poisson_max_batch(setting._replace(max_examples=None)) < b
   section = digits.get_config().defense
   section.name = 'dp_sgd'
   got = defenses.configure(section, setting, experiment='dishonest_mia').metrics
   assert got['dp_max_batch_size'] == b and got['dp_overflow_probability'] <= 1e-12
-  assert got['dp_sampling_rate'] == pytest.approx(10 / 50)  # the smallest client's q
+  assert got['dp_sampling_rate'] == pytest.approx(10 / 50)  # the public q of the declared N
+  assert (got['dp_public_examples'], got['dp_steps_per_epoch']) == (50, 5)

@@ -60,6 +60,7 @@ RULES = {
     'max_batch_size': ('None or an integer >= 1', (None, 1, 7), (0, 1.0)),
     'num_examples': ('None or an integer >= 1', (None, 1), (0, 2.5)),
     'batch_size': ('None or an integer >= 1', (None, 1), (0, -3)),
+    'steps_per_epoch': ('None or an integer >= 1', (None, 1, 7), (0, 2.5)),
 }
 
 # field -> (default, read from the defense section)
@@ -73,6 +74,7 @@ DEFAULTS = {
     'num_classes': (None, False), 'image_shape': (None, False),
     'value_range': ((0.0, 1.0), False), 'max_batch_size': (None, False),
     'num_examples': (None, False), 'batch_size': (None, False),
+    'steps_per_epoch': (None, False),
 }
 
 
@@ -107,7 +109,8 @@ def test_field_dataclass_defaults():
 
 
 def test_setting_defaults():
-  assert tuple(S()) == (10, None, (0.0, 1.0), 1, 1, 1, 1, 1, 1, None, None)
+  # steps_per_epoch None: the public schedule's ceil(num_examples / batch_size).
+  assert tuple(S()) == (10, None, (0.0, 1.0), 1, 1, 1, None, 1, 1, None, None)
   assert S._fields == ('num_classes', 'image_shape', 'value_range', 'batch_size',
                        'num_examples', 'epochs', 'steps_per_epoch', 'rounds', 'num_clients',
                        'participants', 'max_examples')
@@ -134,12 +137,13 @@ SPEC = {  # name: family, hooks, params, protects, strength, passthrough, declar
                           'image_shape': 'image_shape', 'jitter': 'augment_jitter',
                           'value_range': 'value_range', 'fraction': 'sampling_fraction'},
                          None, 'fraction', (), False),
-    'dp_sgd': ('dp', ('grad', 'batches'),
+    'dp_sgd': ('dp', ('grad', 'batches', 'report'),
                {'clip_norm': 'clip_norm', 'noise_multiplier': 'noise_multiplier',
                 'sampling': 'dp_sgd_sampling', 'batch_size': 'batch_size',
-                'num_examples': 'num_examples', 'max_batch_size': 'max_batch_size'},
+                'num_examples': 'num_examples', 'max_batch_size': 'max_batch_size',
+                'steps_per_epoch': 'steps_per_epoch'},
                'server', 'noise_multiplier', (), True),
-    'update_dp': ('dp', ('upload',), {'clip_norm': 'clip_norm',
+    'update_dp': ('dp', ('upload', 'report'), {'clip_norm': 'clip_norm',
                                       'noise_multiplier': 'noise_multiplier'},
                   'server', 'noise_multiplier', (), True),
     'central_dp': ('dp', ('aggregate',), {'clip_norm': 'clip_norm',
@@ -156,7 +160,7 @@ SPEC = {  # name: family, hooks, params, protects, strength, passthrough, declar
              'rng_bits'), False),
     'gaussian': ('mechanism', ('batch',), {'sigma': 'sigma'}, 'server', None,
                  ('epsilon', 'delta', 'sensitivity'), True),
-    'ldp_sgd': ('mechanism', ('upload',), {'epsilon': 'epsilon', 'clip_norm': 'clip_norm'},
+    'ldp_sgd': ('mechanism', ('upload', 'report'), {'epsilon': 'epsilon', 'clip_norm': 'clip_norm'},
                 'server', None, (), True),
 }
 
@@ -179,7 +183,8 @@ def test_the_specification_table():
   assert registry.DEFENSES['augment'].defaults == aug
   assert registry.DEFENSES['augment_sampling'].defaults == aug
   assert registry.DEFENSES['dp_sgd'].defaults == {'sampling': 'shuffle', 'batch_size': None,
-                                                  'num_examples': None, 'max_batch_size': None}
+                                                  'num_examples': None, 'max_batch_size': None,
+                                                  'steps_per_epoch': None}
   assert registry.DEFENSES['gaussian'].defaults == {'sigma': None}
   assert registry.ADVERSARY == {'ami': 'server', 'dishonest_mia': 'server', 'fedmia': 'server',
                                 'pastel': None, 'duplicates': None, 'ldp_audit': None,
@@ -218,6 +223,21 @@ def test_each_defense_hooks_at_its_points_only(name):
 def test_dp_sgd_shuffle_has_no_batches_hook():
   hooks = registry.make('dp_sgd', clip_norm=1.0, noise_multiplier=1.0)
   assert hooks.grad is not None and hooks.batches is None
+
+
+def test_report_hooks_weigh_clients_by_public_counts():
+  """`report` (the example count a client tells the server, its FedAvg weight): Poisson
+  dp_sgd reports its declared N, the client-level DP defenses against the server (update_dp,
+  ldp_sgd) 1 (equal weights), a client without rows 0; every other defense, shuffle dp_sgd
+  included, has no hook (the real rows)."""
+  n = jnp.asarray([3, 0, 40, 100])
+  public = {'dp_sgd': [40, 0, 40, 40], 'update_dp': [1, 0, 1, 1], 'ldp_sgd': [1, 0, 1, 1]}
+  for name in SPEC:
+    hooks = registry.make(name, **MAKE[name])
+    assert (hooks.report is not None) == (name in public), name
+    np.testing.assert_array_equal(client.reported_sizes(hooks, n), public.get(name, n),
+                                  err_msg=name)
+  assert registry.make('dp_sgd', clip_norm=1.0, noise_multiplier=1.0).report is None
 
 
 @pytest.fixture
@@ -290,17 +310,30 @@ def test_dp_sgd_builder(spies):
   assert h.grad == ('hook', 'dp_sgd_hook') and h.batches == ('hook', 'poisson_sampler')
   assert spies['dp_sgd_hook'] == ((2.0, 0.5, 4.0), {})
   assert type(spies['dp_sgd_hook'][0][2]) is float
-  assert spies['poisson_sampler'] == ((9,), {})
+  # The public schedule: the declared N = 40 and B = 4, S = ceil(40 / 4) = 10 steps an epoch.
+  assert spies['poisson_sampler'] == ((9,), {'num_examples': 40, 'batch_size': 4,
+                                             'steps_per_epoch': 10})
+  assert [type(v) for v in spies['poisson_sampler'][1].values()] == [int, int, int]
+  # The client reports the public N as its FedAvg weight (0 without rows), not its rows.
+  np.testing.assert_array_equal(h.report(jnp.asarray([3, 0, 40, 100])), [40, 0, 40, 40])
+  registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5, sampling='poisson',
+                batch_size=4, num_examples=40, max_batch_size=9, steps_per_epoch=3)
+  assert spies['poisson_sampler'] == ((9,), {'num_examples': 40, 'batch_size': 4,
+                                             'steps_per_epoch': 3})  # declared steps kept
   registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5, sampling='poisson',
                 batch_size=10, num_examples=100)
-  # One step (the hook alone; experiments pass the run's max_batch_size): 36, not 37 for two.
-  assert spies['poisson_sampler'] == ((sampling.max_batch_size(100, 10, 1),), {}) == ((36,), {})
+  # One step (the hook alone; experiments pass the run's max_batch_size) at the public rate
+  # q = 10 / 100: 36, not 37 for two.
+  assert spies['poisson_sampler'][0] == (sampling.max_batch_size(100, 10, 1, rate=0.1),) == (
+      36,)
+  assert spies['poisson_sampler'][1] == {'num_examples': 100, 'batch_size': 10,
+                                         'steps_per_epoch': 10}
   for missing in ({'batch_size': 4}, {'num_examples': 40}):
     with pytest.raises(validate.ConfigError) as e:
       registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5, sampling='poisson', **missing)
     assert e.value.field == 'defense.dp_sgd_sampling'
     assert e.value.allowed == ("'shuffle' where the experiment does not give the batch size "
-                               'and the shard size')
+                               'and the declared record count')
     assert e.value.got == 'poisson'
 
 
@@ -468,6 +501,13 @@ def test_declarations():
   assert (d.unit, d.relation, d.adversary, d.sampling, d.sensitivity, d.compositions,
           d.sampling_rate, d.population, d.max_batch_size) == (
       'record', 'add_remove', 'server', 'poisson', 1.0, 105, 0.1, 40, 11)
+  # steps_per_epoch None: the public schedule's ceil(40 / 4) = 10 steps an epoch, 3 x 10 x 7.
+  d = registry.declaration('dp_sgd', {'sampling': 'poisson', 'max_batch_size': 11},
+                           s._replace(steps_per_epoch=None))
+  assert (d.compositions, d.sampling_rate) == (210, 0.1)
+  d = registry.declaration('dp_sgd', {}, s._replace(steps_per_epoch=None, num_examples=42))
+  assert d == accounting.dp_sgd(batch_size=4, num_examples=42, steps=3 * 11 * 7, epochs=21,
+                                sampling='shuffle')
   d = registry.declaration('update_dp', {'clip_norm': 1.0}, s)
   assert d == _decl(mechanism='update_dp', unit='client', relation='replace_one',
                     adversary='server', sampling='none', sensitivity=2.0, compositions=7)
@@ -595,27 +635,63 @@ def test_dp_metrics_poisson_batch():
   _, m = registry.dp_metrics('dp_sgd', p, s, noise_multiplier=1.0, target_epsilon=None,
                              delta=1e-5)
   assert m['dp_max_batch_size'] == b
-  steps = 2 * 16 * 4  # ceil(80 / 5) = 16 steps per epoch for the largest client
-  assert m['dp_overflow_probability'] == sampling.overflow_probability(80, 5 / 80, b, steps)
+  assert (m['dp_public_examples'], m['dp_steps_per_epoch']) == (50, 3)
+  # Every client runs the public schedule: the declared 3 steps an epoch at q = 5 / 50, the
+  # largest (80 rows) included (its batch is Binomial(80, 0.1)).
+  steps = 2 * 3 * 4
+  assert m['dp_overflow_probability'] == sampling.overflow_probability(80, 0.1, b, steps)
   assert 0 < m['dp_overflow_probability'] <= 1e-12
+  # steps_per_epoch None: ceil(50 / 5) = 10 steps an epoch.
+  s3 = s._replace(steps_per_epoch=None)
+  b3 = registry.poisson_max_batch(s3)
+  _, m = registry.dp_metrics('dp_sgd', {**p, 'max_batch_size': b3}, s3, noise_multiplier=1.0,
+                             target_epsilon=None, delta=1e-5)
+  assert (m['dp_public_examples'], m['dp_steps_per_epoch']) == (50, 10)
+  assert m['dp_overflow_probability'] == sampling.overflow_probability(80, 0.1, b3, 2 * 10 * 4)
+  assert m['dp_compositions'] == 2 * 10 * 4
   s2 = s._replace(steps_per_epoch=20, max_examples=None, batch_size=100)
   _, m = registry.dp_metrics('dp_sgd', {**p, 'max_batch_size': 30}, s2, noise_multiplier=1.0,
                              target_epsilon=None, delta=1e-5)
   assert m['dp_overflow_probability'] == sampling.overflow_probability(50, 1.0, 30, 2 * 20 * 4)
   _, m = registry.dp_metrics('dp_sgd', {'sampling': 'poisson'}, s, noise_multiplier=1.0,
                              target_epsilon=None, delta=1e-5)
-  assert 'dp_max_batch_size' not in m and 'dp_overflow_probability' not in m
+  assert not {'dp_max_batch_size', 'dp_overflow_probability', 'dp_public_examples',
+              'dp_steps_per_epoch'} & set(m)
 
 
 def test_poisson_steps_per_epoch_round_a_partial_batch_up():
-  # n = 28, B = 3: ceil(28 / 3) = 10 steps per epoch (not 9.33), 20 over two rounds; the
-  # padded batch for 20 steps (20) differs from the one for 18.67 steps (19).
-  s = S(batch_size=3, num_examples=28, epochs=1, steps_per_epoch=1, rounds=2)
+  # N = 28, B = 3, steps_per_epoch None: ceil(28 / 3) = 10 steps per epoch (not 9.33), 20 over
+  # two rounds; the padded batch for 20 steps (20) differs from the one for 18.67 steps (19).
+  s = S(batch_size=3, num_examples=28, epochs=1, steps_per_epoch=None, rounds=2)
+  assert registry.steps_per_epoch(s) == 10
   assert registry.poisson_max_batch(s) == sampling.max_batch_size(28, 3, 20) == 20
   assert sampling.max_batch_size(28, 3, 2 * 28 / 3) == 19
   _, m = registry.dp_metrics('dp_sgd', {'sampling': 'poisson', 'max_batch_size': 19}, s,
                              noise_multiplier=1.0, target_epsilon=None, delta=1e-5)
   assert m['dp_overflow_probability'] == sampling.overflow_probability(28, 3 / 28, 19, 20)
+  assert m['dp_steps_per_epoch'] == 10
+  # A declared steps_per_epoch is the schedule's, even below ceil(N / B): 1 step an epoch.
+  one = s._replace(steps_per_epoch=1)
+  assert registry.steps_per_epoch(one) == 1
+  assert registry.poisson_max_batch(one) == sampling.max_batch_size(28, 3, 2) < 20
+
+
+def test_public_schedule_helpers():
+  # steps_per_epoch: the declared count, or ceil(num_examples / batch_size).
+  assert registry.steps_per_epoch(S(batch_size=5, num_examples=50)) == 10
+  assert registry.steps_per_epoch(S(batch_size=5, num_examples=51)) == 11
+  assert registry.steps_per_epoch(S(batch_size=100, num_examples=50)) == 1
+  assert registry.steps_per_epoch(S(batch_size=5, num_examples=50, steps_per_epoch=3)) == 3
+  assert type(registry.steps_per_epoch(S(batch_size=5, num_examples=50))) is int
+  # poisson_rate: min(B / N, 1), of the declared N (never max_examples).
+  assert registry.poisson_rate(S(batch_size=5, num_examples=50)) == 0.1
+  assert registry.poisson_rate(S(batch_size=5, num_examples=50, max_examples=500)) == 0.1
+  assert registry.poisson_rate(S(batch_size=100, num_examples=50)) == 1.0
+  # Both are those of the sampler's public schedule.
+  for s in (S(batch_size=5, num_examples=52), S(batch_size=8, num_examples=80,
+                                                steps_per_epoch=4)):
+    assert sampling.public_schedule(s.num_examples, s.batch_size, s.steps_per_epoch) == (
+        registry.poisson_rate(s), registry.steps_per_epoch(s))
 
 
 def test_dp_metrics_reports_a_non_finite_epsilon_as_inf(monkeypatch):
@@ -629,14 +705,26 @@ def test_dp_metrics_reports_a_non_finite_epsilon_as_inf(monkeypatch):
                'dp_epsilon': math.inf}
 
 def test_poisson_max_batch():
+  # The public schedule: the declared 3 steps an epoch (epochs x steps x rounds = 24 steps) at
+  # q = B / N = 0.1 of the declared N, for the largest shard (max_examples, else N).
   s = S(batch_size=5, num_examples=50, epochs=2, steps_per_epoch=3, rounds=4)
-  assert registry.poisson_max_batch(s) == sampling.max_batch_size(50, 5, 2 * 10 * 4)
+  assert registry.poisson_max_batch(s) == sampling.max_batch_size(50, 5, 2 * 3 * 4, rate=0.1)
   assert registry.poisson_max_batch(s._replace(max_examples=80)) == sampling.max_batch_size(
-      80, 5, 2 * 16 * 4)
+      80, 5, 2 * 3 * 4, rate=0.1)
+  # The public rate on the larger shard needs more slots than its own B / 80 would.
+  assert registry.poisson_max_batch(s._replace(max_examples=80)) > sampling.max_batch_size(
+      80, 5, 2 * 3 * 4)
   assert registry.poisson_max_batch(s._replace(steps_per_epoch=40)) == sampling.max_batch_size(
-      50, 5, 2 * 40 * 4)
+      50, 5, 2 * 40 * 4, rate=0.1)
   assert registry.poisson_max_batch(s._replace(num_examples=52)) == sampling.max_batch_size(
+      52, 5, 2 * 3 * 4, rate=5 / 52)
+  # steps_per_epoch None: ceil(N / B) steps an epoch.
+  none = s._replace(steps_per_epoch=None)
+  assert registry.poisson_max_batch(none) == sampling.max_batch_size(50, 5, 2 * 10 * 4)
+  assert registry.poisson_max_batch(none._replace(num_examples=52)) == sampling.max_batch_size(
       52, 5, 2 * 11 * 4)
+  assert registry.poisson_max_batch(none._replace(max_examples=80)) == sampling.max_batch_size(
+      80, 5, 2 * 10 * 4, rate=0.1)
 
 
 def test_default_pad():
@@ -722,6 +810,8 @@ def test_check_honoured():
 
 CSET = S(num_classes=7, image_shape=(12, 12, 1), value_range=(-1.0, 1.0), batch_size=5,
          num_examples=50, epochs=2, steps_per_epoch=10, rounds=4, num_clients=8)
+# poisson_sampler's keyword arguments for CSET: its public schedule.
+POISSON_CSET = {'num_examples': 50, 'batch_size': 5, 'steps_per_epoch': 10}
 
 
 def test_configure_non_dp(spies):
@@ -789,7 +879,10 @@ def test_configure_dp(spies):
   assert c.declaration.max_batch_size == registry.poisson_max_batch(CSET)
   assert c.metrics['dp_max_batch_size'] == registry.poisson_max_batch(CSET)
   assert spies['dp_sgd_hook'] == ((1.0, 1.0, 5.0), {})
-  assert spies['poisson_sampler'] == ((registry.poisson_max_batch(CSET),), {})
+  # The sampler runs the public schedule of CSET: N = 50, B = 5 and its declared 10 steps.
+  assert spies['poisson_sampler'] == ((registry.poisson_max_batch(CSET),), POISSON_CSET)
+  assert (c.metrics['dp_public_examples'], c.metrics['dp_steps_per_epoch']) == (50, 10)
+  np.testing.assert_array_equal(c.hooks.report(jnp.asarray([7, 0])), [50, 0])
   c = configured.configure(_section('dp_sgd', dp_sgd_sampling='shuffle'), CSET,
                            experiment='fedmia')
   assert c.declaration.sampling == 'shuffle' and c.declaration.max_batch_size is None
@@ -849,7 +942,7 @@ def test_only_poisson_dp_sgd_sizes_a_padded_batch(spies, monkeypatch):
   assert sized == []
   c = configured.configure(_section('dp_sgd'), CSET, experiment='pastel')
   assert sized == [CSET] and c.declaration.max_batch_size == 7
-  assert spies['poisson_sampler'] == ((7,), {})
+  assert spies['poisson_sampler'] == ((7,), POISSON_CSET)
 
 
 def test_validate_sweep():
@@ -934,7 +1027,8 @@ def test_sweep_point_dp(spies, fake_accounting):
                              fixed={'clip_norm': 1.0, 'sampling': 'poisson'})
   b = registry.poisson_max_batch(CSET)
   assert c.declaration.max_batch_size == b and c.metrics['dp_max_batch_size'] == b
-  assert spies['poisson_sampler'] == ((b,), {}) and spies['dp_sgd_hook'] == ((1.0, 0.5, 5.0), {})
+  assert spies['poisson_sampler'] == ((b,), POISSON_CSET)
+  assert spies['dp_sgd_hook'] == ((1.0, 0.5, 5.0), {})
   c = configured.sweep_point('dp_sgd', 0.5, CSET, experiment='fedmia', prefix='p',
                              fixed={'clip_norm': 1.0})
   assert c.declaration.sampling == 'shuffle' and spies['dp_sgd_hook'] == ((1.0, 0.5), {})

@@ -52,7 +52,9 @@ def _changed(hooks) -> set[str]:
 
 
 @pytest.mark.parametrize('name,value,points', [
-    ('update_noise', 0.1, {'upload'}), ('update_dp', 1.0, {'upload'}),
+    # update_dp also reports one unit for FedAvg's weights (a client-level guarantee against
+    # the server hides the client's size).
+    ('update_noise', 0.1, {'upload'}), ('update_dp', 1.0, {'upload', 'report'}),
     ('sparsify', 0.9, {'upload'}), ('quantize', 4, {'upload'}), ('mixup', 0.5, {'batch'}),
     ('augment', 2, {'batch'}), ('sampling', 0.5, {'data'}),
     ('augment_sampling', 0.5, {'batch', 'data'}),

@@ -347,3 +347,45 @@ def test_update_and_apply_update_subtract():
   chex.assert_trees_all_equal(client.apply_update(w, {'a': jnp.asarray([1.0, 1.0]),
                                                       'b': jnp.asarray(-1.0)}),
                               {'a': jnp.asarray([0.0, 1.0]), 'b': jnp.asarray(4.0)})
+
+
+# ----------------------------------------------------------------------------------------------
+# report: what a client tells the server its size is.
+
+
+def test_reported_sizes_are_the_real_counts_without_a_report_hook():
+  n = jnp.asarray([6.0, 0.0, 2.5, 1.0], jnp.float32)
+  got = client.reported_sizes(client.IDENTITY, n)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, n)
+  np.testing.assert_array_equal(client.reported_sizes(client.ClientHooks(), [3, 1]), [3, 1])
+
+
+@pytest.mark.parametrize('value', [1.0, 64.0, 0.5])
+def test_report_public_gives_the_value_to_clients_with_rows_and_zero_to_the_others(value):
+  """Every client with rows reports `value` whatever its count; one without rows 0; the
+  dtype of the counts is kept (float32 weights stay float32)."""
+  n = jnp.asarray([6.0, 0.0, 2.0, 1.0, 1000.0], jnp.float32)
+  hooks = client.ClientHooks(report=client.report_public(value))
+  got = client.reported_sizes(hooks, n)
+  assert got.dtype == jnp.float32 and got.shape == (5,)
+  np.testing.assert_array_equal(got, [value, 0.0, value, value, value])
+  np.testing.assert_array_equal(hooks.report(n), got)
+  assert not client.is_identity(hooks)
+
+
+def test_report_public_is_an_operand_one_compilation_serves_every_value():
+  """`report_public` is a `jax.tree_util.Partial` whose value is a leaf: a jitted function
+  that takes it as an argument traces once for 1.0 and for 64.0 and gives each its value."""
+  assert isinstance(client.report_public(1.0), jax.tree_util.Partial)
+  traces = []
+
+  @jax.jit
+  def weigh(report, n):
+    traces.append(1)
+    return client.reported_sizes(client.ClientHooks(report=report), n)
+
+  n = jnp.asarray([3.0, 0.0, 5.0])
+  np.testing.assert_array_equal(weigh(client.report_public(1.0), n), [1.0, 0.0, 1.0])
+  np.testing.assert_array_equal(weigh(client.report_public(64.0), n), [64.0, 0.0, 64.0])
+  assert len(traces) == 1
