@@ -6,9 +6,10 @@ All functions are pure and take their key, so a batch of independent clients is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.flatten_util  # pylint: disable=unused-import
 import jax.numpy as jnp
 import optax
 
@@ -137,11 +138,34 @@ def _select(flag, new, old):
   return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
+class Step(NamedTuple):
+  """What a `trace` function sees of one local step (`fedavg`): an instrument for audits that
+  read every noisy step (the white-box adversary of DP-SGD, Nasr et al. 2023) and for side
+  channels (how many steps ran).
+
+  Attributes:
+    key: the step's key (`client.step_key`).
+    params: the parameters the step starts from.
+    indices: [W] the shard rows of the step's batch (W = B, or the sampler's slots).
+    row_mask: [W] 1.0 for the batch's real rows (after the `batch` hook).
+    per_example: per-example gradients [W, ...] the `grad` hook received (None without one).
+    grad: the step's gradient (the `grad` hook's output, e.g. DP-SGD's noisy mean).
+    live: 1.0 when the step ran (changed the parameters), 0.0 for a skipped padding step.
+  """
+  key: Any
+  params: Any
+  indices: Any
+  row_mask: Any
+  per_example: Any
+  grad: Any
+  live: Any
+
+
 def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
            key, optimizer: optax.GradientTransformation, epochs: int,
            batch_size: int, shuffle: bool = True,
            hooks: client.ClientHooks | None = None, mask: jnp.ndarray | None = None,
-           aux: Any = None) -> Any:
+           aux: Any = None, trace: Callable[[Step], Any] | None = None) -> Any:
   """FedAvg client update: E epochs of minibatch training from `params`.
 
   Algorithm 1 (ClientUpdate) of McMahan et al. (2017), with any optax
@@ -178,14 +202,17 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
     hooks: `fl.client.ClientHooks`; None is plain FedAvg.
     mask: Optional [N] float mask of real rows.
     aux: The client's auxiliary pytree, handed to the hooks.
+    trace: Optional `trace(Step) -> pytree`, called at every local step (padding steps
+      included, with `live` 0); its results are stacked over the E x S steps. It observes and
+      changes nothing.
 
   Returns:
-    The client's local parameters after training.
+    The client's local parameters after training; with `trace`, (parameters, traces).
   """
   hooks = client.IDENTITY if hooks is None else hooks
   x, y = jnp.asarray(x), jnp.asarray(y)
   mask = None if mask is None else jnp.asarray(mask, jnp.float32)
-  if client.is_identity(hooks) and mask is None:
+  if client.is_identity(hooks) and mask is None and trace is None:
     order = batch_order(key, x.shape[0], epochs=epochs, batch_size=batch_size,
                         shuffle=shuffle)
     grad_fn = jax.grad(loss_fn)
@@ -230,16 +257,17 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
     return hooks.loss(k, loss_fn, p, xb, yb, mb, aux)
 
   def step_grad(p, k, xb, yb, mb):
+    """(the step's gradient, the per-example gradients the `grad` hook saw or None)."""
     k_loss, k_grad = jax.random.fold_in(k, 1), jax.random.fold_in(k, 2)
     if hooks.grad is None:
-      return jax.grad(batch_loss)(p, k_loss, xb, yb, mb)
+      return jax.grad(batch_loss)(p, k_loss, xb, yb, mb), None
     mb_rows = jnp.ones(xb.shape[0], jnp.float32) if mb is None else mb
 
     def one(xi, yi, mi):
       return jax.grad(batch_loss)(p, k_loss, xi[None], yi[None], mi[None])
 
     per_example = jax.vmap(one)(xb, yb, mb_rows)
-    return hooks.grad(k_grad, per_example, mb_rows)
+    return hooks.grad(k_grad, per_example, mb_rows), per_example
 
   def step(carry, inputs):
     p, state = carry
@@ -252,13 +280,20 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
       idx, pos, mb, live = inputs
     k = client.step_key(key, pos[0], pos[1])
     xb, yb, mb = hooks.batch(jax.random.fold_in(k, 0), x[idx], y[idx], mb, aux)
-    updates, new_state = optimizer.update(step_grad(p, k, xb, yb, mb), state, p)
+    g, per_example = step_grad(p, k, xb, yb, mb)
+    updates, new_state = optimizer.update(g, state, p)
     new_p = optax.apply_updates(p, updates)
+    real = jnp.asarray(True)
     if mb is not None:
       # A sampler's real step runs even on an empty batch (DP-SGD still adds its noise).
       real = jnp.any(mb > 0) if step_masks is None else live > 0
       new_p, new_state = _select(real, new_p, p), _select(real, new_state, state)
-    return (new_p, new_state), None
+    seen = None
+    if trace is not None:
+      rows = jnp.ones(idx.shape[0], jnp.float32) if mb is None else mb
+      seen = trace(Step(key=k, params=p, indices=idx, row_mask=rows, per_example=per_example,
+                        grad=g, live=real.astype(jnp.float32)))
+    return (new_p, new_state), seen
 
   if row_masks is None:
     xs = (order, positions)
@@ -266,26 +301,48 @@ def fedavg(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
     xs = (order, positions, row_masks)
   else:
     xs = (order, positions, row_masks, step_masks.reshape(epochs * steps))
-  (params, _), _ = jax.lax.scan(step, (params, optimizer.init(params)), xs)
-  return params
+  (params, _), traces = jax.lax.scan(step, (params, optimizer.init(params)), xs)
+  return params if trace is None else (params, traces)
 
 
 def client_update(loss_fn: LossFn, params: Any, x: jnp.ndarray, y: jnp.ndarray, *,
                   key, hooks: client.ClientHooks | None = None,
                   mask: jnp.ndarray | None = None, aux: Any = None,
-                  **fedavg_kw) -> tuple[Any, Any]:
+                  trace: Callable[[Step], Any] | None = None, **fedavg_kw) -> tuple:
   """One client's round: `fedavg` with hooks, then the `upload` hook on Delta.
 
   Args:
-    loss_fn, params, x, y, key, hooks, mask, aux: as in `fedavg`.
+    loss_fn, params, x, y, key, hooks, mask, aux, trace: as in `fedavg`.
     **fedavg_kw: `optimizer`, `epochs`, `batch_size`, `shuffle`.
 
   Returns:
     (upload, local_params): the (possibly transformed) update Delta = w_t - w_local the
-    server receives, and the client's trained parameters.
+    server receives, and the client's trained parameters; with `trace`, (upload,
+    local_params, traces).
   """
   hooks = client.IDENTITY if hooks is None else hooks
-  local = fedavg(loss_fn, params, x, y, key=key, hooks=hooks, mask=mask, aux=aux,
-                 **fedavg_kw)
+  trained = fedavg(loss_fn, params, x, y, key=key, hooks=hooks, mask=mask, aux=aux,
+                   trace=trace, **fedavg_kw)
+  local, traces = (trained, None) if trace is None else trained
   delta = client.update(params, local)
-  return hooks.upload(client.upload_key(key), delta, aux), local
+  upload = hooks.upload(client.upload_key(key), delta, aux)
+  return (upload, local) if trace is None else (upload, local, traces)
+
+
+def canary_loss(params: Any, x: jnp.ndarray, y: jnp.ndarray, mask: jnp.ndarray | None = None
+                ) -> jnp.ndarray:
+  """A canary client's local loss: <d, w> for the flattened parameters w and the canary's
+  update d, handed in as its one input row (x [1, P]). Its gradient is d whatever w, so one
+  step of SGD at rate 1 (`CANARY_OPTIMIZER`, `CANARY_EPOCHS`, `CANARY_BATCH`) gives the update
+  Delta = w - (w - d) = d, to within the float rounding of w - d (an ulp of w): a canary
+  client trains through `client_update` like any client and its upload is the defense's
+  `upload` hook of that update (Andrew et al., ICLR 2024, arXiv:2302.03098, Sect. 3: a canary
+  client's update is a fixed direction)."""
+  del y, mask
+  flat = jax.flatten_util.ravel_pytree(params)[0]
+  return jnp.vdot(x[0].astype(flat.dtype), flat)
+
+
+CANARY_OPTIMIZER = optax.sgd(1.0)
+CANARY_EPOCHS = 1
+CANARY_BATCH = 1

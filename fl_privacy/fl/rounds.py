@@ -1,9 +1,10 @@
 """The federated round loop: clients with hooks, uploads aggregated, observations reduced.
 
-Round t: a fraction of the K clients is drawn (by key); every client k trains from the global
-parameters w_t with `local.client_update` and its round key `client_key(key, t, k)`; the
-server averages the participants' *uploads* (after the `upload` hook), weighted by their
-number of real examples, through the `aggregate` hook when there is one, and steps
+Round t: a fraction of the K clients is drawn (by key); every participant k trains from the
+global parameters w_t with `local.client_update` and its round key `client_key(key, t, k)` (the
+others do nothing); the server averages the participants' *uploads* (after the `upload` hook),
+weighted by the example counts they report (their real rows, or the public count of a defense's
+`report` hook), through the `aggregate` hook when there is one, and steps
 w_{t+1} = w_t - mean upload. An `observe` function sees what the server sees, each
 (round, client, upload), and its per-round result is folded into a running state by `reduce`
 inside the loop, so T x K updates are never stacked in memory. Clients are vmapped (unequal
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -107,40 +109,53 @@ def _check_participation(fraction: float) -> None:
     raise ValueError(f'participation fraction must be in (0, 1] (got {fraction})')
 
 
-def participants(key, round_index, num_clients: int, fraction: float) -> jnp.ndarray:
-  """The clients that take part in round t: exactly max(1, round(fraction K)), uniformly.
+def participant_indices(key, round_index, num_clients: int, fraction: float) -> jnp.ndarray:
+  """The indices, in increasing order, of the max(1, round(fraction K)) clients that take part
+  in round t, drawn uniformly without replacement with
+  `fold_in(fold_in(key, t), PARTICIPATION_SALT)`, independent of the clients' own keys."""
+  _check_participation(fraction)
+  if fraction == 1:
+    return jnp.arange(num_clients)
+  count = max(1, int(round(fraction * num_clients)))
+  k = jax.random.fold_in(jax.random.fold_in(key, round_index), PARTICIPATION_SALT)
+  return jnp.sort(jax.random.permutation(k, num_clients)[:count])
 
-  Drawn with `fold_in(fold_in(key, t), PARTICIPATION_SALT)`, independent of the clients'
-  own keys. Returns a bool [K] (all True when `fraction` is 1).
-  """
+
+def participants(key, round_index, num_clients: int, fraction: float) -> jnp.ndarray:
+  """The clients that take part in round t as a bool [K]: `participant_indices` (all True when
+  `fraction` is 1)."""
   _check_participation(fraction)
   if fraction == 1:
     return jnp.ones(num_clients, bool)
-  count = max(1, int(round(fraction * num_clients)))
-  k = jax.random.fold_in(jax.random.fold_in(key, round_index), PARTICIPATION_SALT)
-  chosen = jax.random.permutation(k, num_clients)[:count]
+  chosen = participant_indices(key, round_index, num_clients, fraction)
   return jnp.zeros(num_clients, bool).at[chosen].set(True)
 
 
 class Injected(NamedTuple):
-  """Clients whose raw update the caller fixes: the canary clients of a training audit.
+  """Canary clients whose update the caller fixes (a training audit's canary clients).
 
-  Injected client j (global index K + j) takes part in the round loop like any client: it is
-  drawn by `participants` among all K + J clients, its update goes through the protocol's
-  `upload` hook with its own key (`client.upload_key(client_key(key, t, K + j))`, aux None),
-  the server weighs it by `sizes[j]` and its `aggregate` hook sees it, and `observe` sees its
-  upload. Only its local training is replaced: its update before the upload hook is
-  `deltas[j]`, every round (Andrew et al., "One-shot Empirical Privacy Estimation for Federated
-  Learning", ICLR 2024, arXiv:2302.03098, Sect. 3: a canary client's update is a fixed
-  direction).
+  Injected client j (global index K + j) is a client of the round loop: it trains through
+  `local.client_update` with its own round key `client_key(key, t, K + j)`, its shard being
+  one row, the flattened `deltas[j]`, and its local training `local.canary_loss` (one SGD step
+  at rate 1 whose update is `deltas[j]` to within the float rounding of w - (w - d), an ulp of
+  w: Andrew et al., "One-shot Empirical Privacy Estimation for Federated Learning", ICLR 2024,
+  arXiv:2302.03098, Sect. 3); its upload is the protocol's `upload` hook of that update, as for
+  every client (the per-step hooks, which shape a real shard's training, do not act on it).
+  The server weighs it by its reported `sizes[j]` (`client.reported_sizes`), its `aggregate`
+  hook sees it, `observe` sees its upload.
 
   Attributes:
     deltas: pytree like the parameters with leading axis J.
-    sizes: [J] the example counts the injected clients report (FedAvg's weights n_j; 0 keeps
-      a client out of every weighted mean and of DP-FedAvg's participants).
+    sizes: [J] the example counts the injected clients have (0 keeps a client out of every
+      weighted mean and of DP-FedAvg's participants).
+    always: False: drawn by the round's participation among all K + J clients, like the real
+      ones; True: every canary takes part in every round and the participation fraction draws
+      the real clients only (the server's own choice, which a declaration against the server
+      allows: it picks who takes part).
   """
   deltas: Any
   sizes: Any
+  always: bool = False
 
 
 class RoundsLog(NamedTuple):
@@ -161,6 +176,10 @@ def _keep_last(state, round_index, seen, part):
   return seen
 
 
+def _take(tree, idx):
+  return jax.tree_util.tree_map(lambda a: a[idx], tree)
+
+
 def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: int,
         optimizer: optax.GradientTransformation | Callable[[Any], optax.GradientTransformation],
         epochs: int, batch_size: int, shuffle: bool = True,
@@ -168,8 +187,16 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
         observe: Callable[..., Any] | None = None,
         reduce: Callable[[Any, Any, Any, Any], Any] | None = None, init: Any = None,
         evaluate: Callable[[Any], Any] | None = None,
-        first_round: int = 0, injected: Injected | None = None) -> tuple[Any, RoundsLog]:
+        first_round: int = 0, injected: Injected | None = None,
+        trace: Callable[[local.Step], Any] | None = None) -> tuple[Any, RoundsLog]:
   """Runs rounds first_round .. first_round + num_rounds - 1 of FedAvg with hooks.
+
+  Only the clients that take part train: with `participation` < 1 the round's participants
+  (`participant_indices`, a fixed count) are gathered and trained, the others neither train nor
+  upload. (When canaries are drawn with the real clients, each drawn slot runs both a real
+  training and a canary's, on a clipped index, and keeps the one its index names: the count
+  of each kind is not static. The discarded one has no effect.) The server weighs each upload by the example count its client reports
+  (`client.reported_sizes`: the real rows, or a public count a defense's `report` hook gives).
 
   Args:
     loss_fn: `loss_fn(params, x, y, mask=None) -> scalar` (see `losses.make_loss_fn`).
@@ -184,8 +211,10 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     shuffle: Reshuffle every epoch.
     hooks: `fl.client.ClientHooks` of every client (None: plain FedAvg).
     participation: Fraction of clients per round, in (0, 1].
-    observe: `observe(key, t, k, global_params, upload) -> pytree`, vmapped over clients (key
-      is `fold_in(client_key, OBSERVE_SALT)`); its [K, ...] result is passed to `reduce`.
+    observe: `observe(key, t, k, global_params, upload) -> pytree` (with `trace`, also the
+      client's stacked traces as a sixth argument; an injected client's are zeros), vmapped
+      over the round's participants (key is `fold_in(client_key, OBSERVE_SALT)`); the [K, ...]
+      result, zeros for the clients that did not take part, is passed to `reduce`.
     reduce: `reduce(state, t, seen [K, ...], participants [K]) -> state`, starting from
       `init`; default keeps the last round's observations.
     init: Initial `reduce` state (must have the shape `reduce` returns; for the default it
@@ -195,6 +224,8 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     first_round: Global index of the first round, so that a run in segments equals one run.
     injected: `Injected` clients K .. K + J - 1 (a training audit's canary clients), or None.
       `observe`'s and `reduce`'s client axis and `participants` then have K + J entries.
+    trace: `local.Step -> pytree`, handed to every real client's `local.fedavg` (see there);
+      the stacked traces go to `observe`.
 
   Returns:
     (w_{first_round + T}, `RoundsLog`).
@@ -212,36 +243,95 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
                        'observations')
   sizes = clients.sizes()
   num_injected = 0
+  canary_rows = None
   if injected is not None:
     num_injected = int(jnp.shape(injected.sizes)[0])
     sizes = jnp.concatenate([sizes, jnp.asarray(injected.sizes, sizes.dtype)])
+    canary_rows = jax.vmap(lambda d: flatten_util.ravel_pytree(d)[0])(injected.deltas)[:, None]
+  reported = client.reported_sizes(hooks, sizes)
   total = num_clients + num_injected
   ids = jnp.arange(total)
   per_round_optimizer = not isinstance(optimizer, optax.GradientTransformation)
+  always = injected is not None and bool(injected.always)
+
+  def real_update(global_params, opt, t, x, y, mask, aux, k):
+    out = local.client_update(
+        loss_fn, global_params, x, y, key=client_key(key, t, k), hooks=hooks, mask=mask,
+        aux=aux, optimizer=opt, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+        trace=trace)
+    return (out[0], None) if trace is None else (out[0], out[2])
+
+  # A canary's shard is its update: the per-step hooks that shape a real shard's training
+  # (data, batch, loss, grad, a sampler) have nothing to act on; its upload hook and keys are
+  # every client's.
+  canary_hooks = client.ClientHooks(upload=hooks.upload)
+
+  def canary_update(global_params, t, row, k):
+    upload, _ = local.client_update(
+        local.canary_loss, global_params, row, jnp.zeros((1,), jnp.int32),
+        key=client_key(key, t, k), hooks=canary_hooks, optimizer=local.CANARY_OPTIMIZER,
+        epochs=local.CANARY_EPOCHS, batch_size=local.CANARY_BATCH)
+    return upload
+
+  def real_in_axes():
+    return (0, 0, None if clients.mask is None else 0, None if clients.aux is None else 0, 0)
+
+  def all_real(global_params, opt, t):
+    return jax.vmap(lambda *a: real_update(global_params, opt, t, *a),
+                    in_axes=real_in_axes())(clients.x, clients.y, clients.mask, clients.aux,
+                                            ids[:num_clients])
+
+  def gathered_real(global_params, opt, t, idx):
+    # idx may hold canary indices (>= K): their real training runs on a clipped index and is
+    # discarded by `mixed`.
+    r = jnp.minimum(idx, num_clients - 1)
+    mask = None if clients.mask is None else jnp.asarray(clients.mask)[r]
+    aux = None if clients.aux is None else _take(clients.aux, r)
+    return jax.vmap(lambda *a: real_update(global_params, opt, t, *a),
+                    in_axes=real_in_axes())(jnp.asarray(clients.x)[r], jnp.asarray(clients.y)[r],
+                                            mask, aux, idx)
+
+  def canaries_at(global_params, t, idx):
+    j = jnp.clip(idx - num_clients, 0, num_injected - 1)
+    return jax.vmap(lambda row, k: canary_update(global_params, t, row, k))(canary_rows[j], idx)
+
+  def concat(a, b):
+    return jax.tree_util.tree_map(lambda u, v: jnp.concatenate([u, v.astype(u.dtype)]), a, b)
+
+  def zero_traces(traces, count):
+    return jax.tree_util.tree_map(lambda a: jnp.zeros((count,) + a.shape[1:], a.dtype), traces)
 
   def one_round(carry, t):
     global_params, state = carry
     opt = optimizer(t) if per_round_optimizer else optimizer
-
-    def one_client(x, y, mask, aux, k):
-      upload, _ = local.client_update(
-          loss_fn, global_params, x, y, key=client_key(key, t, k), hooks=hooks, mask=mask,
-          aux=aux, optimizer=opt, epochs=epochs, batch_size=batch_size, shuffle=shuffle)
-      return upload
-
-    in_axes = (0, 0, None if clients.mask is None else 0,
-               None if clients.aux is None else 0, 0)
-    uploads = jax.vmap(one_client, in_axes=in_axes)(clients.x, clients.y, clients.mask,
-                                                    clients.aux, ids[:num_clients])
-    if injected is not None:
-      injected_uploads = jax.vmap(
-          lambda d, j: hooks.upload(client.upload_key(client_key(key, t, j)), d, None))(
-              injected.deltas, ids[num_clients:])
-      uploads = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b.astype(a.dtype)]),
-                                       uploads, injected_uploads)
-    part = (participants(key, t, total, participation) if participation < 1
-            else jnp.ones(total, bool))
-    weights = sizes * part.astype(sizes.dtype)
+    if participation == 1:
+      idx = ids
+      uploads, traces = all_real(global_params, opt, t)
+      if injected is not None:
+        uploads = concat(uploads, canaries_at(global_params, t, ids[num_clients:]))
+        if trace is not None:
+          traces = concat(traces, zero_traces(traces, num_injected))
+    elif always:
+      real_idx = participant_indices(key, t, num_clients, participation)
+      idx = jnp.concatenate([real_idx, ids[num_clients:]])
+      uploads, traces = gathered_real(global_params, opt, t, real_idx)
+      uploads = concat(uploads, canaries_at(global_params, t, ids[num_clients:]))
+      if trace is not None:
+        traces = concat(traces, zero_traces(traces, num_injected))
+    else:
+      idx = participant_indices(key, t, total, participation)
+      uploads, traces = gathered_real(global_params, opt, t, idx)
+      if injected is not None:
+        is_real = idx < num_clients
+        mixed = canaries_at(global_params, t, idx)
+        uploads = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(is_real.reshape((-1,) + (1,) * (a.ndim - 1)), a,
+                                   b.astype(a.dtype)), uploads, mixed)
+        if trace is not None:
+          traces = jax.tree_util.tree_map(
+              lambda a: jnp.where(is_real.reshape((-1,) + (1,) * (a.ndim - 1)), a, 0), traces)
+    part = jnp.zeros(total, bool).at[idx].set(True)
+    weights = reported[idx]
     if hooks.aggregate is None:
       mean_update = aggregate.weighted_mean(uploads, weights)
     else:
@@ -250,9 +340,16 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
     new_params = client.apply_update(global_params, mean_update)
     if observe is not None:
       obs_keys = jax.vmap(lambda k: jax.random.fold_in(client_key(key, t, k),
-                                                       OBSERVE_SALT))(ids)
-      seen = jax.vmap(observe, in_axes=(0, None, 0, None, 0))(obs_keys, t, ids,
-                                                               global_params, uploads)
+                                                       OBSERVE_SALT))(idx)
+      if trace is None:
+        seen = jax.vmap(observe, in_axes=(0, None, 0, None, 0))(obs_keys, t, idx,
+                                                                 global_params, uploads)
+      else:
+        seen = jax.vmap(observe, in_axes=(0, None, 0, None, 0, 0))(
+            obs_keys, t, idx, global_params, uploads, traces)
+      if participation != 1:
+        seen = jax.tree_util.tree_map(
+            lambda a: jnp.zeros((total,) + a.shape[1:], a.dtype).at[idx].set(a), seen)
       state = reduce(state, t, seen, part)
     evaluation = evaluate(new_params) if evaluate is not None else None
     return (new_params, state), (evaluation, part)

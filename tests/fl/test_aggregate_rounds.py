@@ -6,6 +6,7 @@ import functools
 
 import chex
 import jax
+from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -380,3 +381,329 @@ def test_no_two_round_client_pairs_share_a_key(setup):
       pair_key = jax.random.fold_in(jax.random.fold_in(KEY, t), k)
       want = jax.random.uniform(jax.random.fold_in(pair_key, client.UPLOAD_SALT))
       assert seen[t, k] == pytest.approx(float(want), abs=0), (t, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# Partial participation: only the drawn clients train, upload and are weighed.
+
+SIZES = (6, 2, 5, 3, 4)
+
+
+@pytest.fixture(scope='module')
+def shards(setup):
+  """Five unequal shards (SIZES) of the setup's model, padded to 6 rows."""
+  loss_fn, params, _, _ = setup
+  rng = np.random.default_rng(7)
+  xs = [rng.normal(size=(n, 5)).astype(np.float32) for n in SIZES]
+  ys = [rng.integers(0, 3, n).astype(np.int32) for n in SIZES]
+  return loss_fn, params, rounds.pad_clients(xs, ys)
+
+
+def _stacked_zeros(params, *lead):
+  return jax.tree_util.tree_map(lambda a: jnp.zeros(lead + a.shape, a.dtype), params)
+
+
+def _at(tree, *index):
+  return jax.tree_util.tree_map(lambda a: a[index], tree)
+
+
+def _set_round(state, t, seen, part):
+  del part
+  return jax.tree_util.tree_map(lambda s, v: s.at[t].set(v), state, seen)
+
+
+def _reference_run(loss_fn, params, data, *, hooks, num_rounds, participation, weights, kw):
+  """The round loop by hand: draw `participant_indices`, train each drawn client alone with
+  `local.client_update` and its `client_key`, w <- w - weighted mean of their uploads (weights:
+  the reported counts given). Returns (final params, {(t, k): upload})."""
+  train = jax.jit(lambda w, x, y, m, k: local.client_update(
+      loss_fn, w, x, y, key=k, hooks=hooks, mask=m, **kw)[0])
+  w, uploads = params, {}
+  for t in range(num_rounds):
+    idx = np.asarray(rounds.participant_indices(KEY, t, data.num_clients, participation))
+    ups = []
+    for k in idx:
+      uploads[t, int(k)] = train(w, data.x[k], data.y[k], data.mask[k],
+                                 rounds.client_key(KEY, t, int(k)))
+      ups.append(uploads[t, int(k)])
+    mean = aggregate.weighted_mean(_tree_stack(ups), jnp.asarray(weights)[idx])
+    w = jax.tree_util.tree_map(jnp.subtract, w, mean)
+  return w, uploads
+
+
+@pytest.mark.parametrize('report', [None, 1.0])
+def test_partial_participation_equals_a_hand_built_round_loop(shards, report):
+  """With participation 3/5: the result is the loop that gathers the drawn clients, trains
+  them, and steps by the mean of their uploads weighted by their *reported* counts (the real
+  row counts, or a public 1.0 each); `observe` sees each participant's upload, equal to what
+  `client_update` gives that client with its round key, and zeros for the others."""
+  loss_fn, params, data = shards
+  hooks = client.ClientHooks(upload=_noise_upload,
+                             report=None if report is None else client.report_public(report))
+  kw = dict(optimizer=optimizers.make('sgd', 0.2), epochs=2, batch_size=2)
+  num_rounds, num_clients = 3, len(SIZES)
+  final, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=num_rounds,
+                          hooks=hooks, participation=0.6,
+                          observe=lambda key, t, k, g, upload: upload, reduce=_set_round,
+                          init=_stacked_zeros(params, num_rounds, num_clients), **kw)
+  weights = np.asarray(SIZES, np.float32) if report is None else np.ones(num_clients)
+  want, uploads = _reference_run(loss_fn, params, data, hooks=hooks, num_rounds=num_rounds,
+                                 participation=0.6, weights=weights, kw=kw)
+  chex.assert_trees_all_close(final, want, rtol=1e-5, atol=1e-5)
+  for t in range(num_rounds):
+    drawn = np.asarray(rounds.participant_indices(KEY, t, num_clients, 0.6))
+    assert len(drawn) == 3
+    np.testing.assert_array_equal(np.flatnonzero(log.participants[t]), drawn)
+    for k in range(num_clients):
+      seen = _at(log.observed, t, k)
+      if k in drawn:
+        chex.assert_trees_all_close(seen, uploads[t, k], rtol=1e-5, atol=1e-5)
+      else:
+        chex.assert_trees_all_equal(seen, _stacked_zeros(params))
+
+
+def test_a_client_that_is_not_drawn_does_not_train(shards):
+  """A client whose shard is NaN poisons the model in a round it takes part in, and leaves
+  it finite (and equal to the other participants' reference round) in one it does not: it
+  neither trains nor enters the mean, even with weight 0 (0 * NaN is NaN). Its observation
+  is exactly 0."""
+  loss_fn, params, data = shards
+  poisoned = data._replace(x=np.asarray(data.x).copy())
+  poisoned.x[4] = np.nan
+  kw = dict(optimizer=optimizers.make('sgd', 0.2), epochs=1, batch_size=2)
+  drawn = [np.asarray(rounds.participant_indices(KEY, t, 5, 0.4)) for t in range(20)]
+  t_out = next(t for t in range(20) if 4 not in drawn[t])
+  t_in = next(t for t in range(20) if 4 in drawn[t])
+  norm = lambda key, t, k, g, upload: sum(  # noqa: E731
+      jnp.sum(u ** 2) for u in jax.tree_util.tree_leaves(upload))
+  run = functools.partial(rounds.run, loss_fn, params, poisoned, key=KEY, num_rounds=1,
+                          participation=0.4, observe=norm, init=jnp.zeros(5), **kw)
+  out, log = run(first_round=t_out)
+  assert all(np.isfinite(a).all() for a in jax.tree_util.tree_leaves(out))
+  assert float(log.observed[4]) == 0.0
+  train = lambda k: local.client_update(loss_fn, params, data.x[k], data.y[k],  # noqa: E731
+                                        key=rounds.client_key(KEY, t_out, k),
+                                        mask=data.mask[k], **kw)[0]
+  ks = drawn[t_out]
+  mean = aggregate.weighted_mean(_tree_stack([train(k) for k in ks]),
+                                 jnp.asarray(SIZES, jnp.float32)[ks])
+  chex.assert_trees_all_close(out, jax.tree_util.tree_map(jnp.subtract, params, mean),
+                              rtol=1e-5, atol=1e-6)
+  hit, _ = run(first_round=t_in)
+  assert any(np.isnan(a).any() for a in jax.tree_util.tree_leaves(hit))
+
+
+def test_only_the_participants_run_local_training(shards):
+  """A `data` hook records which client (its aux) trains in which round: with participation
+  2/5 exactly the drawn clients train, once each, every round."""
+  loss_fn, params, data = shards
+  trained = []
+
+  def record(key, x, y, mask, aux):
+    del key
+    jax.debug.callback(lambda k: trained.append(int(k)), aux)
+    return x, y, mask
+
+  num_rounds = 4
+  rounds.run(loss_fn, params, data._replace(aux=jnp.arange(5)), key=KEY,
+             num_rounds=num_rounds, optimizer=optimizers.make('sgd', 0.1), epochs=1,
+             batch_size=2, hooks=client.ClientHooks(data=record), participation=0.4)
+  want = [int(k) for t in range(num_rounds)
+          for k in np.asarray(rounds.participant_indices(KEY, t, 5, 0.4))]
+  assert len(trained) == 2 * num_rounds
+  assert sorted(trained) == sorted(want)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reported sizes: the server weighs by what clients report.
+
+
+def test_the_server_weighs_by_reported_sizes_real_counts_by_default():
+  """Unequal shards (6, 2, 5 rows): without a `report` hook the uploads are averaged with
+  weights 6:2:5; with `report_public(1.0)` with equal weights. The uploads themselves do not
+  change (the hook acts only on the server's weights)."""
+  model = models.MLP(hidden=(), num_classes=3)
+  rng = np.random.default_rng(3)
+  sizes = (6, 2, 5)
+  data = rounds.pad_clients([rng.normal(size=(n, 4)).astype(np.float32) for n in sizes],
+                            [rng.integers(0, 3, n).astype(np.int32) for n in sizes])
+  loss_fn = fl.make_loss_fn(model.apply)
+  params = model.init(KEY, data.x[0])
+  finals, uploads = [], []
+  for hooks in (None, client.ClientHooks(report=client.report_public(1.0))):
+    final, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=1, hooks=hooks,
+                            optimizer=optimizers.make('sgd', 0.5), epochs=1, batch_size=3,
+                            observe=lambda key, t, k, g, upload: upload,
+                            init=_stacked_zeros(params, 3))
+    finals.append(final)
+    uploads.append(log.observed)
+  chex.assert_trees_all_equal(uploads[0], uploads[1])
+  by_rows = jax.tree_util.tree_map(
+      lambda p, u: p - np.tensordot(np.asarray(sizes, np.float32) / 13, u, axes=1), params,
+      uploads[0])
+  equal = jax.tree_util.tree_map(lambda p, u: p - u.mean(0), params, uploads[0])
+  chex.assert_trees_all_close(finals[0], by_rows, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(finals[1], equal, rtol=1e-5, atol=1e-6)
+  gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(by_rows),
+                                                           jax.tree_util.tree_leaves(equal)))
+  assert gap > 1e-3  # the two weightings are told apart
+
+
+def test_a_client_without_rows_reports_zero_and_stays_out_of_the_mean():
+  """A client whose mask is all zero trains no step (its update is 0) but uploads 1 (the
+  upload hook adds 1): `report_public(1.0)` gives it weight 0, so the mean is over the other
+  two with equal weights (were it weighed 1, every coordinate would move by 1/3)."""
+  model = models.MLP(hidden=(), num_classes=3)
+  x = jax.random.normal(jax.random.key(4), (3, 4, 4))
+  y = jax.random.randint(jax.random.key(5), (3, 4), 0, 3)
+  mask = np.asarray([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], np.float32)
+  loss_fn = fl.make_loss_fn(model.apply)
+  params = model.init(KEY, x[0])
+  plus_one = lambda key, delta, aux: jax.tree_util.tree_map(  # noqa: E731
+      lambda d: d + 1.0, delta)
+  hooks = client.ClientHooks(upload=plus_one, report=client.report_public(1.0))
+  final, log = rounds.run(loss_fn, params, rounds.ClientData(x, y, mask), key=KEY,
+                          num_rounds=1, optimizer=optimizers.make('sgd', 0.5), epochs=1,
+                          batch_size=2, hooks=hooks, observe=lambda key, t, k, g, u: u,
+                          init=_stacked_zeros(params, 3))
+  np.testing.assert_array_equal(client.reported_sizes(hooks, rounds.ClientData(
+      x, y, mask).sizes()), [1.0, 1.0, 0.0])
+  chex.assert_trees_all_equal(jax.tree_util.tree_map(lambda u: u[2], log.observed),
+                              jax.tree_util.tree_map(jnp.ones_like, params))
+  want = jax.tree_util.tree_map(lambda p, u: p - u[:2].mean(0), params, log.observed)
+  chex.assert_trees_all_close(final, want, rtol=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# Traces: every real client's local steps, handed to observe.
+
+
+def test_run_hands_every_participants_traces_to_observe(shards):
+  """`run(trace=...)` gives observe each participant's stacked traces, equal to the third
+  output of its own `client_update` with its round key; an injected (canary) participant's
+  traces and every non-participant's observation are zeros. Participation 1/2 of 5 real + 1
+  injected clients (the mixed draw), 4 rounds."""
+  loss_fn, params, data = shards
+  flat, unravel = flatten_util.ravel_pytree(params)
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(0.01 * jnp.ones((1, flat.shape[0]))),
+                        sizes=jnp.ones(1))
+  trace = lambda step: (step.live, step.grad)  # noqa: E731
+  kw = dict(optimizer=optimizers.make('sgd', 0.2), epochs=2, batch_size=2)
+  num_rounds, total, steps = 4, 6, 2 * 3  # E x ceil(6 / 2) steps
+  one = (jnp.zeros(steps), _stacked_zeros(params, steps))
+  init = jax.tree_util.tree_map(lambda a: jnp.zeros((num_rounds, total) + a.shape, a.dtype),
+                                one)
+  _, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=num_rounds, participation=0.5,
+                      injected=inj, trace=trace, reduce=_set_round, init=init,
+                      observe=lambda key, t, k, g, upload, traces: traces,
+                      evaluate=lambda p: p, **kw)
+  parts = np.asarray(log.participants)
+  assert parts[:, 5].any()  # some round draws the canary
+  zero = jax.tree_util.tree_map(jnp.zeros_like, one)
+  for t in range(num_rounds):
+    # Round t starts from w_t: the initial params, then the previous round's evaluate input.
+    w = params if t == 0 else _at(log.evaluations, t - 1)
+    for k in range(total):
+      seen = _at(log.observed, t, k)
+      if not parts[t, k] or k == 5:
+        chex.assert_trees_all_equal(seen, zero)
+        continue
+      _, _, want = local.client_update(loss_fn, w, data.x[k], data.y[k], mask=data.mask[k],
+                                       key=rounds.client_key(KEY, t, k), trace=trace, **kw)
+      chex.assert_trees_all_close(seen, want, rtol=1e-5, atol=1e-6)
+      # The live flags count the client's real steps: E x ceil(n_k / B).
+      assert float(jnp.sum(seen[0])) == 2 * -(-SIZES[k] // 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Injected (canary) clients train through `client_update` with `local.canary_loss`.
+
+
+def _ulp_bound(params, deltas):
+  """Two float32 ulps of the largest |w| or |d|: `client_update` returns w - fl(w - d), which
+  is d up to the rounding of w - d (exactly d when that difference is exact)."""
+  big = max(float(jnp.max(jnp.abs(a))) for a in jax.tree_util.tree_leaves((params, deltas)))
+  return 2 * float(np.spacing(np.float32(big)))
+
+
+@pytest.mark.parametrize('hook', ['identity', 'update_dp', 'noise'])
+def test_an_injected_clients_upload_is_the_upload_hook_of_its_delta(setup, hook):
+  """For hooks with only an `upload` hook, canary j's upload in round t is
+  `hooks.upload(upload_key(client_key(key, t, K + j)), delta_j, None)` (and delta_j itself
+  with identity hooks), up to the rounding of its one SGD step; 2 rounds, full participation."""
+  from fl_privacy.defenses import dp  # pylint: disable=g-import-not-at-top
+  loss_fn, params, x, y = setup
+  hooks = {'identity': client.IDENTITY,
+           'update_dp': client.ClientHooks(upload=dp.update_dp_hook(0.05, 0.5)),
+           'noise': client.ClientHooks(upload=_noise_upload)}[hook]
+  flat, unravel = flatten_util.ravel_pytree(params)
+  rows = 0.03 * jax.random.normal(jax.random.key(8), (2, flat.shape[0]))
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(rows), sizes=jnp.asarray([6.0, 2.0]))
+  num_rounds = 2
+  _, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=num_rounds,
+                      optimizer=optimizers.make('sgd', 0.2), epochs=1, batch_size=3,
+                      hooks=hooks, injected=inj, reduce=_set_round,
+                      observe=lambda key, t, k, g, upload: upload,
+                      init=_stacked_zeros(params, num_rounds, 5), evaluate=lambda p: p)
+  np.testing.assert_array_equal(log.participants, True)
+  for t in range(num_rounds):
+    w = params if t == 0 else _at(log.evaluations, t - 1)
+    for j in range(2):
+      delta = unravel(rows[j])
+      want = hooks.upload(client.upload_key(rounds.client_key(KEY, t, 3 + j)), delta, None)
+      seen = _at(log.observed, t, 3 + j)
+      chex.assert_trees_all_close(seen, want, rtol=0, atol=3 * _ulp_bound(w, delta))
+      if hook != 'identity':  # the hook acted: the plain delta is far
+        assert not np.allclose(flatten_util.ravel_pytree(seen)[0], rows[j], atol=1e-3)
+
+
+def test_injected_clients_trained_from_dyadic_weights_upload_exactly_their_delta(setup):
+  """When w - d is exact in float32 (w and d multiples of 2^-10, small), a canary client's
+  upload under identity hooks is delta_j bit for bit, and the server steps by the size-weighted
+  mean of the real uploads and the deltas (real clients at learning rate 0 upload 0)."""
+  loss_fn, params, x, y = setup
+  params = jax.tree_util.tree_map(lambda a: jnp.round(a * 1024) / 1024, params)
+  flat, unravel = flatten_util.ravel_pytree(params)
+  rows = jnp.round(jax.random.normal(jax.random.key(9), (2, flat.shape[0])) * 64) / 1024
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(rows), sizes=jnp.asarray([6.0, 12.0]))
+  final, log = rounds.run(loss_fn, params, rounds.ClientData(x, y), key=KEY, num_rounds=1,
+                          optimizer=optimizers.make('sgd', 0.0), epochs=1, batch_size=3,
+                          injected=inj, observe=lambda key, t, k, g, upload: upload,
+                          init=_stacked_zeros(params, 5))
+  got = jax.vmap(lambda u: flatten_util.ravel_pytree(u)[0])(log.observed)
+  np.testing.assert_array_equal(got[3:], rows)
+  np.testing.assert_array_equal(got[:3], 0.0)
+  # Weights 6, 6, 6 (real, zero uploads), 6 and 12 (canaries): w - (6 d_0 + 12 d_1) / 36.
+  np.testing.assert_allclose(flatten_util.ravel_pytree(final)[0],
+                             flat - (6 * rows[0] + 12 * rows[1]) / 36, rtol=0, atol=1e-6)
+
+
+def test_always_injected_canaries_take_part_in_every_round(shards):
+  """`Injected(always=True)`: both canaries take part in every round, the fraction draws
+  round(0.4 x 5) = 2 of the real clients only (`participant_indices` over K), and the server
+  steps by the weighted mean of those 4 uploads (canaries weighed by their sizes)."""
+  loss_fn, params, data = shards
+  flat, unravel = flatten_util.ravel_pytree(params)
+  rows = jnp.stack([jnp.full(flat.shape, 0.25), jnp.full(flat.shape, -0.5)])
+  inj = rounds.Injected(deltas=jax.vmap(unravel)(rows), sizes=jnp.asarray([3.0, 1.0]),
+                        always=True)
+  kw = dict(optimizer=optimizers.make('sgd', 0.2), epochs=1, batch_size=2)
+  num_rounds = 3
+  final, log = rounds.run(loss_fn, params, data, key=KEY, num_rounds=num_rounds,
+                          participation=0.4, injected=inj, reduce=_set_round,
+                          observe=lambda key, t, k, g, upload: upload,
+                          init=_stacked_zeros(params, num_rounds, 7), **kw)
+  parts = np.asarray(log.participants)
+  assert parts.shape == (num_rounds, 7)
+  np.testing.assert_array_equal(parts[:, 5:], True)
+  w = params
+  for t in range(num_rounds):
+    drawn = np.asarray(rounds.participant_indices(KEY, t, 5, 0.4))
+    np.testing.assert_array_equal(np.flatnonzero(parts[t, :5]), drawn)
+    ups = [local.client_update(loss_fn, w, data.x[k], data.y[k], mask=data.mask[k],
+                               key=rounds.client_key(KEY, t, int(k)), **kw)[0] for k in drawn]
+    ups += [unravel(rows[0]), unravel(rows[1])]
+    weights = jnp.asarray([SIZES[k] for k in drawn] + [3.0, 1.0], jnp.float32)
+    mean = aggregate.weighted_mean(_tree_stack(ups), weights)
+    w = jax.tree_util.tree_map(jnp.subtract, w, mean)
+  chex.assert_trees_all_close(final, w, rtol=1e-5, atol=1e-5)

@@ -67,3 +67,60 @@ def test_the_accountant_assumes_the_count_the_rounds_draw(num_clients, fraction,
   declare = registry._declare_server(False)  # pylint: disable=protected-access
   declared = declare({'participation': fraction}, setting)
   assert declared.sample_size == count
+
+
+# ----------------------------------------------------------------------------------------------
+# participant_indices: the round's sample as sorted indices (what `rounds.run` gathers).
+
+
+def test_indices_are_sorted_distinct_counted_and_the_participants_set():
+  """For every worked case: strictly increasing int indices in [0, K), max(1, round(f K)) of
+  them, and exactly the True entries of `participants` (the same draw)."""
+  for t, (num_clients, fraction, count) in enumerate(CASES):
+    idx = np.asarray(rounds.participant_indices(KEY, t, num_clients, fraction))
+    assert idx.shape == (count,), (num_clients, fraction)
+    assert np.issubdtype(idx.dtype, np.integer)
+    assert np.all(np.diff(idx) > 0) and idx.min() >= 0 and idx.max() < num_clients
+    np.testing.assert_array_equal(
+        idx, np.flatnonzero(np.asarray(rounds.participants(KEY, t, num_clients, fraction))))
+
+
+def test_indices_are_the_documented_draw_keyed_by_key_and_round():
+  """sort(permutation(fold_in(fold_in(key, t), PARTICIPATION_SALT), K)[:m]): the same (key, t)
+  gives the same set, another round or another run key another set."""
+  for t in (0, 5, 17):
+    k = jax.random.fold_in(jax.random.fold_in(KEY, t), rounds.PARTICIPATION_SALT)
+    want = np.sort(np.asarray(jax.random.permutation(k, 12))[:4])
+    np.testing.assert_array_equal(rounds.participant_indices(KEY, t, 12, 1 / 3), want)
+    np.testing.assert_array_equal(rounds.participant_indices(KEY, t, 12, 1 / 3),
+                                  rounds.participant_indices(KEY, t, 12, 1 / 3))
+  draws = {tuple(np.asarray(rounds.participant_indices(key, t, 12, 1 / 3)).tolist())
+           for key in (KEY, jax.random.key(4)) for t in range(6)}
+  assert len(draws) > 6  # 12 (key, round) pairs, C(12, 4) = 495 sets: repeats are rare
+  # Under jit/vmap the round may be traced: the same sets as the eager calls.
+  traced = jax.jit(jax.vmap(lambda t: rounds.participant_indices(KEY, t, 12, 1 / 3)))(
+      jnp.arange(3))
+  for t in range(3):
+    np.testing.assert_array_equal(traced[t], rounds.participant_indices(KEY, t, 12, 1 / 3))
+  with pytest.raises(ValueError, match='participation fraction'):
+    rounds.participant_indices(KEY, 0, 10, 0.0)
+  np.testing.assert_array_equal(rounds.participant_indices(KEY, 3, 5, 1.0), np.arange(5))
+
+
+def test_indices_are_a_uniform_sample_without_replacement():
+  """Over T = 3,000 rounds of m = 3 of K = 8: each client is in with probability m / K and
+  each pair with m (m - 1) / (K (K - 1)) (a uniform m-subset; a random contiguous block or a
+  stratified draw has the right marginals but not these pairs); 5-sigma binomial bands."""
+  num_clients, m, num_rounds = 8, 3, 3000
+  idx = np.asarray(jax.jit(jax.vmap(
+      lambda t: rounds.participant_indices(KEY, t, num_clients, m / num_clients)))(
+          jnp.arange(num_rounds)))
+  member = np.zeros((num_rounds, num_clients))
+  np.put_along_axis(member, idx, 1.0, axis=1)
+  np.testing.assert_array_equal(member.sum(1), m)
+  p = m / num_clients
+  np.testing.assert_allclose(member.mean(0), p, atol=5 * np.sqrt(p * (1 - p) / num_rounds))
+  pairs = member.T @ member / num_rounds
+  q = m * (m - 1) / (num_clients * (num_clients - 1))
+  off = pairs[~np.eye(num_clients, dtype=bool)]
+  np.testing.assert_allclose(off, q, atol=5 * np.sqrt(q * (1 - q) / num_rounds))
