@@ -153,7 +153,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       for the adaptive wrappers), >= 1: 2.
     training.real_norm: the real nodes' update norms are real_norm x 0.5..2: 1.0.
     training.num_null: never-inserted directions, the Gaussian fit's null: 1000 (smoke 128).
-    training.confidence: of the one-run lower bounds, in (0.5, 1): 0.95.
+    training.confidence: the verdict's family-wise confidence, in (0.5, 1): 0.95 (each of the
+      k counted one-run bounds at 1 - (1 - c) / k).
     reconstruction.num_nodes: Flower nodes of the imprint deployment, each one trial (its
       examples scored against what the server recovers): 64 (smoke 4).
     reconstruction.per_client: examples per node (IID, train split): 8.

@@ -38,18 +38,29 @@ the two coincide for fixed clipping (a real training would separate them).
 Statistics per threat model: Steinke, Nasr, Jagielski, "Privacy Auditing with One (1)
 Training Run" (NeurIPS 2023, arXiv:2305.08846): `epsilon_one_run` and its f-DP refinement
 `epsilon_one_run_fdp` from `fl_privacy.eval.auditing.audit_scores`, the m canaries as the
-trials, at `confidence` (LOWER bounds). Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar,
-"One-shot Empirical Privacy Estimation for Federated Learning" (ICLR 2024,
-arXiv:2302.03098): a Gaussian fitted to the included canaries' statistic against the null of
-`num_null` never-inserted directions scored the same way, mu = (mean_in - mean_null)
-/ std_null, `epsilon_fit` = `auditing.gdp_epsilon(mu, delta)`: an ESTIMATE, not a bound
+trials (LOWER bounds, each at `bound_confidence`, see the verdict below). Andrew, Kairouz, Oh,
+Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Estimation for Federated Learning"
+(ICLR 2024, arXiv:2302.03098): a Gaussian fitted to the included canaries' statistic against
+the null of `num_null` never-inserted directions scored the same way, mu = (mean_in -
+mean_null) / std_null, `epsilon_fit` = `auditing.gdp_epsilon(mu, delta)`: an ESTIMATE, not a bound
 (with a bootstrap interval at `confidence`). Beside them Flower's stated epsilon over the
 rounds that ran (fixed wrappers: Flower's own `RdpAccountant` passed to the wrapper,
 `privacy_spent()`; adaptive: the same accountant composed at z over the rounds, Andrew et
 al.'s claim, which Flower does not state itself; LocalDpMod: its `epsilon` argument composed
 over the rounds, T eps at T delta) and the exact epsilon of the mechanism Flower ran
-(`exact_epsilon`), with `privacy_violation` = a one-run lower bound above the stated
-epsilon.
+(`exact_epsilon`).
+
+The verdict (`privacy_violation`, `best_bound`) takes the largest of the k counted bounds
+(`counted_bounds`: both one-run bounds of every threat model the run has a statistic for), so
+each is computed at confidence 1 - (1 - c) / k, c = `Design.confidence` (Bonferroni over the
+counted bounds, fixed by the wrapper and the threats present before any score is seen): the
+verdict then holds at family-wise confidence c. The maximum of k bounds each at c is
+guaranteed only at 1 - k (1 - c) (0.80 for four 95% bounds). The f-DP bound tests Gaussian
+trade-off curves; it counts for every wrapper here, as in `dp_audit.audit`: each adds Gaussian
+noise to clipped updates (the adaptive ones at a clip their noisy count moves), and the claims
+it is tested against are Gaussian (Flower's RdpAccountant at z, Andrew et al.'s claim for the
+adaptive ones; LocalDpMod's Gaussian calibration). k = 4 (two threats x two bounds) for
+every wrapper as deployed; 2 for LocalDpMod without recorded uploads (last iterate only).
 
 Randomness: Flower's noise comes from numpy's global generator (FedAvg samples with Python's
 `random`), seeded from the run's key and restored afterwards; directions, coins and the real
@@ -82,6 +93,12 @@ from fl_privacy.flower import dp_audit
 from fl_privacy.flower import runner
 
 THREATS = ('all_iterates', 'last_iterate')
+# The one-run lower bounds `audit` reports per threat model, all counted in the verdict: the
+# f-DP one tests Gaussian trade-off curves, and every wrapper audited here is a Gaussian
+# mechanism under a Gaussian claim (`dp_audit.audit` counts the Gaussian-curve bounds for all
+# five wrappers likewise; the training audit's `NON_GAUSSIAN`, in `attacks.audit`, lists
+# LDP-SGD and subsampled mechanisms, none of which runs here).
+BOUNDS = ('epsilon_one_run', 'epsilon_one_run_fdp')
 DIRECTIONS = ('dirac', 'random')
 ARRAY_NAME = 'w'
 IDLE = 1e-6  # the excluded canary's update norm, in units of C
@@ -100,7 +117,9 @@ class Design:
       adaptive wrappers), >= 1.
     real_norm: the real nodes' update norms are real_norm x 0.5..2 (absolute).
     num_null: never-inserted directions for the Gaussian fit's null.
-    confidence: of the one-run lower bounds.
+    confidence: the family-wise confidence c of the verdict (`privacy_violation`): each of
+      the k counted one-run bounds is computed at 1 - (1 - c) / k (`audit`); also the level
+      of the Gaussian fit's bootstrap interval.
     directions: 'dirac' (canary i on coordinate i, the null on coordinates m..m+num_null-1:
       exactly orthogonal, no canary cross-talk, the real updates on the remaining
       coordinates; needs d > m + num_null) or 'random'
@@ -400,18 +419,62 @@ def gaussian_fit(in_scores: np.ndarray, null_scores: np.ndarray, delta: float, *
   return out
 
 
+def audited_threats(setting: dp_audit.Setting, uploads_recorded: bool = True
+                    ) -> tuple[str, ...]:
+  """The threat models of `THREATS` that `scores` gives a statistic for, from the design
+  alone (no score read): both for the central wrappers; LocalDpMod's all-iterates adversary
+  reads the canaries' uploads, so it is there only when they were recorded."""
+  if setting.wrapper == 'local_dp' and not uploads_recorded:
+    return ('last_iterate',)
+  return THREATS
+
+
+def counted_bounds(setting: dp_audit.Setting, uploads_recorded: bool = True
+                   ) -> tuple[str, ...]:
+  """The bounds the verdict takes the largest of, as '<threat>/<bound>': both one-run bounds
+  (`BOUNDS`, the f-DP one counted because every wrapper here is Gaussian) of every threat
+  model `audited_threats` gives. Fixed before the data: their number k sets the per-bound
+  confidence 1 - (1 - c) / k (4 for every wrapper as deployed, 2 for LocalDpMod without
+  recorded uploads)."""
+  return tuple(f'{threat}/{bound}' for threat in audited_threats(setting, uploads_recorded)
+               for bound in BOUNDS)
+
+
 def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str, Any]:
-  """One deployment and its audit: per threat model `<threat>/epsilon_one_run`,
-  `/epsilon_one_run_fdp` (lower bounds), `/epsilon_fit`, `/fit_mu` (estimates), `/n_in`,
-  `/n_out`, `/n_null`; `stated_epsilon` (+ `_delta`, `_source`), the exact epsilons,
-  `privacy_violation` (a one-run bound above the stated epsilon), the clip trajectory
-  (`clip_first`, `clip_last`, `clips`), `seconds`, `num_nodes`."""
+  """One deployment and its audit against Flower's stated epsilon.
+
+  Every counted bound (`counted_bounds`, k of them: 4, or 2 for LocalDpMod without recorded
+  uploads) is computed at confidence 1 - (1 - c) / k, c = `design.confidence` (Bonferroni),
+  so `privacy_violation` (the largest of them, `best_bound`, above the stated epsilon) is a
+  verdict at family-wise confidence c: where the stated epsilon holds, it flags a violation
+  with probability at most 1 - c. The largest of k bounds each at c would hold only at
+  1 - k (1 - c). The reported one-run bounds are those counted ones (at `bound_confidence`);
+  the Gaussian fit and its interval (at c) are estimates and decide nothing.
+
+  Returns:
+    Per threat model `<threat>/epsilon_one_run`, `/epsilon_one_run_fdp` (lower bounds, each
+    at `bound_confidence`), `/epsilon_fit`, `/fit_mu` (estimates, with their bootstrap
+    interval at c), `/n_in`, `/n_out`, `/n_null`; `stated_epsilon` (+ `_delta`, `_source`),
+    the exact epsilons, `best_bound`, `privacy_violation`, `verdict_confidence` (c,
+    family-wise), `bound_confidence` (1 - (1 - c) / k), `counted_bounds` (the k
+    '<threat>/<bound>' names, comma-separated), `confidence` (c), `accountant_violation`
+    (an exact epsilon above the stated one), the clip trajectory (`clip_first`, `clip_last`,
+    `clips`), `seconds`, `num_nodes`.
+  """
   run = deploy(setting, design, key)
   eps, delta, source = stated(setting, design, run)
   included = run['included']
   if not (included.any() and (~included).any()):
     raise ValueError(f'{design.num_canaries} canaries gave no canary in one of the worlds')
+  # The family is fixed by the wrapper and whether uploads were recorded, before any score.
+  uploads = run['upload_projections'] is not None
+  threats = audited_threats(setting, uploads)
+  counted = counted_bounds(setting, uploads)
+  each = 1.0 - (1.0 - float(design.confidence)) / len(counted)
   canary = scores(setting, run, run['directions'])
+  if tuple(t for t in THREATS if t in canary) != threats:
+    raise RuntimeError(f'the threats scored {sorted(canary)} are not the ones counted '
+                       f'{list(threats)}')
   null_dirs = null_directions(jax.random.fold_in(key, 3), design)
   null = scores(setting, run, null_dirs)
   m: dict[str, Any] = dict(stated_epsilon=eps, stated_delta=delta, stated_epsilon_source=source,
@@ -420,13 +483,9 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str
                            dimension=int(design.dimension), seconds=run['seconds'],
                            game_relation='zero_out')
   m.update(exact_epsilons(setting, design, run, delta))
-  bounds = []
-  for threat in THREATS:
-    if threat not in canary:
-      continue
+  for threat in threats:
     s = canary[threat]
-    a = auditing.audit_scores(s[included], s[~included], delta=delta,
-                              confidence=float(design.confidence))
+    a = auditing.audit_scores(s[included], s[~included], delta=delta, confidence=each)
     nul = null.get(threat, s[~included])
     fit = gaussian_fit(s[included], nul, delta, confidence=float(design.confidence),
                        rng=np.random.default_rng(np.asarray(jax.random.key_data(
@@ -436,12 +495,12 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str
     for k, v in fit.items():
       m[f'{threat}/{k}'] = v
     m[f'{threat}/n_null'] = int(len(nul))
-    bounds += [a['epsilon_one_run'], a['epsilon_one_run_fdp']]
-  best = max(b for b in bounds if not math.isnan(b))
+  best = max(b for b in (m[name] for name in counted) if not math.isnan(b))
   m.update(best_bound=best, privacy_violation=float(best > eps * (1 + 1e-9)),
            accountant_violation=float(max(
                m['exact_epsilon_all_iterates'], m['exact_epsilon_last_iterate']) > eps),
-           confidence=float(design.confidence))
+           verdict_confidence=float(design.confidence), bound_confidence=each,
+           counted_bounds=','.join(counted), confidence=float(design.confidence))
   clips = run['clips']
   if not np.isnan(clips).all():
     m.update(clip_first=float(clips[0]), clip_last=float(clips[-1]),

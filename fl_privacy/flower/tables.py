@@ -203,21 +203,43 @@ def reconstruction_markdown(points: list[dict]) -> list[str]:
   return lines + ['']
 
 
+def _bounds_at(m: dict) -> str:
+  """The level the point's one-run bounds were computed at: `bound_confidence` (the
+  Bonferroni share of the family-wise verdict), or, for a point stored before the verdict
+  was family-wise, its `confidence` marked "per bound"."""
+  if 'bound_confidence' in m:
+    return f'{100 * _finite(m["bound_confidence"]):.4g}%'
+  return f'{100 * _finite(m.get("confidence", 0.95)):g}% per bound'
+
+
 def training_markdown(points: list[dict]) -> list[str]:
   """The `training` part: per setting and threat model, Flower's stated epsilon over the
-  rounds, the exact epsilon of what ran, the one-run lower bounds and the Gaussian-fit
-  estimate, with the canaries behind each; then the adaptive clips' trajectories."""
+  rounds, the exact epsilon of what ran, the one-run lower bounds (at the level each was
+  computed at, `_bounds_at`) and the Gaussian-fit estimate, with the canaries behind each;
+  then the adaptive clips' trajectories. The verdict's family-wise confidence is read from
+  the points, so points stored before it (per-bound bounds) are labelled as such."""
   if not points:
     return []
+  family = sorted({_finite(p['metrics']['verdict_confidence']) for p in points
+                   if 'verdict_confidence' in p['metrics']})
+  verdict = ('violation: the largest counted one-run bound (`counted_bounds`) above the '
+             'stated epsilon, at family-wise ' + ', '.join(f'{100 * c:g}%' for c in family) +
+             ' (each of the k counted bounds at 1 - (1 - c) / k: "bounds at")'
+             if family else '')
+  if any('verdict_confidence' not in p['metrics'] for p in points):
+    verdict += ('; ' if verdict else '') + (
+        'rows "per bound" were stored before the family-wise verdict: their bounds are each '
+        'at that confidence and their violation, the largest of them, holds only at 1 - k '
+        '(1 - c)')
   lines = ['## Flower DP over every round of a deployment (canary clients, one run)', '',
            'Zero-out (an excluded canary is present and replies a 1e-6 C update); each canary '
            'a fair coin; all iterates: every aggregate (LocalDpMod: every upload of the '
-           'canary); last iterate: the final model. One-run: Steinke et al. 2023 lower bounds '
-           '(95%); fit: Andrew et al. 2024 Gaussian-fit ESTIMATE against never-inserted '
+           'canary); last iterate: the final model. One-run: Steinke et al. 2023 lower bounds; '
+           f'{verdict}; fit: Andrew et al. 2024 Gaussian-fit ESTIMATE against never-inserted '
            'directions.', '',
            '| setting | wrapper | rounds | nodes | threat | stated eps (delta) | source | '
-           'exact eps | one-run | one-run f-DP | fit eps [95% CI] (mu) | canaries in/out, null | '
-           'violation | exact > stated |', '|' + '---|' * 14]
+           'exact eps | one-run | one-run f-DP | bounds at | fit eps [95% CI] (mu) | '
+           'canaries in/out, null | violation | exact > stated |', '|' + '---|' * 15]
   for p in points:
     q, m = p['params'], p['metrics']
     for threat in ('all_iterates', 'last_iterate'):
@@ -229,7 +251,8 @@ def training_markdown(points: list[dict]) -> list[str]:
           f'{threat} | {_fmt(m["stated_epsilon"], 2)} ({m["stated_delta"]:g}) | '
           f'{m["stated_epsilon_source"]} | {_fmt(m[f"exact_epsilon_{threat}"], 2)} | '
           f'{_fmt(t("epsilon_one_run"), 2)} | {_fmt(t("epsilon_one_run_fdp"), 2)} | '
-          f'{_fmt(t("epsilon_fit"), 2)} [{_fmt(m.get(f"{threat}/epsilon_fit_ci_low"), 2)}, '
+          f'{_bounds_at(m)} | {_fmt(t("epsilon_fit"), 2)} '
+          f'[{_fmt(m.get(f"{threat}/epsilon_fit_ci_low"), 2)}, '
           f'{_fmt(m.get(f"{threat}/epsilon_fit_ci_high"), 2)}] ({_fmt(t("fit_mu"), 2)}) | '
           f'{t("n_in")}/{t("n_out")}, {t("n_null")} | '
           f'{"YES" if _finite(m["privacy_violation"]) > 0 else "no"} | '

@@ -88,6 +88,11 @@ def test_fixed_clipping_audit_recovers_the_mechanism_and_keeps_the_claim():
   assert 0 < m['all_iterates/epsilon_one_run'] <= m['stated_epsilon']
   assert m['privacy_violation'] == 0 and m['accountant_violation'] == 0
   assert m['game_relation'] == 'zero_out'
+  # The verdict is family-wise at 95%: four counted bounds (two threats), each at 98.75%.
+  assert m['counted_bounds'].split(',') == [f'{t}/{b}' for t in canaries.THREATS
+                                            for b in canaries.BOUNDS]
+  assert (m['verdict_confidence'], m['bound_confidence']) == (0.95, pytest.approx(0.9875))
+  assert m['best_bound'] == max(m[name] for name in m['counted_bounds'].split(','))
 
 
 def test_adaptive_clip_moves_the_wrong_way_and_noise_after_the_update_costs_epsilon():
@@ -112,6 +117,10 @@ def test_misconfigured_local_dp_is_caught_by_the_fit_and_every_upload_is_scored(
   assert bad['all_iterates/epsilon_one_run'] > ok['all_iterates/epsilon_one_run']
   assert ok['all_iterates/epsilon_fit'] < ok['stated_epsilon']
   assert bad['accountant_violation'] == 1 and ok['accountant_violation'] == 0
+  # A deployment records LocalDpMod's uploads: both threats count, k = 4.
+  assert ok['counted_bounds'] == bad['counted_bounds'] == ','.join(
+      canaries.counted_bounds(_setting('local_dp'), uploads_recorded=True))
+  assert ok['bound_confidence'] == pytest.approx(0.9875)
 
 
 def _zero_update_app(mods):

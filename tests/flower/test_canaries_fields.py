@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 
 import jax
 import numpy as np
@@ -19,8 +20,10 @@ from flwr.clientapp import ClientApp
 from fl_privacy.eval import auditing
 from fl_privacy.flower import canaries
 from fl_privacy.flower import dp_audit
+from fl_privacy.flower import tables
 
 KEY = jax.random.key(11)
+_BOUNDS = ('epsilon_one_run', 'epsilon_one_run_fdp')
 DESIGN = canaries.Design(num_canaries=120, num_real=8, num_rounds=3, dimension=512,
                          num_null=200, confidence=0.9)
 
@@ -57,12 +60,15 @@ def _hand_audit(setting, design, key, run):
               dimension=design.dimension, seconds=1.25, game_relation='zero_out',
               confidence=design.confidence)
   want.update(canaries.exact_epsilons(setting, design, run, delta))
+  # Bonferroni over both one-run bounds of every threat with a statistic.
+  threats = [t for t in canaries.THREATS if t in canary]
+  each = 1.0 - (1.0 - design.confidence) / (2 * len(threats))
+  want.update(verdict_confidence=design.confidence, bound_confidence=each,
+              counted_bounds=','.join(f'{t}/{b}' for t in threats for b in _BOUNDS))
   bounds = []
-  for threat in canaries.THREATS:
-    if threat not in canary:
-      continue
+  for threat in threats:
     s = canary[threat]
-    a = auditing.audit_scores(s[inc], s[~inc], delta=delta, confidence=design.confidence)
+    a = auditing.audit_scores(s[inc], s[~inc], delta=delta, confidence=each)
     nul = null.get(threat, s[~inc])
     fit = canaries.gaussian_fit(s[inc], nul, delta, confidence=design.confidence,
                                 rng=np.random.default_rng(np.asarray(jax.random.key_data(
@@ -145,6 +151,134 @@ def test_the_verdicts_flip_exactly_at_the_stated_epsilon(monkeypatch):
     run['stated_flower'] = stated
     m = canaries.audit(setting, DESIGN, KEY)
     assert (m['privacy_violation'], m['accountant_violation']) == (violation, accountant), stated
+
+
+def _check_bonferroni_levels(monkeypatch, wrapper, uploads, k):
+  """`audit_scores` (spied on) receives 1 - (1 - c) / k for each threat, k = 2 x the threats
+  present, and the metrics name that family and those levels."""
+  clips = [0.1, 0.08, 0.07, 0.05] if wrapper in dp_audit.ADAPTIVE else None
+  run = _run(DESIGN, KEY, clips=clips, stated_flower=3.0, local=uploads)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, key: run)
+  seen = []
+  real = auditing.audit_scores
+
+  def spy(ins, outs, **kw):
+    seen.append(kw['confidence'])
+    return real(ins, outs, **kw)
+
+  monkeypatch.setattr(auditing, 'audit_scores', spy)
+  setting = _setting(wrapper, epsilon=1.5)
+  m = canaries.audit(setting, DESIGN, KEY)
+  level = {4: 0.975, 2: 0.95}[k]  # c = 0.9: 1 - 0.1 / 4, 1 - 0.1 / 2
+  threats = canaries.THREATS if k == 4 else ('last_iterate',)
+  names = tuple(f'{t}/{b}' for t in threats for b in _BOUNDS)
+  assert len(seen) == len(threats), seen  # one call per threat, both one-run bounds in it
+  assert all(c == pytest.approx(level, abs=1e-12) for c in seen), seen
+  assert m['bound_confidence'] == seen[0] and m['verdict_confidence'] == 0.9
+  assert m['counted_bounds'] == ','.join(names)
+  assert canaries.counted_bounds(setting, uploads) == names
+  assert m['best_bound'] == max(m[n] for n in names)
+
+
+@pytest.mark.parametrize('wrapper, uploads, k', [
+    ('server_fixed', False, 4), ('client_fixed', False, 4), ('server_adaptive', False, 4),
+    ('client_adaptive', False, 4), ('local_dp', True, 4), ('local_dp', False, 2)])
+def test_the_counted_bounds_are_computed_at_the_bonferroni_level(monkeypatch, wrapper,
+                                                                 uploads, k):
+  """k counted bounds, two per threat model present (both count: every wrapper is Gaussian),
+  each at 1 - (1 - c) / k: 97.5% at c = 0.9 with both threats, 95% for LocalDpMod without
+  recorded uploads (last iterate only). The central wrappers' family does not depend on
+  uploads (`uploads` False: they have none)."""
+  _check_bonferroni_levels(monkeypatch, wrapper, uploads, k)
+
+
+def _check_verdict_against_the_family_wise_bound(monkeypatch):
+  """The verdict is the largest counted bound at 1 - (1 - c) / k against the stated epsilon,
+  computed here from `audit_scores` (not read from the audit): a stated epsilon 0.1% below it
+  is a violation, 0.1% above it is not (margins float rounding cannot cross), nor one between
+  it and the largest of the same bounds each at c (what a per-bound verdict would read)."""
+  setting = _setting('server_fixed', noise_multiplier=2.0)
+  run = _run(DESIGN, KEY, signal=3.0)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  inc = run['included']
+  statistic = canaries.scores(setting, run, run['directions'])
+
+  def best_at(level):
+    return max(auditing.audit_scores(statistic[t][inc], statistic[t][~inc],
+                                     delta=setting.delta, confidence=level)[b]
+               for t in canaries.THREATS for b in _BOUNDS)
+
+  tight = best_at(1.0 - (1.0 - DESIGN.confidence) / 4)
+  loose = best_at(DESIGN.confidence)
+  assert loose > 1.2 * tight > 0  # the correction matters at this size (5.49 vs 3.87)
+  for label, stated, violation in (('just below', tight * 0.999, 1.0),
+                                   ('just above', tight * 1.001, 0.0),
+                                   ('between', 0.5 * (tight + loose), 0.0)):
+    run['stated_flower'] = stated
+    m = canaries.audit(setting, DESIGN, KEY)
+    assert m['privacy_violation'] == violation, f'stated {label} the family-wise bound'
+  assert m['best_bound'] == tight
+
+
+def test_the_verdict_compares_the_family_wise_bounds_with_the_stated_epsilon(monkeypatch):
+  _check_verdict_against_the_family_wise_bound(monkeypatch)
+
+
+def test_a_verdict_on_bounds_each_at_the_stated_confidence_fails_both_checks(monkeypatch):
+  """Mutation check: the audit as it was before issue 40 (every bound at c, the verdict on
+  their largest: family-wise only at 1 - k (1 - c)), emulated by an `auditing` whose
+  `audit_scores` drops the confidence `audit` passes for c, fails the level check and the
+  verdict check (it flags a stated epsilon above the family-wise bound)."""
+  real = auditing.audit_scores
+
+  def per_bound(ins, outs, *, confidence, **kw):
+    del confidence
+    return auditing.audit_scores(ins, outs, confidence=DESIGN.confidence, **kw)
+
+  monkeypatch.setattr(canaries, 'auditing', types.SimpleNamespace(
+      **dict(vars(auditing), audit_scores=per_bound)))
+  # It flags a stated epsilon above the family-wise bound (just above it, and between the
+  # two bests): the verdict's own comparison fails, not the check's premise.
+  with pytest.raises(AssertionError, match='stated just above the family-wise bound'):
+    _check_verdict_against_the_family_wise_bound(monkeypatch)
+  with pytest.raises(AssertionError):
+    _check_bonferroni_levels(monkeypatch, 'server_fixed', False, 4)
+  monkeypatch.setattr(auditing, 'audit_scores', real)
+  monkeypatch.setattr(canaries, 'auditing', auditing)
+  _check_verdict_against_the_family_wise_bound(monkeypatch)  # the audit itself passes
+
+
+def test_the_training_table_states_the_levels_of_its_bounds_and_verdict(monkeypatch):
+  """The table reads each point's `bound_confidence` and the family-wise
+  `verdict_confidence`; a point stored before them is marked as bounds each at its
+  `confidence`, a verdict that is not family-wise."""
+  run = _run(DESIGN, KEY, local=True)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  m = canaries.audit(_setting('local_dp', epsilon=1.5), DESIGN, KEY)
+  old = {k: v for k, v in m.items()
+         if k not in ('verdict_confidence', 'bound_confidence', 'counted_bounds')}
+  params = dict(setting='eps1.5', wrapper='local_dp', num_rounds=3)
+  lines = tables.training_markdown([{'params': params, 'metrics': m}])
+  text = '\n'.join(lines)
+  assert 'at family-wise 90% (each of the k counted bounds at 1 - (1 - c) / k' in text
+  assert 'per bound' not in text
+  rows = [line for line in lines if line.startswith('| eps1.5 |')]
+  assert len(rows) == 2 and all('| 97.5% |' in r for r in rows)
+  mixed = '\n'.join(tables.training_markdown([{'params': params, 'metrics': m},
+                                              {'params': params, 'metrics': old}]))
+  assert '| 90% per bound |' in mixed and 'stored before the family-wise verdict' in mixed
+
+
+def test_a_threat_missing_from_the_fixed_family_is_refused(monkeypatch):
+  """The family (and k) is fixed before any score; statistics that do not match it stop the
+  audit rather than change k after the fact."""
+  run = _run(DESIGN, KEY)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  scores = canaries.scores
+  monkeypatch.setattr(canaries, 'scores', lambda *a: {
+      k: v for k, v in scores(*a).items() if k != 'all_iterates'})
+  with pytest.raises(RuntimeError, match='not the ones counted'):
+    canaries.audit(_setting('server_fixed'), DESIGN, KEY)
 
 
 def test_an_audit_needs_canaries_in_both_worlds(monkeypatch):
@@ -388,3 +522,4 @@ def test_a_deployment_that_released_too_few_models_is_refused(monkeypatch):
   monkeypatch.setattr(canaries.runner, 'run', two_rounds_released)
   with pytest.raises(RuntimeError, match='^1 of 3 rounds released a model$'):
     canaries.deploy(_setting('server_fixed'), _TINY, KEY)
+
