@@ -221,9 +221,17 @@ def epsilon(decl: Declaration, noise_multiplier: float | None = None, *, delta: 
 def delta_for(decl: Declaration, noise_multiplier: float, *, epsilon_: float,
               accountant: str = 'rdp') -> float:
   """The accountant's delta at `epsilon_`: its privacy profile delta(epsilon), to plot an
-  audit's empirical profile against."""
+  audit's empirical profile against.
+
+  A pure declaration claims epsilon-DP (epsilon its composed `pure_epsilon`), whose tightest
+  implied profile is randomized response's: delta(e) = (e^epsilon - e^e) / (1 + e^epsilon) for
+  e < epsilon, 0 above (every epsilon-DP pair's trade-off curve lies above RR's; Kairouz, Oh,
+  Viswanath, ICML 2015, Theorem 2.1)."""
   if decl.pure_epsilon is not None:
-    return 0.0 if epsilon_ >= epsilon(decl, delta=0.5) else 1.0
+    total = epsilon(decl, delta=0.5)
+    if epsilon_ >= total:
+      return 0.0
+    return float(-math.expm1(float(epsilon_) - total) / (1.0 + math.exp(-total)))
   if not noise_multiplier > 0:
     return 1.0
   acc = _accountant(decl, accountant)

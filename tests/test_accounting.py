@@ -277,10 +277,15 @@ def test_pure_epsilon_composes_basically():
     assert accounting.epsilon(decl, z, delta=DELTA) == 3.0
   with pytest.raises(ValueError, match='delta'):
     accounting.epsilon(decl, delta=0.0)
-  # Its privacy profile: delta 0 from the composed epsilon on, 1 below it.
+  # Its privacy profile: delta 0 from the composed epsilon on; below it randomized response's
+  # hockey-stick divergence (e^3 - e^e) / (1 + e^3), checked against RR's two outcomes.
   assert accounting.delta_for(decl, 0.0, epsilon_=3.0) == 0.0
   assert accounting.delta_for(decl, 0.0, epsilon_=3.5) == 0.0
-  assert accounting.delta_for(decl, 1.0, epsilon_=2.999) == 1.0
+  p = math.exp(3.0) / (1 + math.exp(3.0))
+  for e in (0.0, 1.0, 2.999):
+    rr = max(p - math.exp(e) * (1 - p), 0.0) + max((1 - p) - math.exp(e) * p, 0.0)
+    assert accounting.delta_for(decl, 1.0, epsilon_=e) == pytest.approx(rr, rel=1e-12)
+  assert accounting.delta_for(decl, 1.0, epsilon_=0.0) == pytest.approx(2 * p - 1)
   with pytest.raises(ValueError, match='^t is pure epsilon-DP: it has no noise multiplier$'):
     accounting.noise_multiplier_for(decl, 1.0, delta=DELTA)
 

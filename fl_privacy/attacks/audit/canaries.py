@@ -1,46 +1,57 @@
-"""Canaries inside the training that runs: the one-run audit of a whole FL training.
+"""Canaries inside the training that runs: the audit of a whole FL training.
 
 A training audit adds canaries to a real federated training (the experiments' own client
 protocol, round loop, participation sampling, upload hook and defense hooks: `fl.rounds.run`)
 and reads what the adversary of the defense's declaration may read:
 
 - **Canary clients** (client-level mechanisms: `update_dp`, `central_dp`, `weak_dp`,
-  `ldp_sgd`): J extra clients (`fl.rounds.Injected`) whose update every round is a fixed unit
+  `ldp_sgd`): J clients of the federation (`fl.rounds.Injected`) that train through
+  `fl.local.client_update` like every client, on a local loss whose update is a fixed unit
   direction v_j scaled to `norm` (above the clip, so the defense's clip must act), Andrew,
   Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Estimation for
   Federated Learning" (ICLR 2024, arXiv:2302.03098), Sect. 3. Each canary's world is a fair
   coin (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023,
   arXiv:2305.08846, Algorithm 1): under a replace-one declaration the client is present in
   both worlds and uploads +v_j (IN) or -v_j (OUT); under add/remove it uploads v_j (IN) or
-  reports no examples (OUT: weight 0, out of every mean).
+  reports no examples (OUT: weight 0, out of every mean). The directions of one training are a
+  uniformly random orthonormal frame (`directions`: each a uniform unit vector, exactly
+  orthogonal to the others) or Dirac vectors.
 - **Canary examples** (record-level `dp_sgd`, Poisson or shuffled): m extra rows spread over
   the real clients' shards, going through the real sampler, masks, per-example gradients and
   clip. Two kinds: `gradient` (white-box: the row's loss is s v . w for a Dirac v on its own
   coordinate, so its per-example gradient is the Dirac vector of norm `norm` whatever the
   model, the canary Nasr et al., "Tight Auditing of Differentially Private Machine Learning",
-  USENIX Security 2023, arXiv:2302.07956, let the adversary insert) and `input` (black-box: a
-  test image with a wrong label). Add/remove (Poisson): the row is real (IN) or padding (OUT);
-  replace-one (shuffle): the row is real in both worlds, +Dirac / -Dirac, or the wrong / the
-  true label.
+  USENIX Security 2023, arXiv:2302.07956, let the adversary insert) and `input` (black-box: an
+  image no client holds, with a wrong label). Add/remove (Poisson): the row is real (IN) or
+  padding (OUT); replace-one (shuffle): the row is real in both worlds, +Dirac / -Dirac, or the
+  wrong / the true label.
 
-Threats (what the adversary reads): `all_iterates`, every release its declaration lets it see
-(each upload of the canary's client when the adversary is the server; each round's aggregate
-when it reads the aggregate), and `last_iterate`, only the final model w_T against w_0.
+Threats (what the adversary reads; `THREATS`):
+- `all_steps` (gradient canaries of DP-SGD): DP-SGD's own adversary, which sees every noisy
+  step and knows every other example's clipped gradient (Nasr et al. 2023). A trace of every
+  local step (`fl.local.Step`) gives, on each canary's coordinate, the step's noisy sum minus
+  the other rows' clipped gradients: the canary's own clipped gradient when the step drew it,
+  plus that coordinate's noise. Scored by the likelihood ratio of the Poisson-subsampled
+  Gaussian (`step_llr`), or, for shuffled batches, whose claim (no amplification) covers an
+  adversary who knows the batches, summed over the steps that hold the canary. Each score is a
+  function of the canary's coin, its own inclusion draws and its own coordinate's noise:
+  independent trials.
+- `all_iterates`: every release the declaration's adversary reads at every round: each upload
+  of the canary's client when it is the server (for DP-SGD: one upload per round, the sum of
+  its steps), each round's aggregate for a reader of the aggregate.
+- `last_iterate`: only the final model w_T against w_0.
 Scores (higher = IN): the projection of each release on the canary's direction summed over
 rounds (the server knows who took part and sums the rounds its canary did; an aggregate reader
 does not, and under participation sampling uses the likelihood ratio of the subsampled
 mixture, `mixture_llr`), for input canaries the loss decrease on the wrong label.
 
-Statistics (`audit`): the canaries of one training share it, so their scores are dependent:
-only the one-run bounds apply (`eval.auditing.audit_scores`' `epsilon_one_run` and its f-DP
-refinement `epsilon_one_run_fdp`, the latter counted only for Gaussian-shaped mechanisms),
-at a family-wise confidence (Bonferroni over the counted bounds), and Andrew et al.'s
-Gaussian-fit `epsilon_estimate` (an estimate, not a bound). Their strength depends on the
-number of canaries m and on delta: the one-run p-value carries a term in m delta.
+The statistics (bounds, verdict, what the canaries could certify at best, estimates) are in
+`attacks.audit.canary_statistics` (re-exported here).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -49,22 +60,20 @@ from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 
+from fl_privacy.attacks.audit.canary_statistics import audit  # pylint: disable=unused-import
+from fl_privacy.attacks.audit.canary_statistics import counted_bounds  # pylint: disable=unused-import
+from fl_privacy.attacks.audit.canary_statistics import gaussian_fit_epsilon  # pylint: disable=unused-import
+from fl_privacy.attacks.audit.canary_statistics import NO_ESTIMATE  # pylint: disable=unused-import
+from fl_privacy.attacks.audit.canary_statistics import NON_GAUSSIAN  # pylint: disable=unused-import
 from fl_privacy.defenses import dp
-from fl_privacy.eval import auditing
+from fl_privacy.fl import local
 from fl_privacy.fl import losses
 from fl_privacy.fl import rounds
+from fl_privacy.mechanisms import gaussian
 
 CANARY_KINDS = ('client', 'gradient', 'input')
-THREATS = ('all_iterates', 'last_iterate')
+THREATS = ('all_steps', 'all_iterates', 'last_iterate')
 DIRECTIONS = ('random', 'dirac')
-# Mechanisms whose trade-off curve is not Gaussian: the f-DP one-run bound (which tests
-# Gaussian curves) is reported there but not counted.
-NON_GAUSSIAN = ('ldp_sgd', 'dp_sgd_poisson', 'central_dp_without_replacement',
-                'weak_dp_without_replacement')
-# Pure-DP randomizers: their trade-off curve is randomized response's over any number of
-# reports, so Andrew et al.'s Gaussian fit says nothing about them (it reads 15 at a claimed
-# 8 for LDP-SGD over 5 reports); `audit` leaves the estimate out (NaN).
-NO_ESTIMATE = ('ldp_sgd',)
 
 COIN_SALT = 0x7FFF2001
 DIRECTION_SALT = 0x7FFF2002
@@ -82,20 +91,26 @@ def coins(key: jax.Array, num: int) -> np.ndarray:
 
 
 def directions(key: jax.Array, num: int, dim: int, kind: str = 'random') -> np.ndarray:
-  """[num, dim] unit directions: independent uniform ones (`random`, row i from
-  `fold_in(key, i)`) or Dirac vectors on distinct random coordinates (`dirac`, num <= dim)."""
+  """[num, dim] unit directions, num <= dim: a uniformly random orthonormal frame (`random`:
+  the QR factor of a Gaussian matrix whose row i is drawn from `fold_in(key, i)`, signs fixed
+  so that the frame is Haar-distributed; each row is then a uniform unit vector and the rows
+  are exactly orthogonal) or Dirac vectors on distinct random coordinates (`dirac`)."""
+  if kind not in DIRECTIONS:
+    raise ValueError(f'direction must be one of {DIRECTIONS} (got {kind!r})')
+  if num > dim:
+    raise ValueError(f'{num} orthogonal canary directions need as many coordinates (the model '
+                     f'has {dim})')
   k = jax.random.fold_in(key, DIRECTION_SALT)
   if kind == 'dirac':
-    if num > dim:
-      raise ValueError(f'{num} Dirac canaries need as many coordinates (the model has {dim})')
     coords = np.asarray(jax.random.permutation(k, dim)[:num])
     out = np.zeros((num, dim), np.float32)
     out[np.arange(num), coords] = 1.0
     return out
-  if kind != 'random':
-    raise ValueError(f'direction must be one of {DIRECTIONS} (got {kind!r})')
-  g = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), (dim,)))(jnp.arange(num))
-  return np.asarray(g / jnp.linalg.norm(g, axis=1, keepdims=True), np.float32)
+  g = np.asarray(jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), (dim,)))(
+      jnp.arange(num)), np.float64)
+  q, r = np.linalg.qr(g.T)
+  q = q * np.sign(np.diag(r))[None, :]  # the sign convention that makes the frame Haar
+  return np.ascontiguousarray(q.T, np.float32)
 
 
 def dirac_coordinates(key: jax.Array, num: int, dim: int) -> np.ndarray:
@@ -115,13 +130,16 @@ def signs(relation: str, world: np.ndarray) -> np.ndarray:
 
 
 def injected_clients(dirs: np.ndarray, world: np.ndarray, unravel: Callable, *, norm: float,
-                     relation: str, size: float) -> rounds.Injected:
+                     relation: str, size: float, always: bool = False) -> rounds.Injected:
   """The canary clients as `rounds.Injected`: update sign x norm x v_j every round; under
-  add/remove an OUT canary reports 0 examples (out of every mean and of the participants)."""
+  add/remove an OUT canary reports 0 examples (out of every mean and of the participants).
+  `always`: every canary takes part in every round (the server's choice). (`Planted` holds
+  its deltas and sizes as a pair.)"""
   flat = dirs * (float(norm) * signs(relation, world))[:, None]
   present = np.ones(len(world), np.float32) if relation == 'replace_one' else world
   deltas = jax.vmap(unravel)(jnp.asarray(flat))
-  return rounds.Injected(deltas=deltas, sizes=jnp.asarray(present * float(size), jnp.float32))
+  return rounds.Injected(deltas=deltas, sizes=jnp.asarray(present * float(size), jnp.float32),
+                         always=bool(always))
 
 
 class Examples(NamedTuple):
@@ -167,10 +185,11 @@ def gradient_canary_loss(loss_hook: Callable, num_classes: int, coordinates: np.
   Canary i's loss is s_i x scale x w[c_i] (w the flattened parameters), so its per-example
   gradient is s_i x scale x e_{c_i} whatever the model: the Dirac gradient canary of Nasr et
   al. 2023, which DP-SGD's per-example clip then bounds. The other rows keep `loss_hook`.
+  `coordinates` and `code_sign` may be traced (one training per replicate under `vmap`).
   """
   coords = jnp.asarray(coordinates, jnp.int32)
   sgn = jnp.asarray(code_sign, jnp.float32)
-  num = int(len(coordinates))
+  num = int(np.shape(coordinates)[0])
 
   def loss(key, loss_fn, params, x, y, mask, aux):
     canary = y >= num_classes
@@ -199,133 +218,163 @@ def mixture_llr(x: jax.Array, q: float, shift: jax.Array, sigma: jax.Array) -> j
   return jnp.sum(jnp.logaddexp(l1q, lq + a) - jnp.logaddexp(l1q, lq + b), axis=-1)
 
 
+def step_llr(x: jax.Array, q: float, shift: float, sigma: float) -> jax.Array:
+  """log(1 - q + q e^{(x D - D^2/2)/s^2}) elementwise: one step's log-likelihood ratio of an
+  add/remove canary drawn with probability q (shift D) against its absence, in noise s (the
+  Poisson-subsampled Gaussian; for q = 1, (x D - D^2/2) / s^2)."""
+  a = (x * shift - 0.5 * shift**2) / sigma**2
+  if q >= 1:
+    return a
+  return jnp.logaddexp(jnp.log1p(-q), jnp.log(q) + a)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReading:
+  """How the `all_steps` adversary reads a DP-SGD client's steps (public facts of the claim):
+  `poisson` (the noisy sum is divided by the expected batch `batch_size`; else by the batch's
+  rows, and the adversary knows which step holds its canary), the clip C, the claimed rate q
+  and noise std z C of the likelihood ratio, and `base_rows`: the shard rows before the canary
+  rows (`place_examples` appends them). The noise std travels as a traced operand of the
+  compiled training (`static` drops it), so the claims of a sweep share one program."""
+  poisson: bool
+  clip_norm: float
+  batch_size: int
+  rate: float
+  noise_std: float
+  base_rows: int
+
+  def static(self) -> 'StepReading':
+    return dataclasses.replace(self, noise_std=math.nan)
+
+
+class Planted(NamedTuple):
+  """One training's canaries (each field stacked on a leading replicate axis for
+  `train`): their coins, and per kind the canary clients (`directions` [J, P], `injected`:
+  the `rounds.Injected` deltas and sizes as a pair; whether they take part every round is
+  `train`'s `always`), the gradient canaries' `coordinates` [m] and signs, or the input
+  canaries' images and the wrong labels their scores read."""
+  world: Any
+  directions: Any = None
+  injected: Any = None
+  coordinates: Any = None
+  code_sign: Any = None
+  x: Any = None
+  y: Any = None
+
+
 class Scores(NamedTuple):
-  """What one training gave the adversaries, per canary: the sum over the rounds it took part
-  in of the server-read projections of its own uploads (`uploads` [m]), the per-round
-  aggregate projections w_t - w_{t+1} (`aggregates` [T, m]), the real clients' clipped
-  uploads projected and summed per round (`known` [T, m], what a white-box reader of the
-  aggregate subtracts), the participants per round (`participants` [T]), the last iterate's
-  projection w_0 - w_T (`last` [m]; the loss decrease for input canaries) and w_T's test
-  accuracy (NaN without a test split)."""
+  """What the trainings gave the adversaries, per canary (replicates concatenated): the sum
+  over the rounds it took part in of the server-read projections of its own uploads
+  (`uploads` [m]), the per-round aggregate projections w_t - w_{t+1} (`aggregates` [T, m]),
+  the real clients' clipped uploads projected and summed per round (`known` [T, m], what a
+  white-box reader of the aggregate subtracts), the participants per round of the canary's
+  training (`participants` [T, m]), the last iterate's projection w_0 - w_T (`last` [m]; the
+  loss decrease for input canaries), the `all_steps` score (`steps` [m]) and the per-step
+  moments behind it (`step_moments` [m, 3]: sum of L, of L^2, and the client's live steps,
+  every step for Poisson batches: `canary_statistics.subsampled_fit_epsilon` reads them), and
+  each training's
+  final test accuracy (`test_accuracy` [R], NaN without a test split)."""
   uploads: np.ndarray
   aggregates: np.ndarray
   known: np.ndarray
   participants: np.ndarray
   last: np.ndarray
-  test_accuracy: float
+  test_accuracy: np.ndarray
+  steps: np.ndarray | None = None
+  step_moments: np.ndarray | None = None
 
 
-def _client_observers(dirs: jax.Array, num_real: int, num_rounds: int, clip_norm: float,
-                      ravel: Callable):
-  """observe / reduce of canary clients: each canary's own upload projected (server), and
-  the real participants' uploads clipped to C, summed and projected once (the known
-  contributions: one J x P product per round, not one per client)."""
-  def observe(k, t, i, global_params, upload):
-    del k, t, global_params
-    own = ravel(upload) @ dirs[jnp.clip(i - num_real, 0, dirs.shape[0] - 1)]
-    clipped = jnp.where(i < num_real, ravel(dp.clip_tree(upload, clip_norm)), 0.0)
-    return own, clipped
+def _client_observers(num_real: int, num_rounds: int, clip_norm: float, ravel: Callable):
+  """observe / reduce of canary clients (directions given at each call): each canary's own
+  upload projected (server), and the real participants' uploads clipped to C, summed and
+  projected once (the known contributions: one J x P product per round, not one per
+  client)."""
+  def make(dirs):
+    def observe(k, t, i, global_params, upload):
+      del k, t, global_params
+      own = ravel(upload) @ dirs[jnp.clip(i - num_real, 0, dirs.shape[0] - 1)]
+      clipped = jnp.where(i < num_real, ravel(dp.clip_tree(upload, clip_norm)), 0.0)
+      return own, clipped
 
-  def reduce(state, t, seen, part):
-    own_sum, known = state
-    own, clipped = seen
-    p = part.astype(jnp.float32)
-    return (own_sum + own[num_real:] * p[num_real:],
-            known.at[t].set(dirs @ jnp.sum(clipped * p[:, None], axis=0)))
+    def reduce(state, t, seen, part):
+      own_sum, known = state
+      own, clipped = seen
+      p = part.astype(jnp.float32)
+      return (own_sum + own[num_real:] * p[num_real:],
+              known.at[t].set(dirs @ jnp.sum(clipped * p[:, None], axis=0)))
 
-  init = (jnp.zeros(dirs.shape[0]), jnp.zeros((num_rounds, dirs.shape[0])))
-  return observe, reduce, init
+    init = (jnp.zeros(dirs.shape[0]), jnp.zeros((num_rounds, dirs.shape[0])))
+    return observe, reduce, init
+  return make
 
 
-def train(apply_fn, params, clients: rounds.ClientData, *, key, hooks, num_rounds: int,
-          optimizer, epochs: int, batch_size: int, participation: float, kind: str,
-          clip_norm: float, canary_dirs: np.ndarray | None = None,
-          injected: rounds.Injected | None = None, examples: Examples | None = None,
-          coordinates: np.ndarray | None = None, canary_x: np.ndarray | None = None,
-          canary_y: np.ndarray | None = None, test_x=None, test_y=None) -> Scores:
-  """One real training (`rounds.run` with the defense's hooks) with canaries; the scores.
+def _step_trace(reading: StepReading, coords: jax.Array, per: int, ravel: Callable):  # noqa
+  """The `all_steps` instrument of one step (`fl.local.Step`): per canary coordinate, the
+  step's noisy sum minus the other rows' clipped gradients (L), and which of the client's
+  canary slots the batch holds."""
+  c = float(reading.clip_norm)
 
-  Args:
-    apply_fn: the model's `apply`.
-    params: w_0.
-    clients: the real clients' `ClientData` (with the canary rows for record canaries).
-    key, hooks, num_rounds, optimizer, epochs, batch_size, participation: as `rounds.run`
-      takes them (the defense's hooks, the participation that runs).
-    kind: 'client', 'gradient' or 'input'.
-    clip_norm: C of the known contributions (canary clients; the record kinds do not read it).
-    canary_dirs: [J, P] the canary clients' unit directions ('client').
-    injected: the canary clients ('client').
-    examples: the canary rows' placement ('gradient', 'input').
-    coordinates: the gradient canaries' Dirac coordinates [m].
-    canary_x, canary_y: the input canaries and the label their score reads (the wrong one).
-    test_x, test_y: for the final model's accuracy.
-  """
-  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
-  loss_fn = losses.make_loss_fn(apply_fn)
-  num_real = clients.num_clients
-  per_example_ce = lambda p, x, y: losses.per_example_cross_entropy(apply_fn(p, x), y)
+  def trace(step: local.Step):
+    clipped, _ = gaussian.clip_per_example(step.per_example, c)
+    cols = jax.vmap(lambda g: ravel(g)[coords])(clipped)          # [W, m]
+    others = step.row_mask * (step.indices < reading.base_rows)   # real, non-canary rows
+    known = others @ cols
+    den = float(reading.batch_size) if reading.poisson else jnp.maximum(
+        jnp.sum(step.row_mask), 1.0)
+    leftover = den * ravel(step.grad)[coords] - known
+    slots = reading.base_rows + jnp.arange(per)
+    held = (step.row_mask[:, None] * (step.indices[:, None] == slots[None, :])).sum(0)
+    return leftover, held, step.live
+  return trace
 
-  if kind == 'client':
-    dirs = jnp.asarray(canary_dirs)
-    observe, reduce, init = _client_observers(dirs, num_real, num_rounds, clip_norm, ravel)
-    project = lambda p: dirs @ ravel(p)
-  else:
-    owner = examples.owner
-    per = int(np.max(np.bincount(owner)))
-    slot_of = np.zeros((num_real, per), np.int64)
-    slot_of[owner, _slot_positions(owner)] = np.arange(len(owner))
-    slot_idx = jnp.asarray(slot_of)
+
+def _example_observers(kind: str, reading: StepReading | None, slot_of: jax.Array,
+                       coords: jax.Array | None, cx, cy, per_example_ce, ravel: Callable,
+                       noise_std=None):
+  """observe / reduce / init / trace of canary examples: the server's per-round reading of the
+  owner's upload (`all_iterates`), and with `reading` the per-step one (`all_steps`)."""
+  num_real, per = slot_of.shape
+  ids = jnp.clip(slot_of, 0, None)
+  live_slot = (slot_of >= 0).astype(jnp.float32)
+
+  def server_view(i, global_params, upload):
     if kind == 'gradient':
-      coords = jnp.asarray(coordinates, jnp.int32)
+      return ravel(upload)[coords[ids[i]]]
+    xs, ys = cx[ids[i]], cy[ids[i]]
+    local_params = jax.tree_util.tree_map(lambda w, d: w - d, global_params, upload)
+    return per_example_ce(global_params, xs, ys) - per_example_ce(local_params, xs, ys)
 
-      def observe(k, t, i, global_params, upload):
-        del k, t, global_params
-        return ravel(upload)[coords[slot_idx[i]]]
-
-      project = lambda p: ravel(p)[coords]
-    else:
-      cx, cy = jnp.asarray(canary_x), jnp.asarray(canary_y)
-
-      def observe(k, t, i, global_params, upload):
-        del k, t
-        xs, ys = cx[slot_idx[i]], cy[slot_idx[i]]
-        local = jax.tree_util.tree_map(lambda w, d: w - d, global_params, upload)
-        return per_example_ce(global_params, xs, ys) - per_example_ce(local, xs, ys)
-
-      project = lambda p: -per_example_ce(p, cx, cy)
+  if reading is None:
+    def observe(k, t, i, global_params, upload):
+      del k, t
+      return server_view(i, global_params, upload)
 
     def reduce(state, t, seen, part):
       del t
-      return state + seen * part[:, None]
+      return state + seen * part[:, None] * live_slot
+    return observe, reduce, jnp.zeros((num_real, per)), None
 
-    init = jnp.zeros((num_real, per))
+  def observe(k, t, i, global_params, upload, traces):
+    del k, t
+    leftover, held, live = traces                     # [S, m], [S, per], [S]
+    own = leftover[:, ids[i]] * live[:, None]          # [S, per]
+    if reading.poisson:
+      score = jnp.sum(step_llr(own, reading.rate, reading.clip_norm, noise_std)
+                      * live[:, None], axis=0)
+    else:
+      score = jnp.sum(own * held, axis=0)
+    moments = jnp.stack([own.sum(0), (own ** 2).sum(0),
+                         jnp.broadcast_to(live.sum(), (per,))], axis=-1)
+    return server_view(i, global_params, upload), score, moments
 
-  def run(params, clients):
-    final, log = rounds.run(loss_fn, params, clients, key=key, num_rounds=num_rounds,
-                            optimizer=optimizer, epochs=epochs, batch_size=batch_size,
-                            hooks=hooks, participation=participation, observe=observe,
-                            reduce=reduce, init=init, evaluate=project, injected=injected)
-    correct = (jnp.sum(jnp.argmax(apply_fn(final, test_x), -1) == test_y)
-               if test_x is not None else jnp.asarray(0))
-    return (log.observed, log.evaluations, jnp.sum(log.participants, axis=1),
-            project(params), project(final), correct)
+  def reduce(state, t, seen, part):
+    del t
+    w = part[:, None] * live_slot
+    return tuple(s + v * (w if v.ndim == 2 else w[..., None]) for s, v in zip(state, seen))
 
-  observed, per_round, count, first, last, correct = jax.jit(run)(params, clients)
-  per_round, first, last = np.asarray(per_round), np.asarray(first), np.asarray(last)
-  if kind == 'client':
-    own, known = (np.asarray(a) for a in observed)
-  else:
-    own = np.asarray(observed)[examples.owner, _slot_positions(examples.owner)]
-    known = np.zeros_like(per_round)
-  before = np.concatenate([first[None], per_round[:-1]])
-  acc = math.nan if test_y is None else float(correct) / len(test_y)
-  # Projections are read as w_t - w_{t+1} (what moved towards the canary); the input
-  # canaries' projection is minus their loss, so there the same reading is a loss decrease
-  # with the other sign.
-  sign = -1.0 if kind == 'input' else 1.0
-  return Scores(uploads=own, aggregates=sign * (before - per_round), known=known,
-                participants=np.asarray(count), last=sign * (first - last),
-                test_accuracy=acc)
+  init = (jnp.zeros((num_real, per)), jnp.zeros((num_real, per)),
+          jnp.zeros((num_real, per, 3)))
+  return observe, reduce, init, _step_trace(reading, coords, per, ravel)
 
 
 def _slot_positions(owner: np.ndarray) -> np.ndarray:
@@ -338,122 +387,228 @@ def _slot_positions(owner: np.ndarray) -> np.ndarray:
   return pos
 
 
+def slot_table(owner: np.ndarray, num_clients: int) -> np.ndarray:
+  """[K, per] the canary id in each client's canary slot (-1 where none)."""
+  per = max(1, int(np.max(np.bincount(owner, minlength=num_clients))))
+  out = np.full((num_clients, per), -1, np.int64)
+  out[owner, _slot_positions(owner)] = np.arange(len(owner))
+  return out
+
+
+def split_hooks(hooks) -> tuple[Any, dict[str, Any]]:
+  """(static, traced) parts of the hooks: the fields that are `jax.tree_util.Partial`s (the DP
+  defenses' clip and noise as arrays) travel as traced operands, so every claim and every
+  planted noise of a defense runs the same compiled training; the rest stay static."""
+  traced = {f: h for f, h in hooks._asdict().items() if isinstance(h, jax.tree_util.Partial)}
+  return hooks._replace(**{f: None for f in traced}), traced
+
+
+# The compiled trainings, keyed by their static arguments (`_compiled`).
+_PROGRAMS: dict = {}
+
+
+def _compiled(apply_fn, *, kind: str, hooks, num_rounds: int, optimizer, epochs: int,
+              batch_size: int, participation: float, clip_norm: float, num_real: int,
+              owner: np.ndarray | None, reading: StepReading | None, num_classes: int,
+              canary_norm: float, always: bool):
+  """The jitted, replicate-vmapped training: (params, clients, key, planted, traced hooks,
+  test_x, test_y) -> raw outputs, one program per static configuration."""
+  key = (apply_fn, kind, hooks, num_rounds, optimizer, epochs, batch_size, participation,
+         clip_norm, num_real, None if owner is None else np.asarray(owner).tobytes(),
+         None if reading is None else reading.static(), num_classes, canary_norm, always)
+  if key in _PROGRAMS:
+    return _PROGRAMS[key]
+  ravel = lambda p: flatten_util.ravel_pytree(p)[0]
+  loss_fn = losses.make_loss_fn(apply_fn)
+  per_example_ce = lambda p, x, y: losses.per_example_cross_entropy(apply_fn(p, x), y)
+  slot_of = None if owner is None else jnp.asarray(slot_table(owner, num_real))
+
+  def run(params, clients, rkey, planted: Planted, traced, test_x, test_y):
+    traced = dict(traced)
+    noise_std = traced.pop('step_noise_std', None)
+    trace, h = None, hooks._replace(**traced)
+    if kind == 'client':
+      dirs = jnp.asarray(planted.directions)
+      observe, reduce, init = _client_observers(num_real, num_rounds, clip_norm, ravel)(dirs)
+      project = lambda p: dirs @ ravel(p)
+      injected = rounds.Injected(deltas=planted.injected[0], sizes=planted.injected[1],
+                                 always=always)
+    else:
+      injected = None
+      coords = None if kind == 'input' else planted.coordinates
+      if kind == 'gradient':
+        h = h._replace(loss=gradient_canary_loss(h.loss, num_classes, coords,
+                                                 planted.code_sign, canary_norm, ravel))
+        project = lambda p: ravel(p)[coords]
+      else:
+        project = lambda p: -per_example_ce(p, planted.x, planted.y)
+      observe, reduce, init, trace = _example_observers(
+          kind, reading, slot_of, coords, planted.x, planted.y, per_example_ce, ravel,
+          noise_std)
+    final, log = rounds.run(loss_fn, params, clients, key=rkey, num_rounds=num_rounds,
+                            optimizer=optimizer, epochs=epochs, batch_size=batch_size,
+                            hooks=h, participation=participation, observe=observe,
+                            reduce=reduce, init=init, evaluate=project, injected=injected,
+                            trace=trace)
+    correct = (jnp.sum(jnp.argmax(apply_fn(final, test_x), -1) == test_y)
+               if test_y is not None else jnp.asarray(0))
+    return (log.observed, log.evaluations, jnp.sum(log.participants, axis=1),
+            project(params), project(final), correct)
+
+  _PROGRAMS[key] = jax.jit(jax.vmap(run, in_axes=(0, 0, 0, 0, None, None, None)))
+  return _PROGRAMS[key]
+
+
+def train(apply_fn, params, clients: rounds.ClientData, *, keys, hooks, num_rounds: int,
+          optimizer, epochs: int, batch_size: int, participation: float, kind: str,
+          clip_norm: float, planted: Planted, owner: np.ndarray | None = None,
+          reading: StepReading | None = None, test_x=None, test_y=None,
+          num_classes: int = 0, canary_norm: float = 0.0, always: bool = False,
+          chunk: int = 8) -> Scores:
+  """R real trainings (`rounds.run` with the defense's hooks) with canaries; their scores.
+
+  Every argument that varies between replicates carries a leading axis R: `params` (w_0),
+  `clients` (the real clients' `ClientData`, with the canary rows for record canaries),
+  `keys` [R], `planted` (`Planted`). The replicates run `chunk` at a time under `vmap` in one
+  compiled program (cached by its static arguments; the hooks' `Partial` fields are traced,
+  `split_hooks`); each is the training `rounds.run` runs alone, keyed by its own key.
+
+  Args:
+    apply_fn: the model's `apply`.
+    params, clients, keys, planted: per replicate (above).
+    hooks, num_rounds, optimizer, epochs, batch_size, participation: as `rounds.run` takes
+      them (the defense's hooks, the participation that runs; for gradient canaries the
+      training wraps the hooks' `loss` in `gradient_canary_loss` with each replicate's
+      coordinates and `planted.code_sign`).
+    kind: 'client', 'gradient' or 'input'.
+    clip_norm: C of the known contributions (canary clients; the record kinds do not read it).
+    owner: [m] the client of each canary row ('gradient', 'input': `Examples.owner`).
+    reading: the `all_steps` reading of gradient canaries (None: not read).
+    test_x, test_y: for the final models' accuracy.
+    num_classes, canary_norm: the labels' classes and the gradient canaries' norm ('gradient').
+    always: the canary clients take part in every round (`rounds.Injected.always`).
+    chunk: replicates per compiled call.
+  """
+  keys = jnp.asarray(keys)
+  r = int(keys.shape[0])
+  num_real = int(np.shape(clients.x)[1])
+  static, traced = split_hooks(hooks)
+  if reading is not None:
+    traced['step_noise_std'] = jnp.asarray(float(reading.noise_std))
+  compiled = _compiled(apply_fn, kind=kind, hooks=static, num_rounds=num_rounds,
+                       optimizer=optimizer, epochs=epochs, batch_size=batch_size,
+                       participation=participation, clip_norm=float(clip_norm),
+                       num_real=num_real, owner=owner, reading=reading,
+                       num_classes=int(num_classes), canary_norm=float(canary_norm),
+                       always=bool(always))
+  tx = None if test_x is None else jnp.asarray(test_x)
+  ty = None if test_y is None else jnp.asarray(test_y)
+  parts = []
+  for lo in range(0, r, int(chunk)):
+    sl = lambda a: None if a is None else a[lo:lo + int(chunk)]
+    take = lambda tree: jax.tree_util.tree_map(sl, tree)
+    parts.append(jax.device_get(compiled(take(params), take(clients), keys[lo:lo + int(chunk)],
+                                         take(planted), traced, tx, ty)))
+  out = jax.tree_util.tree_map(lambda *a: np.concatenate(a), *parts)
+  return _scores(out, kind, owner, test_y)
+
+
+_ACCURACY: dict = {}
+
+
+def accuracy(apply_fn, params, clients: rounds.ClientData, *, keys, hooks, num_rounds: int,
+             optimizer, epochs: int, batch_size: int, participation: float, test_x,
+             test_y) -> np.ndarray:
+  """The final test accuracy [R] of R trainings without canaries (a canaried training's
+  twin: the same keys, shards and w_0), vmapped and compiled once per static configuration
+  (the hooks' `Partial` fields traced)."""
+  static, traced = split_hooks(hooks)
+  key = (apply_fn, static, num_rounds, optimizer, epochs, batch_size, participation)
+  if key not in _ACCURACY:
+    loss_fn = losses.make_loss_fn(apply_fn)
+
+    def one(p, c, k, traced_hooks, tx, ty):
+      final, _ = rounds.run(loss_fn, p, c, key=k, num_rounds=num_rounds, optimizer=optimizer,
+                            epochs=epochs, batch_size=batch_size,
+                            hooks=static._replace(**traced_hooks), participation=participation)
+      return jnp.sum(jnp.argmax(apply_fn(final, tx), -1) == ty)
+    _ACCURACY[key] = jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None, None, None)))
+  correct = _ACCURACY[key](params, clients, jnp.asarray(keys), traced, jnp.asarray(test_x),
+                           jnp.asarray(test_y))
+  # Counts over the test set, as `train` reports them.
+  return np.asarray(correct, np.float64) / len(test_y)
+
+
+def _scores(out, kind: str, owner: np.ndarray | None, test_y) -> Scores:
+  """The raw outputs of R replicates as `Scores` (canaries concatenated replicate by
+  replicate)."""
+  observed, per_round, count, first, last, correct = out
+  r = per_round.shape[0]
+  per_round, first, last = (np.asarray(a) for a in (per_round, first, last))
+  steps = moments = None
+  if kind == 'client':
+    own, known = (np.asarray(a) for a in observed)
+  else:
+    pos = _slot_positions(owner)
+    pick = lambda a: np.asarray(a)[:, owner, pos]
+    if isinstance(observed, tuple):
+      own, steps, moments = (pick(a) for a in observed)
+    else:
+      own = pick(observed)
+    known = np.zeros_like(per_round)
+  m = per_round.shape[-1]
+  before = np.concatenate([first[:, None], per_round[:, :-1]], axis=1)   # [R, T, m]
+  # Projections are read as w_t - w_{t+1} (what moved towards the canary); the input
+  # canaries' projection is minus their loss, so there the same reading is a loss decrease
+  # with the other sign.
+  sign = -1.0 if kind == 'input' else 1.0
+  flat_tm = lambda a: np.transpose(np.asarray(a), (1, 0, 2)).reshape(a.shape[1], r * m)
+  parts = np.broadcast_to(np.asarray(count, np.float64)[:, :, None], (r, count.shape[1], m))
+  acc = (np.full(r, math.nan) if test_y is None
+         else np.asarray(correct, np.float64) / len(test_y))
+  return Scores(uploads=np.asarray(own).reshape(r * m),
+                aggregates=sign * flat_tm(before - per_round), known=flat_tm(known),
+                participants=flat_tm(parts), last=(sign * (first - last)).reshape(r * m),
+                test_accuracy=acc,
+                steps=None if steps is None else steps.reshape(r * m),
+                step_moments=None if moments is None else moments.reshape(r * m, 3))
+
+
 def threat_scores(scores: Scores, threat: str, adversary: str, *, participation: float,
                   shift: float | None = None, sigma: float | None = None,
                   known: bool = False) -> np.ndarray:
   """The scores [m] of the adversary `adversary` ('server' or 'aggregate') under `threat`.
 
+  all_steps: the per-step reading of gradient canaries (`Scores.steps`).
   all_iterates: the server reads its canaries' uploads (summed over the rounds each took
   part in); a reader of the aggregate reads every round's aggregate: with `known`, the
   white-box reader of DP's definition, who knows every other client's contribution, takes
-  k_t x aggregate minus the real participants' clipped uploads (what is left on a Dirac
-  canary's coordinate is its own clipped update and the noise); it sums them over rounds, or
-  under participation sampling (participation < 1, `shift` and `sigma` of that difference
+  k_t x aggregate minus the real participants' clipped uploads (what is left on a canary's
+  direction is its own clipped update and the noise); it sums them over rounds, or under
+  participation sampling (participation < 1, `shift` and `sigma` of that difference
   given) scores them by `mixture_llr`.
   last_iterate: w_0 - w_T projected (the loss decrease for input canaries).
   """
   if threat == 'last_iterate':
     return np.asarray(scores.last, np.float64)
+  if threat == 'all_steps':
+    if scores.steps is None:
+      raise ValueError('all_steps needs the per-step reading of gradient canaries')
+    return np.asarray(scores.steps, np.float64)
   if threat != 'all_iterates':
     raise ValueError(f'threat must be one of {THREATS} (got {threat!r})')
   if adversary == 'server':
     return np.asarray(scores.uploads, np.float64)
   agg = np.asarray(scores.aggregates, np.float64)
   if known:
-    agg = agg * np.asarray(scores.participants, np.float64)[:, None] - scores.known
+    agg = agg * np.asarray(scores.participants, np.float64) - scores.known
   if participation < 1 and shift is not None and sigma is not None and sigma > 0:
     return np.asarray(mixture_llr(jnp.asarray(agg.T), float(participation), float(shift),
                                   float(sigma)), np.float64)
   return agg.sum(axis=0)
 
 
-# ---------------------------------------------------------------------------- statistics ---
-
-
-def counted_bounds(mechanism: str, independent: bool) -> tuple[str, ...]:
-  """The bounds that bound `mechanism`'s epsilon from these canaries.
-
-  The one-run bounds hold for any canaries of one training (Steinke et al. 2023, Theorem
-  3.1); the f-DP one (Mahloujifar et al. 2024) tests Gaussian trade-off curves, so it counts
-  only for Gaussian-shaped mechanisms. Where the canaries' scores are independent given their
-  coins by construction (`independent`: each canary's score is a function of its own coin and
-  of noise drawn for it alone), the canaries are independent trials of the mechanism and the
-  many-trial bounds of Nasr et al. 2023 apply as well: Clopper-Pearson `epsilon_cp` and, for
-  Gaussian-shaped mechanisms, `epsilon_gdp`.
-  """
-  gaussian = mechanism not in NON_GAUSSIAN
-  out = ('epsilon_one_run',) + (('epsilon_one_run_fdp',) if gaussian else ())
-  if independent:
-    out += ('epsilon_cp',) + (('epsilon_gdp',) if gaussian else ())
-  return out
-
-
-def gaussian_fit_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, delta: float) -> tuple[
-    float, float]:
-  """Andrew et al. 2024's one-shot estimate (ICLR 2024, arXiv:2302.03098, Sect. 3): a
-  Gaussian fitted to each world's scores, mu = |mean_in - mean_out| / pooled std, and the
-  epsilon of mu-GDP at `delta`. An ESTIMATE (no confidence), not a bound. (mu, epsilon)."""
-  sd = math.sqrt(0.5 * (np.var(in_scores, ddof=1) + np.var(out_scores, ddof=1)))
-  if not sd > 0:
-    return math.inf, math.inf
-  mu = abs(float(np.mean(in_scores) - np.mean(out_scores))) / sd
-  return mu, auditing.gdp_epsilon(mu, delta)
-
-
-def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon: float, *,
-          delta: float, confidence: float, independent: bool = False,
-          claimed_delta: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, Any]:
-  """The audit of one training's canaries against a claim.
-
-  Every counted bound (`counted_bounds`) is computed at confidence 1 - (1 - confidence) / k
-  for k counted tests (Bonferroni), so `privacy_violation` (a counted bound above the claim,
-  or, with independent canaries and the claim's privacy profile `claimed_delta`, the profile
-  test `auditing.profile_violation`, which counts as one more test) is a verdict at family-wise
-  `confidence`. The bounds not counted are still reported (at the same per-bound confidence)
-  but decide nothing.
-
-  Returns:
-    `epsilon_one_run`, `epsilon_one_run_fdp`, `epsilon_cp`, `epsilon_gdp`,
-    `epsilon_estimate` and `gdp_mu_estimate` (Andrew et al.'s estimate), `num_canaries`,
-    `n_in`, `n_out`, `best_bound`, `tightness` (best / claim), `privacy_violation`,
-    `counted_bounds`, `canaries_independent`, `verdict_confidence`, `bound_confidence`,
-    `score_in_mean`, `score_out_mean`.
-  """
-  scores = np.asarray(scores, np.float64)
-  world = np.asarray(world, bool)
-  ins, outs = scores[world], scores[~world]
-  if len(ins) < 2 or len(outs) < 2:
-    raise ValueError('the audit needs at least two canaries in each world')
-  counted = counted_bounds(mechanism, independent)
-  profile = independent and claimed_delta is not None
-  each = 1.0 - (1.0 - float(confidence)) / (len(counted) + int(profile))
-  found = auditing.audit_scores(ins, outs, delta=delta, confidence=each)
-  mu, est = gaussian_fit_epsilon(ins, outs, delta)
-  if mechanism in NO_ESTIMATE:
-    mu, est = math.nan, math.nan
-  best = max([float(found[k]) for k in counted if math.isfinite(found[k])] + [0.0])
-  tests = {'profile_violation': math.nan, 'profile_excess': math.nan,
-           'profile_epsilon': math.nan}
-  if profile:
-    grid = np.linspace(0.0, 2.0 * float(claimed_epsilon), 41)
-    tests = auditing.profile_violation(ins, outs, claimed_delta, grid, confidence=each)
-  out = {k: float(found[k]) for k in ('epsilon_one_run', 'epsilon_one_run_fdp',
-                                      'epsilon_cp', 'epsilon_gdp')}
-  out.update({
-      'epsilon_estimate': float(est), 'gdp_mu_estimate': float(mu),
-      'num_canaries': int(len(scores)), 'n_in': int(len(ins)), 'n_out': int(len(outs)),
-      'best_bound': best, 'tightness': best / float(claimed_epsilon),
-      'privacy_violation': float(best > float(claimed_epsilon) or
-                                 tests['profile_violation'] == 1.0),
-      'counted_bounds': ','.join(counted + (('profile',) if profile else ())),
-      **tests, 'canaries_independent': float(independent),
-      'verdict_confidence': float(confidence), 'bound_confidence': each,
-      'score_in_mean': float(np.mean(ins)), 'score_out_mean': float(np.mean(outs)),
-  })
-  return out
-
-
 __all__ = ['CANARY_KINDS', 'THREATS', 'coins', 'directions', 'dirac_coordinates', 'signs',
            'injected_clients', 'place_examples', 'gradient_canary_loss', 'mixture_llr',
-           'Scores', 'train', 'threat_scores', 'counted_bounds', 'gaussian_fit_epsilon',
-           'audit']
+           'step_llr', 'StepReading', 'Planted', 'Scores', 'slot_table', 'train',
+           'threat_scores', 'counted_bounds', 'gaussian_fit_epsilon', 'audit']
