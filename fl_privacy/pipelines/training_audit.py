@@ -1,25 +1,28 @@
 """The training audit: every DP defense audited inside the FL training that runs, in one run.
 
 What `python -m experiments.training_audit` runs. For each DP defense of the `defense`
-section, each sampling it offers and each claimed epsilon, ONE federated training on digits:
+section, each sampling it offers and each claimed epsilon, R replicate federated trainings on
+digits (`training_audit_runs`):
 
 1. the defense is configured by the call the experiments use (`defenses.configured.configure`
    on a `defense` section with `target_epsilon` = the claim; the registry's declaration, its
-   noise multiplier and epsilon), for the federation that runs (the real clients plus the
-   canary clients);
-2. the training is the experiments' round loop (`fl.rounds.run`: the client protocol,
+   noise multiplier and epsilon), for the federation that runs (record-level DP-SGD
+   cross-silo, the client-level defenses cross-device, canaries included);
+2. the trainings are the experiments' round loop (`fl.rounds.run`: the client protocol,
    `local.client_update` with the defense's hooks, participation sampling, the upload and
-   aggregate hooks) with canaries added (`attacks.audit.canaries`): canary clients for the
-   client-level defenses, canary examples (white-box Dirac gradients, black-box mislabelled
-   inputs) in the clients' shards for the record-level dp_sgd;
-3. each threat (`all_iterates`, `last_iterate`) scores the same training's canaries, and
-   `canaries.audit` gives Steinke et al.'s one-run bound, its f-DP refinement and Andrew et
-   al.'s estimate; `privacy_violation` at family-wise confidence.
+   aggregate hooks, the reported counts) with canaries added (`attacks.audit.canaries`):
+   canary clients for the client-level defenses, canary examples (white-box Dirac gradients,
+   black-box mislabelled inputs) in the clients' shards for the record-level dp_sgd;
+3. each threat scores the trainings' canaries: `all_steps` (DP-SGD's adversary, every noisy
+   step), `all_iterates`, `last_iterate`; `side_channel` plays its own game with the same
+   hooks (`attacks.audit.side_channel`); `attacks.audit.canary_statistics.audit` gives the
+   counted bounds, the verdict at family-wise confidence, what a perfect attack with these
+   canaries could certify (a row that cannot refute its claim says so), and the estimates.
 
 The adversary is the declaration's own (`dp_adversary`): the server reading uploads for
 dp_sgd, update_dp and ldp_sgd, a reader of the aggregate for central_dp and weak_dp.
-`training_audit.plant` plants a wiring bug between the claim and the training (the tests'
-knob). Fields: configs/_training_audit.py. Results: docs/experiments/training_audit.md.
+`training_audit.plant` plants a bug between the claim and the training (the tests' knob).
+Fields: configs/_training_audit.py. Results: docs/experiments/training_audit.md.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from typing import Any
 from absl import logging
 import jax
 from jax import flatten_util
+import ml_collections
 import numpy as np
+from scipy import stats as sps
 
 from fl_privacy import accounting
 from fl_privacy import data as data_lib
@@ -39,87 +44,124 @@ from fl_privacy import defenses
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
+from fl_privacy.attacks.audit import canary_statistics
+from fl_privacy.attacks.audit import side_channel as side_lib
 from fl_privacy.defenses import registry
 from fl_privacy.fl import optimizers
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import training_audit_figures
-# The trainings (claim, what ran, one training with its canaries) live beside this module;
-# their names are the pipeline's as well.
-from fl_privacy.pipelines.training_audit_runs import claim  # pylint: disable=unused-import
-from fl_privacy.pipelines.training_audit_runs import ran  # pylint: disable=unused-import
-from fl_privacy.pipelines.training_audit_runs import run_training
-from fl_privacy.pipelines.training_audit_runs import setting
+from fl_privacy.pipelines import training_audit_runs as runs
 from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
 NAME = 'training_audit'
-# Each DP defense and the samplings it offers (dp_sgd's batches; the server's participation).
+# Each DP defense and the samplings it offers (dp_sgd's batches; the claim's participation).
 SAMPLINGS = {'dp_sgd': ('poisson', 'shuffle'), 'update_dp': ('none',),
              'central_dp': ('none', 'without_replacement'),
              'weak_dp': ('none', 'without_replacement'), 'ldp_sgd': ('none',)}
 DEFENSES = tuple(SAMPLINGS)
 ALL_SAMPLINGS = ('poisson', 'shuffle', 'none', 'without_replacement')
-RECORD_KINDS = ('gradient', 'input')
+RECORD_KINDS = runs.RECORD_KINDS
+THREATS = ('all_steps', 'all_iterates', 'last_iterate', 'side_channel')
 PLANTS = ('none', 'half_noise', 'poisson_full_batch', 'participation_not_run',
-          'clip_mismatch', 'one_composition')
+          'clip_mismatch', 'one_composition', 'data_dependent_schedule', 'reported_rows')
 AUDITED = 'fl.rounds.run + defenses.configured.configure'
 
 SUMMARY = (
     summary.Table(
-        'Training audit: claimed vs empirical epsilon, canaries inside the training that runs '
-        '(one run each; one-run bounds at family-wise 95%)',
+        'Training audit: claimed vs empirical epsilon, canaries inside the trainings that run '
+        '(verdicts at family-wise 95%)',
         (summary.param('defense'), summary.param('sampling'), summary.param('canary'),
          summary.param('threat'), summary.param('claimed_epsilon', 'eps claimed'),
          summary.metric('dp_epsilon', 'eps audited', digits=2),
-         summary.metric('epsilon_one_run', 'eps 1-run', digits=2),
-         summary.metric('epsilon_one_run_fdp', 'eps 1-run f-DP', digits=2),
+         summary.metric('best_bound', 'eps certified', digits=2),
+         summary.metric('max_certifiable', 'eps reachable', digits=2),
          summary.metric('epsilon_estimate', 'eps estimate', digits=2),
-         summary.metric('num_canaries', 'canaries'),
-         summary.flag('privacy_violation', 'violation'))),
+         summary.metric('bounding_canaries', 'canaries (bounding)'),
+         summary.metric('verdict'))),
 )
 
 
 # -------------------------------------------------------------------------- validation ---
 
 
+def _seq(value) -> tuple:
+  return (value,) if isinstance(value, str) else tuple(value)
+
+
 def validate_config(config) -> dict[str, Any]:
   """Checks every field the audit reads (nothing loaded or written)."""
   s = config.training_audit
   chosen = validate.subset_of(config, 'training_audit.defenses', DEFENSES)
-  samplings = validate.subset_of(config, 'training_audit.samplings', ALL_SAMPLINGS)
+  validate.checked(config, 'training_audit.samplings', validate.Rule(
+      'a section with the samplings of each defense (' + ', '.join(
+          f'{d}: {SAMPLINGS[d]}' for d in DEFENSES) + ')',
+      lambda v: isinstance(v, ml_collections.ConfigDict)))
+  for d in sorted(set(s.samplings.keys()) - set(DEFENSES)):
+    raise validate.ConfigError(f'training_audit.samplings.{d}', f'a defense of {DEFENSES}',
+                               s.samplings[d])
   for d in chosen:   # a chosen defense with none of its samplings would silently not run
-    validate.require(any(x in samplings for x in SAMPLINGS[d]), 'training_audit.samplings',
-                     'one a chosen defense offers for each of them (' + ', '.join(
-                         f'{c}: {SAMPLINGS[c]}' for c in chosen) + ')', s.samplings)
+    validate.require(d in s.samplings, f'training_audit.samplings.{d}',
+                     f'given for a chosen defense: a non-empty subset of {SAMPLINGS[d]}', None)
+    validate.subset_of(config, f'training_audit.samplings.{d}', SAMPLINGS[d])
   validate.checked(config, 'training_audit.epsilons', registry.each('epsilon'))
   validate.in_range(config, 'training_audit.epsilons', 0.0, 50.0, low_inclusive=False)
   validate.checked(config, 'training_audit.delta', registry.rule('delta'))
+  validate.checked(config, 'training_audit.accountant', registry.rule('accountant'))
   validate.checked(config, 'training_audit.clip_norm', registry.rule('clip_norm'))
-  validate.checked(config, 'training_audit.participation', validate.number(
-      0, 1, low_open=True, high_open=True, words='the sampled fraction (below 1)'))
   validate.in_range(config, 'training_audit.confidence', 0.5, 1.0, low_inclusive=False,
                     high_inclusive=False)
   validate.subset_of(config, 'training_audit.record_kinds', RECORD_KINDS)
-  validate.subset_of(config, 'training_audit.threats', canaries.THREATS)
-  for field in ('num_canary_clients', 'num_canary_examples'):
-    validate.checked(config, f'training_audit.{field}', validate.number(
-        4, 1_000_000, integer=True, words='canaries (at least 2 per world)'))
+  validate.subset_of(config, 'training_audit.threats', THREATS)
+  validate.checked(config, 'training_audit.twins', validate.number(0, 1000, integer=True))
+  validate.checked(config, 'training_audit.side_channel_trials', validate.number(
+      8, 1_000_000, integer=True, words='trials (at least 4 per world)'))
+  validate.checked(config, 'training_audit.side_channel_others',
+                   validate.number(0, 1000, integer=True))
   validate.checked(config, 'training_audit.canary_norm',
                    validate.number(1, 1e6, words='in units of the clip norm'))
   validate.checked(config, 'training_audit.direction', validate.choice(canaries.DIRECTIONS))
   validate.checked(config, 'training_audit.model', validate.choice(('mlp',)))
-  validate.checked(config, 'training_audit.hidden', validate.items(
-      validate.number(1, 4096, integer=True), 'a sequence of widths in [1, 4096]',
-      nonempty=False))
-  for field, high in (('num_clients', 1000), ('per_client', 100_000), ('batch_size', 100_000),
-                      ('epochs', 100), ('num_rounds', 1000)):
-    validate.checked(config, f'training_audit.{field}', validate.number(1, high, integer=True))
-  validate.checked(config, 'training_audit.batch_size', validate.Rule(
-      f'below per_client ({s.per_client}): Poisson sampling needs q < 1',
-      lambda b: b < s.per_client))
   validate.checked(config, 'training_audit.optimizer', validate.choice(optimizers.OPTIMIZERS))
-  validate.checked(config, 'training_audit.learning_rate', validate.number(0, 100, low_open=True))
+  validate.checked(config, 'training_audit.chunk', validate.number(1, 4096, integer=True))
   validate.checked(config, 'training_audit.plant', validate.choice(PLANTS))
+  for fed, fields in (('record', ('num_clients', 'per_client', 'canaries_per_client',
+                                  'input_per_client', 'batch_size', 'epochs', 'num_rounds',
+                                  'learning_rate', 'hidden', 'canaries', 'input_canaries')),
+                      ('client', ('num_clients', 'per_client', 'participation', 'canary_share',
+                                  'batch_size', 'epochs', 'num_rounds', 'learning_rate',
+                                  'hidden', 'canaries'))):
+    validate.checked(config, f'training_audit.{fed}', validate.Rule(
+        f'a section with the fields {fields}', lambda v: isinstance(v, ml_collections.ConfigDict)))
+    sec = s[fed]
+    for field in sorted(set(sec.keys()) - set(fields)):
+      raise validate.ConfigError(f'training_audit.{fed}.{field}', f'one of {fields}',
+                                 sec[field])
+    name = lambda f, fed=fed: f'training_audit.{fed}.{f}'
+    for field, high in (('num_clients', 100_000), ('per_client', 100_000),
+                        ('batch_size', 100_000), ('epochs', 100), ('num_rounds', 1000)):
+      validate.checked(config, name(field), validate.number(1, high, integer=True))
+    validate.checked(config, name('learning_rate'), validate.number(0, 100, low_open=True))
+    validate.checked(config, name('hidden'), validate.items(
+        validate.number(1, 4096, integer=True), 'a sequence of widths in [1, 4096]',
+        nonempty=False))
+    validate.checked(config, name('canaries'), validate.number(
+        4, 1_000_000, integer=True, words='canaries a row (at least 2 per world)'))
+  r, c = s.record, s.client
+  for field in ('canaries_per_client', 'input_per_client'):
+    validate.checked(config, f'training_audit.record.{field}', validate.number(
+        1, 100_000, integer=True))
+  validate.checked(config, 'training_audit.record.input_canaries', validate.number(
+      4, 1_000_000, integer=True, words='canaries a row (at least 2 per world)'))
+  validate.checked(config, 'training_audit.client.participation', validate.number(
+      0, 1, low_open=True, words='the fraction of the clients drawn each round'))
+  validate.checked(config, 'training_audit.client.canary_share', validate.number(
+      0, 1, low_open=True, high_open=True, words="the canaries' largest share of a round's "
+      'participants (below 1)'))
+  validate.checked(config, 'training_audit.record.batch_size', validate.Rule(
+      f'at most record.per_client ({r.per_client}): the Poisson rate is B / N <= 1',
+      lambda b: b <= r.per_client))
+  del c
   if 'defense' in config:
     defenses.check_honoured(config.defense, NAME, ('none',), 'it audits every DP defense '
                             'itself (training_audit.defenses)')
@@ -127,51 +169,59 @@ def validate_config(config) -> dict[str, Any]:
 
 
 def prepare(config) -> dict[str, Any]:
-  """Validates, loads the data and checks it holds the clients' rows."""
+  """Validates, loads the data and checks it holds each federation's rows."""
   state = validate_config(config)
   splits = data_lib.load(config.data)
   s = config.training_audit
   train, test = splits['train'], splits['test']
-  need = int(s.num_clients) * int(s.per_client)
-  validate.require(len(train) >= need, 'training_audit.per_client',
-                   f'at most {len(train) // int(s.num_clients)} (num_clients x per_client '
-                   f'rows of the train split, which has {len(train)})', s.per_client)
-  model = models_lib.make('mlp', train.num_classes, hidden=tuple(s.hidden),
-                          field='training_audit.model')
   x0 = data_lib.to_float(train.x[:1]).reshape(1, -1)
-  params = model.init(jax.random.key(0), x0)
-  dim = int(flatten_util.ravel_pytree(params)[0].shape[0])
-  if 'gradient' in _seq(s.record_kinds) and 'dp_sgd' in state['defenses']:
-    validate.require(int(s.num_canary_examples) <= dim, 'training_audit.num_canary_examples',
-                     f'at most the model\'s {dim} parameters (one Dirac coordinate each)',
-                     s.num_canary_examples)
-  if s.direction == 'dirac' and set(state['defenses']) - {'dp_sgd'}:
-    validate.require(int(s.num_canary_clients) <= dim, 'training_audit.num_canary_clients',
-                     f'at most the model\'s {dim} parameters with direction \'dirac\' (one '
-                     'coordinate each)', s.num_canary_clients)
-  if 'input' in _seq(s.record_kinds) and 'dp_sgd' in state['defenses']:
-    pool = len(train) - need + len(test)
-    validate.require(int(s.num_canary_examples) <= pool, 'training_audit.num_canary_examples',
-                     f'at most the {pool} images no client holds (the input canaries)',
-                     s.num_canary_examples)
-  state.update(train=train, test=test, model=model, dim=dim, trainings={})
+  models, dims = {}, {}
+  for fed in (s.record, s.client):
+    widths = tuple(fed.hidden)
+    models[widths] = models_lib.make('mlp', train.num_classes, hidden=widths,
+                                     field='training_audit.model')
+    params = models[widths].init(jax.random.key(0), x0)
+    dims[widths] = int(flatten_util.ravel_pytree(params)[0].shape[0])
+  state.update(train=train, test=test, models=models, dims=dims, trainings={})
+  for tr in trainings(config, state):
+    dim = dims[tuple(runs.federation(config, tr).hidden)]
+    fed, f = runs.federation(config, tr), 'record' if tr['defense'] == 'dp_sgd' else 'client'
+    need = int(fed.num_clients) * int(fed.per_client)
+    validate.require(len(train) >= need, f'training_audit.{f}.per_client',
+                     f'at most {len(train) // int(fed.num_clients)} (num_clients x per_client '
+                     f'rows of the train split, which has {len(train)})', fed.per_client)
+    if tr['canary'] == 'side_channel':
+      continue
+    m = runs.canaries_per_training(config, tr)
+    if tr['canary'] == 'gradient' or (tr['canary'] == 'client'):
+      validate.require(m <= dim, f'training_audit.{f}.' + (
+          'canaries_per_client' if f == 'record' else 'canary_share'),
+                       f'at most the model\'s {dim} parameters of canaries a training (one '
+                       'coordinate or orthogonal direction each)', m)
+    if tr['canary'] == 'input':
+      pool = len(train) - need
+      validate.require(m <= pool, 'training_audit.record.input_per_client',
+                       f'at most {pool // int(fed.num_clients)} (the {pool} images no client '
+                       'holds are the input canaries)', fed.input_per_client)
   return state
 
 
 # ------------------------------------------------------------------------------ points ---
 
 
-def _seq(value) -> tuple:
-  return (value,) if isinstance(value, str) else tuple(value)
-
-
 def trainings(config, state) -> list[dict]:
-  """The sweep's trainings, in run order: defense x sampling x claim x canary kind."""
+  """The sweep's trainings, in run order: defense x sampling x claim x canary kind, then the
+  row's side-channel game."""
   s = config.training_audit
+  threats = _seq(s.threats)
   out = []
   for name in state['defenses']:
     kinds = _seq(s.record_kinds) if name == 'dp_sgd' else ('client',)
-    for sampling in (x for x in SAMPLINGS[name] if x in _seq(s.samplings)):
+    if not any(t in threats for t in ('all_steps', 'all_iterates', 'last_iterate')):
+      kinds = ()
+    if 'side_channel' in threats:
+      kinds = kinds + ('side_channel',)
+    for sampling in (x for x in SAMPLINGS[name] if x in _seq(s.samplings[name])):
       for eps in (s.epsilons if isinstance(s.epsilons, (list, tuple)) else (s.epsilons,)):
         for kind in kinds:
           out.append(dict(defense=name, sampling=sampling, claimed_epsilon=float(eps),
@@ -179,58 +229,160 @@ def trainings(config, state) -> list[dict]:
   return out
 
 
-def mechanism(tr: dict) -> str:
-  """The mechanism's name as `canaries.counted_bounds` reads it (defense_sampling)."""
-  return tr['defense'] if tr['sampling'] == 'none' else f"{tr['defense']}_{tr['sampling']}"
+def threats_of(config, tr: dict) -> tuple[str, ...]:
+  """The threats that read training `tr`'s canaries."""
+  chosen = _seq(config.training_audit.threats)
+  if tr['canary'] == 'side_channel':
+    return ('side_channel',)
+  own = (('all_steps',) if tr['canary'] == 'gradient' else ()) + ('all_iterates',
+                                                                  'last_iterate')
+  return tuple(t for t in own if t in chosen)
 
 
-def independent(config, tr: dict, threat: str, adversary: str) -> bool:
-  """Whether each canary's score depends only on its own coin and noise drawn for it alone:
-  canary clients read in their own uploads (server), or in the aggregate on their own Dirac
-  coordinate with the other clients' contributions known (aggregate), every iterate."""
+def mechanism(tr: dict, participation: float = 1.0) -> str:
+  """The mechanism's name as `canary_statistics.counted_bounds` reads it: dp_sgd_<batches>,
+  or the defense, sampled (`<defense>_without_replacement`) when its aggregate's reader sees a
+  sample of the clients."""
+  if tr['defense'] == 'dp_sgd':
+    return f"dp_sgd_{tr['sampling']}"
+  if tr['defense'] in ('central_dp', 'weak_dp') and (
+      tr['sampling'] == 'without_replacement' or participation < 1):
+    return f"{tr['defense']}_without_replacement"
+  return tr['defense']
+
+
+def independent(config, tr: dict, threat: str, adversary: str, participation: float) -> bool:
+  """Whether each canary's score depends only on its own coin and randomness drawn for it
+  alone: gradient canaries read at every step (their own inclusion draws and coordinate
+  noise); canary clients read in their own uploads (server); or in every aggregate on their
+  own direction (orthonormal or Dirac), the other clients' contributions known, when every
+  client takes part (a sample without replacement couples the canaries' participations)."""
+  del config
+  if tr['canary'] == 'gradient' and threat == 'all_steps':
+    return True
   if tr['canary'] != 'client' or threat != 'all_iterates':
     return False
-  return adversary == 'server' or config.training_audit.direction == 'dirac'
+  return adversary == 'server' or participation >= 1
 
 
 def _adversary_stats(config, done: dict) -> dict[str, Any]:
   """The aggregate reader's per-round shift and noise of k_t x aggregate minus the known
-  contributions on a canary's coordinate (C and z C), for the mixture score."""
+  contributions on a canary's direction (C and z C), for the mixture score."""
   z = float(done['claimed'].metrics.get('noise_multiplier', math.nan))
   c = float(config.training_audit.clip_norm)
   return {'shift': c, 'sigma': z * c, 'known': True}
 
 
-def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dict, int]:
-  """One (training, threat) point: the declaration's labels, the claim, the audit."""
+def _claim_metrics(config, state, tr: dict, claimed) -> tuple[dict, Any, Any]:
+  """(metrics, declaration, the claim's privacy profile) of a configured defense."""
   s = config.training_audit
-  claimed = done['claimed']
   decl = claimed.declaration
   if decl is None:   # ldp_sgd: a mechanism-family defense; its declaration by the registry
     decl = registry.declaration(
         tr['defense'], {'epsilon': float(claimed.params['defense_epsilon'])},
-        setting(config, state, tr, np.full(int(s.num_clients), int(s.per_client))))
+        runs.setting(config, state, tr))
     eps = accounting.epsilon(decl, delta=float(s.delta))
     metrics: dict[str, Any] = {'dp_epsilon': eps, **accounting.describe(decl),
                                'dp_delta': float(s.delta)}
   else:
     metrics = dict(claimed.metrics)
-  adversary = decl.adversary
-  extra = _adversary_stats(config, done) if adversary == 'aggregate' else {}
-  sc = canaries.threat_scores(done['scores'], threat, adversary,
-                              participation=done['participation'], **extra)
-  audited = float(metrics['dp_epsilon'])
   z = metrics.get('noise_multiplier')
   composed = decl if tr['defense'] != 'weak_dp' else dataclasses.replace(
-      decl, compositions=int(s.num_rounds))
-  profile = lambda grid: accounting.delta_curve(composed, z, grid)
-  metrics.update(canaries.audit(sc, done['world'], mechanism(tr), audited,
-                                delta=float(s.delta), confidence=float(s.confidence),
-                                independent=independent(config, tr, threat, adversary),
-                                claimed_delta=profile))
+      decl, compositions=int(runs.federation(config, tr).num_rounds))
+  profile = lambda grid: accounting.delta_curve(composed, z, grid, accountant=s.accountant)
+  return metrics, decl, profile
+
+
+def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
+  """(mean, 95% Student-t interval) of replicate values; the interval is NaN (not
+  estimable) for fewer than 2 values or when they are all equal: a zero-width interval from a
+  few replicates would claim a certainty the replicates cannot show."""
+  v = np.asarray(values, np.float64)
+  if v.size == 0:
+    return math.nan, math.nan, math.nan
+  mean = float(np.mean(v))
+  if v.size < 2 or not np.std(v) > 0:
+    return mean, math.nan, math.nan
+  half = float(sps.t.ppf(0.975, v.size - 1) * np.std(v, ddof=1) / math.sqrt(v.size))
+  return mean, mean - half, mean + half
+
+
+def _curve(config, tr: dict, threat: str, metrics: dict, decl) -> canary_statistics.Curve | None:
+  """The claimed mechanism's own curve of a row whose scores are its likelihood-ratio
+  statistic (independent canaries; `canary_statistics.simulated_bound`), else None."""
+  z = metrics.get('noise_multiplier')
+  if z is None or not math.isfinite(float(z)):
+    return None
+  if tr['canary'] == 'gradient' and threat == 'all_steps':
+    if tr['sampling'] == 'poisson':
+      return canary_statistics.Curve(steps=int(decl.compositions), noise=float(z),
+                                     rate=float(decl.sampling_rate))
+    fed = runs.federation(config, tr)
+    return canary_statistics.Curve(steps=int(fed.epochs) * int(fed.num_rounds), noise=float(z),
+                                   relation='replace_one')
+  if tr['defense'] == 'update_dp' and tr['canary'] == 'client' and threat == 'all_iterates':
+    return canary_statistics.Curve(steps=int(decl.compositions), noise=float(z),
+                                   relation='replace_one')
+  return None
+
+
+def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dict, int]:
+  """One (training, threat) point: the declaration's labels, the claim, the audit."""
+  s = config.training_audit
+  metrics, decl, profile = _claim_metrics(config, state, tr, done['claimed'])
+  adversary = decl.adversary
+  audited = float(metrics['dp_epsilon'])
+  kw = dict(delta=float(s.delta), confidence=float(s.confidence), claimed_delta=profile)
+  if threat == 'side_channel':
+    mech = mechanism(tr, runs.participation(config, tr))
+    metrics.update(side_lib.audit(done['world'], done['side_scores'], mech, audited, **kw))
+    metrics.update(dp_adversary=adversary, side_channel_neighbours=side_lib.neighbours(
+        decl.unit, decl.relation), side_channel_rows=runs.side_rows(config, tr),
+                   audited_pipeline=AUDITED, plant=str(s.plant), threat_reads=', '.join(
+                       side_lib.statistics(adversary)))
+    return metrics, int(len(done['world']))
+  part = float(done['participation'])
+  mech = mechanism(tr, part)
+  extra = _adversary_stats(config, done) if adversary == 'aggregate' else {}
+  sc = canaries.threat_scores(done['scores'], threat, adversary, participation=part, **extra)
+  ind = independent(config, tr, threat, adversary, part)
+  world = done['world']
+  # A replace-one canary's score is symmetric about 0 between its worlds (+ / - its own
+  # clipped contribution plus noise): 0 is a threshold fixed before the data.
+  mid = 0.0 if (ind and done['relation'] == 'replace_one' and threat != 'last_iterate' and
+                tr['defense'] != 'ldp_sgd') else None
+  metrics.update(canaries.audit(sc, world, mech, audited, independent=ind, midpoint=mid, **kw))
+  metrics.update(estimate_method='gaussian_fit',
+                 epsilon_gaussian_fit=float(metrics['epsilon_estimate']))
+  if tr['canary'] == 'gradient' and threat == 'all_steps' and tr['sampling'] == 'poisson':
+    mom = done['scores'].step_moments
+    fit = canary_statistics.subsampled_fit_epsilon(mom[world], mom[~world],
+                                                   steps=int(decl.compositions),
+                                                   delta=float(s.delta))
+    metrics.update(fit)
+    metrics.update(epsilon_estimate=fit['fit_epsilon'],
+                   estimate_method='subsampled_gaussian_fit (pld)')
+  curve = _curve(config, tr, threat, metrics, decl)
+  if curve is not None and ind:
+    ref = canary_statistics.simulated_bound(
+        curve, int(metrics['n_in']), int(metrics['n_out']), mech, audited, independent=True,
+        midpoint=mid, **kw)
+    metrics.update(simulated_bound=ref, attainable_ratio=(
+        float(metrics['best_bound']) / ref if ref > 0 else math.nan))
+  acc = np.asarray(done['scores'].test_accuracy, np.float64)
+  mean, lo, hi = _t_interval(acc)
+  twin = np.asarray(done['twin_accuracy'], np.float64)
+  dmean, dlo, dhi = _t_interval(acc[:len(twin)] - twin) if len(twin) else (math.nan,) * 3
+  metrics.update(test_accuracy=mean, test_accuracy_ci_low=lo, test_accuracy_ci_high=hi,
+                 twin_accuracy=float(np.mean(acc)) if len(twin) else math.nan,
+                 accuracy_change=dmean, accuracy_change_ci_low=dlo,
+                 accuracy_change_ci_high=dhi, twins=int(len(twin)))
+  if tr['defense'] == 'weak_dp':
+    per_round = float(metrics['dp_epsilon_per_round'])
+    metrics['exceeds_per_round'] = float(float(metrics['best_bound']) > per_round)
   metrics.update(dp_adversary=adversary, canary_relation=done['relation'],
-                 participation_run=float(done['participation']),
-                 test_accuracy=float(done['scores'].test_accuracy),
+                 participation_run=part, replicates=int(done['replicates']),
+                 canaries_per_training=int(done['per_training']),
                  audited_pipeline=AUDITED, plant=str(s.plant), model_parameters=done['dim'])
   return metrics, int(metrics['num_canaries'])
 
@@ -245,23 +397,24 @@ def _report_violation(config, params: dict, metrics) -> None:
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """One point per (training, threat); a training runs once, for the first point that needs
-  it, and is dropped when its last threat is scored."""
+  """One point per (training, threat); a row's trainings run once, for the first point that
+  needs them, and are dropped when its last threat is scored."""
   del store
-  threats = _seq(config.training_audit.threats)
   points = []
   for tr in trainings(config, state):
     k = point_key(key, tr)
-    for threat in threats:
+    for threat in threats_of(config, tr):
       def compute(tr=tr, threat=threat, k=k):
         cache = state['trainings']
         tkey = tuple(sorted(tr.items()))
         if tkey not in cache:
           cache.clear()
-          cache[tkey] = run_training(config, state, tr, k)
+          cache[tkey] = (runs.side_channel(config, state, tr, k) if tr['canary'] ==
+                         'side_channel' else runs.run_training(config, state, tr, k))
         return point_metrics(config, state, tr, threat, cache[tkey])
       params = {**tr, 'threat': threat}
-      points.append(base.Point(params, compute, unit='canaries',
+      points.append(base.Point(params, compute, unit='canaries' if threat != 'side_channel'
+                               else 'trials',
                                after=lambda m, p=params: _report_violation(config, p, m)))
   return points
 

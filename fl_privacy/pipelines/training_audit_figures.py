@@ -1,11 +1,14 @@
 """Table and figure of the training audit (`fl_privacy.pipelines.training_audit`).
 
 - `training_audit.md`: one row per (defense, sampling, canary, threat, claim): the
-  declaration's labels, the epsilon audited, the one-run bounds (counted ones marked), the
-  estimate, the canaries behind them and the verdict, and which pipeline the training ran.
+  declaration's labels, the epsilon audited (weak_dp: composed, its per-round claim beside
+  it), the best counted bound, the most a perfect attack with these canaries certifies, the
+  simulated optimal attack where the row has one, the estimate, the canaries (bounding / all,
+  replicate trainings), the one-run bound's 2 m delta, the accuracy beside the canary-free
+  twin and the verdict ('cannot refute' with the canaries that would).
 - `fig_training_audit.png`: claimed vs empirical epsilon, one panel per threat, one series per
-  (defense, sampling, canary); the best counted one-run bound (filled) and Andrew et al.'s
-  estimate (hollow), with y = x: a bound above it is a violation.
+  (defense, sampling, canary); the best counted bound (filled), the estimate (hollow) and what
+  a perfect attack could certify (a cross), with y = x: a bound above it is a violation.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from fl_privacy.report import atomic_write_text
 from fl_privacy.report import figures
 
 _COLUMNS = ('defense', 'sampling', 'canary', 'threat', 'eps claimed', 'eps audited',
-            'unit', 'relation', 'adversary', 'eps 1-run', 'eps 1-run f-DP', 'counted',
-            'eps estimate', 'canaries (in/out)', 'test acc', 'violation', 'audited')
+            'unit', 'relation', 'adversary', 'counted', 'eps certified', 'eps reachable',
+            'simulated optimal', 'eps estimate', 'canaries (bounding / all; trainings)',
+            '2 m delta', 'test acc', 'acc change vs twin', 'verdict', 'audited')
 
 
 def _f(v, digits: int = 2) -> str:
+  if v is None:
+    return '-'
   try:
     v = float(v)
   except (TypeError, ValueError):
@@ -32,6 +38,17 @@ def _f(v, digits: int = 2) -> str:
   return f'{v:.{digits}f}'
 
 
+def _ci(m: dict, name: str, digits: int) -> str:
+  """`x [low, high]`, or `x`, or `-`."""
+  if m.get(name) is None:
+    return '-'
+  low, high = m.get(f'{name}_ci_low'), m.get(f'{name}_ci_high')
+  text = _f(m[name], digits)
+  if low is None or high is None or _f(low) == '-':
+    return text
+  return f'{text} [{_f(low, digits)}, {_f(high, digits)}]'
+
+
 def _series(p: dict) -> str:
   q = p['params']
   return f"{q['defense']} {q['sampling']} {q['canary']}"
@@ -41,28 +58,52 @@ def table_markdown(stored: list[dict], config=None) -> str:
   """The run's table (markdown)."""
   lines = ['# Training audit: canaries inside the trainings that run', '',
            'Every row audited the pipeline the experiments run (`fl.rounds.run` with the '
-           'defense configured by `defenses.configured.configure`), one training per '
-           '(defense, sampling, claim, canary kind), both threats scored on the same '
-           'training. Bounds are one-run lower bounds (Steinke et al. 2023; f-DP: Mahloujifar '
-           'et al. 2024) at family-wise confidence over the counted ones; the estimate is '
-           'Andrew et al. 2024\'s Gaussian fit (not a bound).', '']
+           'defense configured by `defenses.configured.configure`), replicate trainings per '
+           '(defense, sampling, claim, canary kind), every threat scored on the same '
+           'trainings. Certified bounds are lower bounds at family-wise confidence over the '
+           'counted tests (one-run: Steinke et al. 2023; f-DP: Mahloujifar et al. 2024; '
+           'Clopper-Pearson, GDP and the privacy-profile test where the canaries are '
+           'independent trials); "reachable" is what a perfect attack on these canaries '
+           'certifies (a row below its claim cannot refute it); the estimate is Andrew et al. '
+           '2024\'s Gaussian fit, or the Poisson-subsampled fit of every step (not a bound).',
+           '']
   if config is not None:
     s = config.training_audit
-    lines += [f'delta {s.delta:g}, confidence {s.confidence:g}, {s.num_clients} clients x '
-              f'{s.per_client} rows, T = {s.num_rounds}, E = {s.epochs}, B = {s.batch_size}, '
-              f'canary norm {s.canary_norm:g} C, plant `{s.plant}`.', '']
+    r, c = s.record, s.client
+    lines += [f'delta {s.delta:g}, confidence {s.confidence:g} (family-wise), accountant '
+              f'{s.accountant}, canary norm {s.canary_norm:g} C, plant `{s.plant}`. Record level '
+              f'(dp_sgd, cross-silo): {r.num_clients} clients x {r.per_client} rows (+ '
+              f'{r.canaries_per_client} canary rows), B = {r.batch_size}, E = {r.epochs}, T = '
+              f'{r.num_rounds}, MLP {tuple(r.hidden)}, {r.canaries} gradient and '
+              f'{r.input_canaries} input canaries a row. Client level (cross-device): '
+              f'{c.num_clients} clients x {c.per_client} rows, {c.participation:g} of them a '
+              f'round, canaries at most {c.canary_share:g} of the participants, B = '
+              f'{c.batch_size}, E = {c.epochs}, T = {c.num_rounds}, MLP {tuple(c.hidden)}, '
+              f'{c.canaries} canary clients a row.', '']
   lines += ['| ' + ' | '.join(_COLUMNS) + ' |', '|' + '---|' * len(_COLUMNS)]
   for p in stored:
     q, m = p['params'], p['metrics']
+    audited = _f(m.get('dp_epsilon'))
+    if m.get('dp_epsilon_per_round') is not None:
+      audited += f" ({_f(m.get('dp_epsilon_per_round'))} a round)"
+    verdict = str(m.get('verdict', '-'))
+    if verdict == 'violation':
+      verdict = '**VIOLATION**'
+    elif verdict == 'cannot refute':
+      need = int(float(m.get('canaries_needed', -1)))
+      verdict += f" (needs {need:,})" if need > 0 else ' (no count up to 2^24)'
+    estimate = _f(m.get('epsilon_estimate'))
+    if str(m.get('estimate_method', '')).startswith('subsampled'):
+      estimate += ' (fit)'
     lines.append('| ' + ' | '.join([
         q['defense'], q['sampling'], q['canary'], q['threat'], _f(q['claimed_epsilon']),
-        _f(m.get('dp_epsilon')), str(m.get('dp_unit', '-')), str(m.get('dp_relation', '-')),
-        str(m.get('dp_adversary', '-')), _f(m.get('epsilon_one_run')),
-        _f(m.get('epsilon_one_run_fdp')), str(m.get('counted_bounds', '-')),
-        _f(m.get('epsilon_estimate')),
-        f"{m.get('num_canaries', '-')} ({m.get('n_in', '-')}/{m.get('n_out', '-')})",
-        _f(m.get('test_accuracy'), 3),
-        '**YES**' if float(m.get('privacy_violation', 0)) > 0 else 'no',
+        audited, str(m.get('dp_unit', '-')), str(m.get('dp_relation', '-')),
+        str(m.get('dp_adversary', '-')), str(m.get('counted_bounds', '-')),
+        _f(m.get('best_bound')), _f(m.get('max_certifiable')), _f(m.get('simulated_bound')),
+        estimate,
+        f"{m.get('bounding_canaries', '-')} / {m.get('num_canaries', '-')}; "
+        f"{m.get('replicates', '-')}", _f(m.get('one_run_delta_term'), 3),
+        _ci(m, 'test_accuracy', 3), _ci(m, 'accuracy_change', 3), verdict,
         f"`{m.get('audited_pipeline', '-')}`"]) + ' |')
   return '\n'.join(lines) + '\n'
 
@@ -74,9 +115,13 @@ def claims_figure(stored: list[dict], workdir: str) -> str | None:
     return None
   threats = list(dict.fromkeys(p['params']['threat'] for p in stored))
   series = list(dict.fromkeys(_series(p) for p in stored))
-  claims = [float(p['metrics']['dp_epsilon']) for p in stored
-            if math.isfinite(float(p['metrics']['dp_epsilon']))]
-  top = 1.1 * max(claims + [1.0])
+  # The axes hold every finite claim and every finite certified bound: a violation (a bound
+  # above y = x) is never drawn outside them.
+  finite = [float(p['metrics'][k]) for p in stored for k in ('dp_epsilon', 'best_bound')
+            if math.isfinite(float(p['metrics'].get(k, math.nan)))]
+  top = 1.1 * max(finite + [1.0])
+  # Capped at the top; a missing value (NaN: ldp_sgd's estimate) stays missing, not the top.
+  cap = lambda v: v if math.isnan(v) else min(top, v)
   fig, axes = plt.subplots(1, len(threats), figsize=(5.0 * len(threats), 4.2), squeeze=False)
   colors = plt.rcParams['axes.prop_cycle'].by_key()['color']
   markers = 'osD^v<>p*hX'
@@ -93,16 +138,22 @@ def claims_figure(stored: list[dict], workdir: str) -> str | None:
       x = [float(p['metrics']['dp_epsilon']) + dodge for p in pts]
       c, mk = colors[i % len(colors)], markers[i % len(markers)]
       ax.plot(x, [float(p['metrics']['best_bound']) for p in pts], marker=mk, color=c, lw=1,
-              label=f'{name}: one-run bound')
-      ax.plot(x, [min(top, float(p['metrics']['epsilon_estimate'])) for p in pts], marker=mk,
-              color=c, lw=0, mfc='none', label=f'{name}: estimate')
+              label=f'{name}: certified bound')
+      # A series of missing values (no estimate: ldp_sgd, a fit the moments do not determine)
+      # is not drawn, nor named in the legend.
+      est = [cap(float(p['metrics'].get('epsilon_estimate', math.nan))) for p in pts]
+      if any(math.isfinite(v) for v in est):
+        ax.plot(x, est, marker=mk, color=c, lw=0, mfc='none', label=f'{name}: estimate')
+      reach = [cap(float(p['metrics'].get('max_certifiable', math.nan))) for p in pts]
+      if any(math.isfinite(v) for v in reach):
+        ax.plot(x, reach, marker='x', color=c, lw=0, label=f'{name}: perfect attack (capped)')
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
     ax.set_title(f'threat: {threat}', fontsize=10)
     ax.set_xlabel('claimed epsilon of the training that ran (nats; series dodged sideways)')
     ax.set_ylabel('empirical epsilon (nats)')
-  fig.suptitle('Training audit: one-run lower bounds (filled) and Gaussian-fit estimates '
-               '(hollow) vs the claim', fontsize=10)
+  fig.suptitle('Training audit: certified lower bounds (filled), estimates (hollow) and what '
+               'a perfect attack on the same canaries certifies (x) vs the claim', fontsize=10)
   fig.tight_layout()
   figures.figure_legend(fig)
   path = figures.save(fig, workdir, 'fig_training_audit')

@@ -1,5 +1,9 @@
-"""Halved noise in the training that runs is flagged, and noise computed from another clip
-than the one applied (see training_audit_plants.py)."""
+"""Half the calibrated noise, in the training that runs, is flagged by the training audit at
+claims 2 and 8: DP-SGD read at every step (Poisson and shuffled batches), update_dp, and the
+aggregate's reader of central_dp and weak_dp with every client each round
+(training_audit_plants.py). Where no feasible number of canaries flags it (the sampled
+aggregate, LDP-SGD at twice a claim of 8), test_training_audit_limits.py shows by
+simulation how many would."""
 
 from __future__ import annotations
 
@@ -7,33 +11,56 @@ import pytest
 
 from tests.experiments import training_audit_plants as plants
 
-# weak_dp runs central_dp's mechanism (calibrated per round): flagged the same way.
-DEFENSES = ('update_dp', 'central_dp')
+CLAIMS = (2.0, 8.0)
 
 
-@pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-  return {
-      'half': plants.run(tmp_path_factory, 'half', DEFENSES, ('none',), 'half_noise'),
-      'none': plants.run(tmp_path_factory, 'none', DEFENSES, ('none',)),
-      'clip': plants.run(tmp_path_factory, 'clip', ('update_dp',), ('none',), 'clip_mismatch'),
-  }
+def _pair(defense, sampling, claim, canary, threat, **fields):
+  planted = plants.audit(plants.config('half_noise', **fields), defense, sampling, claim,
+                         canary, threat)
+  baseline = plants.audit(plants.config('none', **fields), defense, sampling, claim, canary,
+                          threat)
+  return planted, baseline
 
 
-@pytest.mark.parametrize('defense', DEFENSES)
-def test_half_noise_is_flagged(runs, defense):
-  key = (defense, 'none', 'client')
-  plants.flagged(runs['half'], runs['none'], key)
-  assert float(runs['half'][key]['gdp_mu_estimate']) > 1.6 * float(
-      runs['none'][key]['gdp_mu_estimate'])
+@pytest.mark.parametrize('claim', CLAIMS)
+def test_half_noise_of_poisson_dp_sgd_is_flagged_at_every_step(claim):
+  # The profile test against the subsampled curve: 8,192 canaries at a claim of 2 (the
+  # curve's mass sits near 0), 2,048 at 8 (simulated in canary_statistics' terms first).
+  planted, baseline = _pair('dp_sgd', 'poisson', claim, 'gradient', 'all_steps',
+                            **{'record.canaries': 8192 if claim == 2.0 else 2048})
+  plants.flagged(planted, baseline)
+  assert planted['counted_bounds'] == baseline['counted_bounds'] == (
+      'epsilon_one_run,epsilon_cp,profile')
+  # Half the noise reads as a larger fitted epsilon than the claim; the claim's own as about it.
+  assert planted['fit_epsilon'] > claim > 0.7 * baseline['fit_epsilon']
 
 
-# LDP-SGD at twice its epsilon is flagged by the mechanism audit (test_dp_audit.py); in one
-# training it takes 6,000 random-direction canary clients (a 70 s run kept out of the suite):
-#   python -m experiments.training_audit --config=configs/digits.py:smoke \
-#     --config.training_audit.defenses="('ldp_sgd',)" --config.training_audit.plant=half_noise \
-#     --config.training_audit.direction=random --config.training_audit.num_canary_clients=6000
+@pytest.mark.parametrize('claim', CLAIMS)
+def test_half_noise_of_shuffled_dp_sgd_is_flagged_at_every_step(claim):
+  planted, baseline = _pair('dp_sgd', 'shuffle', claim, 'gradient', 'all_steps')
+  plants.flagged(planted, baseline)
+  assert planted['gdp_mu_estimate'] > 1.6 * baseline['gdp_mu_estimate']
 
 
-def test_noise_from_another_clip_than_the_one_applied_is_flagged(runs):
-  plants.flagged(runs['clip'], runs['none'], ('update_dp', 'none', 'client'))
+@pytest.mark.parametrize('claim', CLAIMS)
+@pytest.mark.parametrize('defense', ['update_dp', 'central_dp', 'weak_dp'])
+def test_half_noise_of_the_client_level_defenses_is_flagged(defense, claim):
+  planted, baseline = _pair(defense, 'none', claim, 'client', 'all_iterates')
+  plants.flagged(planted, baseline)
+  assert planted['canaries_independent'] == baseline['canaries_independent'] == 1.0
+  assert planted['gdp_mu_estimate'] > 1.6 * baseline['gdp_mu_estimate']
+
+
+@pytest.mark.parametrize('claim', CLAIMS)
+def test_noise_from_another_clip_than_the_one_applied_is_flagged(claim):
+  planted = plants.audit(plants.config('clip_mismatch'), 'update_dp', 'none', claim, 'client',
+                         'all_iterates')
+  baseline = plants.audit(plants.config('none'), 'update_dp', 'none', claim, 'client',
+                          'all_iterates')
+  plants.flagged(planted, baseline)
+
+
+def test_ldp_sgd_at_twice_a_claim_of_2_is_flagged():
+  planted, baseline = _pair('ldp_sgd', 'none', 2.0, 'client', 'all_iterates',
+                            **{'client.canaries': 4096})
+  plants.flagged(planted, baseline)

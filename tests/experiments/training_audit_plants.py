@@ -1,46 +1,81 @@
-"""Planted bugs between a DP claim and the training that runs, run from the command line.
+"""Planted bugs between a DP claim and the training that runs, audited in process.
 
-Each planted run sets `training_audit.plant` (the knob the pipeline offers for this) and runs
-`python -m experiments.training_audit` as a user would: the experiments' round loop with the
-defense configured by the registry, canaries added, the audit's verdict stored per point. A
-test fails if its planted point is not a violation, or if the same setting without the plant
-is one (so a flag cannot come from the setting itself). Halved noise of Poisson DP-SGD is
-flagged by the mechanism audit (tests/experiments/test_dp_audit.py): one training's
-server-side view of Poisson DP-SGD sums a round's steps, which one run cannot separate from
-the claim.
+Each planted row sets `training_audit.plant` (the knob the pipeline offers for this) and runs
+the pipeline's own functions (`training_audit_runs.run_training` or `.side_channel`, then
+`training_audit.point_metrics`): the experiments' round loop with the defense configured by
+the registry, canaries added, the audit's verdict. A test fails if its planted row is not a
+violation, or if the same row without the plant is one (so a flag cannot come from the
+setting itself). The federations are small (a 64-8-10 MLP of 610 parameters; canaries as
+many as each plant needs: canary-dominated, which the audit's power does not mind), so that a
+claim, its plant and their baseline share one compiled training (the noise is a traced
+operand) and run in seconds.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import functools
 
-from tests.experiments import cli
+import jax
 
-BASE = ('--config.training_audit.epsilons=(2.0,)', '--config.training_audit.num_rounds=3',
-        '--config.training_audit.num_canary_clients=2400',
-        '--config.training_audit.num_canary_examples=600',
-        "--config.training_audit.threats=('all_iterates',)",
-        "--config.training_audit.record_kinds=('gradient',)", '--quiet')
+from configs import digits
+from fl_privacy.pipelines import training_audit as ta
+from fl_privacy.pipelines import training_audit_runs as runs
+from fl_privacy.report import point_key
 
-
-def run(tmp_path_factory, name: str, defenses: tuple, samplings: tuple, plant: str = 'none',
-        *extra: str) -> dict:
-  """Runs the audit; {(defense, sampling, canary): metrics} of its points."""
-  workdir = tmp_path_factory.mktemp(f'training_audit_{name}') / 'run'
-  proc = cli.run('training_audit', workdir, *BASE,
-                 f'--config.training_audit.defenses={defenses!r}',
-                 f'--config.training_audit.samplings={samplings!r}',
-                 f'--config.training_audit.plant={plant}', *extra, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
-    points = json.load(f)['points']
-  out = {(p['params']['defense'], p['params']['sampling'], p['params']['canary']): p['metrics']
-         for p in points}
-  assert out and all(m['plant'] == plant for m in out.values())
-  return out
+KEY = jax.random.key(0)
 
 
-def flagged(planted: dict, baseline: dict, key: tuple) -> None:
-  assert float(planted[key]['privacy_violation']) == 1.0, planted[key]
-  assert float(baseline[key]['privacy_violation']) == 0.0, baseline[key]
+def config(plant: str = 'none', **fields):
+  """The plant tests' config: `fields` override `training_audit` (dotted names allowed)."""
+  c = digits.get_config('smoke')
+  s = c.training_audit
+  s.plant = plant
+  s.twins = 0
+  s.side_channel_trials = 600
+  s.record.update(num_clients=10, per_client=116, canaries_per_client=12, input_per_client=2,
+                  batch_size=16, epochs=1, num_rounds=5, hidden=(8,), canaries=2048,
+                  input_canaries=200)
+  s.client.update(num_clients=100, per_client=1, participation=1.0, canary_share=0.5,
+                  batch_size=1, epochs=1, num_rounds=5, hidden=(8,), canaries=1024)
+  for name, value in fields.items():
+    target = s
+    *path, last = name.split('.')
+    for p in path:
+      target = target[p]
+    target[last] = value
+  return c
+
+
+@functools.lru_cache(maxsize=4)
+def _state_for(key: str):
+  del key
+  return ta.prepare(config())
+
+
+def state(c):
+  """The data and models (the same for every plant config: they share the federations'
+  sizes and widths)."""
+  st = dict(_state_for('plants'))
+  st['defenses'] = ta.validate_config(c)['defenses']
+  st['trainings'] = {}
+  return st
+
+
+def audit(c, defense: str, sampling: str, claim: float, canary: str, threat: str) -> dict:
+  """One row's metrics, through the pipeline's functions."""
+  tr = dict(defense=defense, sampling=sampling, claimed_epsilon=float(claim), canary=canary)
+  st = state(c)
+  k = point_key(KEY, tr)
+  done = (runs.side_channel(c, st, tr, k) if canary == 'side_channel'
+          else runs.run_training(c, st, tr, k))
+  metrics, _ = ta.point_metrics(c, st, tr, threat, done)
+  return metrics
+
+
+def flagged(planted: dict, baseline: dict) -> None:
+  """The planted row is a violation, its plant-free twin row is not."""
+  assert float(planted['privacy_violation']) == 1.0, {
+      k: planted.get(k) for k in ('best_bound', 'dp_epsilon', 'counted_bounds', 'verdict',
+                                  'profile_excess', 'max_certifiable')}
+  assert float(baseline['privacy_violation']) == 0.0, {
+      k: baseline.get(k) for k in ('best_bound', 'dp_epsilon', 'counted_bounds', 'verdict')}
