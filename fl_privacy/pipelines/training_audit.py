@@ -374,7 +374,7 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   twin = np.asarray(done['twin_accuracy'], np.float64)
   dmean, dlo, dhi = _t_interval(acc[:len(twin)] - twin) if len(twin) else (math.nan,) * 3
   metrics.update(test_accuracy=mean, test_accuracy_ci_low=lo, test_accuracy_ci_high=hi,
-                 twin_accuracy=float(np.mean(acc)) if len(twin) else math.nan,
+                 twin_accuracy=float(np.mean(twin)) if len(twin) else math.nan,
                  accuracy_change=dmean, accuracy_change_ci_low=dlo,
                  accuracy_change_ci_high=dhi, twins=int(len(twin)))
   if tr['defense'] == 'weak_dp':
