@@ -52,7 +52,7 @@ step pastel_mlp 90 "$py" -m benchmarks.pastel_train --models=mlp --repeats=1
 step conv_in_loop 90 "$py" -m benchmarks.conv_in_loop
 step pastel_resnet 150 "$py" -m benchmarks.pastel_train --models=resnet --repeats=1
 # Last, as they are the longest: STEPS="training_audit training_audit_warm" runs them alone.
-step training_audit 240 "$py" -m experiments.training_audit --workdir="$work/ta"
-step training_audit_warm 150 "$py" -m experiments.training_audit --workdir="$work/ta2"
+step training_audit 480 "$py" -m experiments.training_audit --workdir="$work/ta"
+step training_audit_warm 300 "$py" -m experiments.training_audit --workdir="$work/ta2"
 tar -C "$work" -czf "$out/logs.tar.gz" --exclude=cc --exclude=ami --exclude=ami2 --exclude=ta --exclude=ta2 .
 cat "$out/summary.txt"

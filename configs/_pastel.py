@@ -72,8 +72,8 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     epsilons: target epsilons > 0 of each DP baseline (per round for 'wdp').
     dp_delta: delta of every DP baseline.
     clip_norm: per-example clip of 'ldp' (DP-SGD).
-    ldp_sampling: 'poisson' (default: each record joins each step with probability B / n,
-      accounted exactly) or 'shuffle' (fixed-size shuffled batches, accounted without
+    ldp_sampling: 'poisson' (default: each record joins each step with probability B / n, n
+      the smallest client's members, declared public for every client, accounted exactly) or 'shuffle' (fixed-size shuffled batches, accounted without
       amplification: one replace-one release per epoch).
     update_clip_norm: update clip of 'cdp' and 'wdp' (server side). Digits: 0.3, the median
       L2 norm of the undefended run's uploads at the recorded rounds (0.30; clipping at the

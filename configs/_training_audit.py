@@ -61,7 +61,6 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       `all_steps` is DP-SGD's own adversary (every noisy step; gradient canaries only),
       `side_channel` the adversary of what a projection cannot see (norms, noisy steps,
       reported counts).
-    twins: replicate trainings rerun without canaries, for the accuracy comparison (8).
     side_channel_trials: the side-channel game's independent trials per row (1000);
       side_channel_others: clients beside the target when the adversary reads the aggregate.
     canary_norm: the canary update's / gradient's norm in units of C, >= 1 (2.0).
@@ -69,21 +68,22 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       uniform unit vectors, exactly orthogonal; the default) or 'dirac'.
     model: 'mlp' (each federation's `hidden` widths).
     optimizer: the clients' local optimizer ('sgd').
-    record: the cross-silo federation of dp_sgd: num_clients (10), per_client (116 rows, the
+    record: the cross-silo federation of dp_sgd: num_clients (10), per_client (114 rows, the
       public record count N its Poisson schedule declares: q = B / N, ceil(N / B) steps an
-      epoch; with its canary rows a shuffled shard keeps the same 8 steps an epoch),
-      canaries_per_client (12 gradient canaries: a tenth of a shard's rows),
-      input_per_client (2 input canaries, mislabelled images, fewer: they train the model on
-      wrong labels), batch_size (16), epochs (1), num_rounds (5), learning_rate (0.5), hidden
+      epoch), canaries_per_client (12 gradient canaries: a tenth of a shard's rows),
+      input_per_client (6 input canaries, mislabelled images, fewer: they train the model on
+      wrong labels; 114 + 6 rows keep a shuffled epoch's 10 steps), batch_size (12), epochs
+      (1), num_rounds (5), learning_rate (0.5), twins (replicate trainings rerun without
+      canaries, for the accuracy comparison: 32), hidden
       ((32,): 64-32-10, 2,410 parameters), canaries (gradient canaries a row, pooled over
-      replicate trainings: 8192; a row runs ceil(canaries / canaries a training) trainings),
+      replicate trainings: 16384; a row runs ceil(canaries / canaries a training) trainings),
       input_canaries (the same for input canaries, whose one-run bounds gain little from
       more: 512).
     client: the cross-device federation of the client-level defenses: num_clients (1000 real
       clients), per_client (1 row), participation (0.1 of them each round), canary_share (at
       most 0.1 of a round's participants), batch_size (1), epochs (1), num_rounds (10),
-      learning_rate (0.5), hidden ((134,): 64-134-10, 10,060 parameters), canaries (canary
-      clients a row, pooled over replicate trainings: 512).
+      learning_rate (0.5), twins (8), hidden ((134,): 64-134-10, 10,060 parameters), canaries
+      (canary clients a row, pooled over replicate trainings: 512).
     chunk: replicate trainings per compiled call (8).
     plant: TEST KNOB ('none'): plants a bug the audit must flag: 'half_noise' (every
       defense runs half its calibrated noise; ldp_sgd twice its epsilon), 'poisson_full_batch'
@@ -108,7 +108,6 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.clip_norm = 1.0
   s.record_kinds = ('gradient', 'input')
   s.threats = THREATS
-  s.twins = 8
   s.side_channel_trials = 1000
   s.side_channel_others = 9
   s.canary_norm = 2.0
@@ -118,21 +117,20 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.chunk = 8
   s.plant = 'none'
   s.record = ml_collections.ConfigDict(dict(
-      num_clients=10, per_client=116, canaries_per_client=12, input_per_client=2,
-      batch_size=16, epochs=1, num_rounds=5, learning_rate=0.5, hidden=(32,), canaries=8192,
-      input_canaries=512))
+      num_clients=10, per_client=114, canaries_per_client=12, input_per_client=6,
+      batch_size=12, epochs=1, num_rounds=5, learning_rate=0.5, twins=32, hidden=(32,),
+      canaries=16384, input_canaries=512))
   s.client = ml_collections.ConfigDict(dict(
       num_clients=1000, per_client=1, participation=0.1, canary_share=0.1, batch_size=1,
-      epochs=1, num_rounds=10, learning_rate=0.5, hidden=(134,), canaries=512))
+      epochs=1, num_rounds=10, learning_rate=0.5, twins=8, hidden=(134,), canaries=512))
   if smoke:
     # The small canary-dominated federation: seconds a training, nothing tight.
     s.epsilons = (2.0,)
-    s.twins = 2
     s.side_channel_trials = 200
     s.samplings.central_dp = ('none', 'without_replacement')
     s.samplings.weak_dp = ('none', 'without_replacement')
     s.record.update(num_clients=10, per_client=32, canaries_per_client=4, input_per_client=4,
-                    batch_size=8, num_rounds=2, canaries=200, input_canaries=200)
+                    batch_size=8, num_rounds=2, canaries=200, input_canaries=200, twins=2)
     s.client.update(num_clients=100, participation=0.5, canary_share=0.5, num_rounds=2,
-                    hidden=(32,), canaries=200)
+                    hidden=(32,), canaries=200, twins=2)
   return s

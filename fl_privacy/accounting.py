@@ -316,7 +316,8 @@ def dp_sgd(*, batch_size: int, num_examples: int, steps: int, epochs: int,
            sampling: str = 'poisson', max_batch_size: int | None = None) -> Declaration:
   """DP-SGD (Abadi et al. 2016) as the client runs it, against the server.
 
-  - `poisson`: every step samples each record with probability q = B / n; one record added or
+  - `poisson`: every step samples each record with probability q = B / N (N the declared,
+    public record count: `fl.sampling.public_schedule`); one record added or
     removed moves the clipped sum by at most C (add/remove, sensitivity 1), `steps`
     compositions of the Poisson-subsampled Gaussian (truncated at `max_batch_size`).
   - `shuffle`: fixed-size batches of a shuffled epoch. No amplification is claimed (Chua et

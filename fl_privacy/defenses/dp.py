@@ -1,8 +1,10 @@
 """Differential privacy in federated learning: four placements of the Gaussian mechanism.
 
 - `dp_sgd` (record-level, on the client): every local step clips each example's gradient to
-  L2 norm C, sums, adds N(0, (sigma C)^2 I) and divides by the batch's number of real rows
-  (Abadi et al. 2016, Algorithm 1), through the client protocol's `grad` hook.
+  L2 norm C, sums, adds N(0, (sigma C)^2 I) and divides by the lot size B (Abadi et al. 2016,
+  Algorithm 1's L: the expected batch of Poisson lots, the batch size of shuffled ones, whose
+  partial last batch is then down-weighted rather than its noise amplified), through the
+  client protocol's `grad` hook.
 - `update_dp` (client-level, on the client): clip the update Delta to L2 norm C and add
   N(0, (z C)^2 I) before upload (the FedMIA paper's Appendix A.2.1; Geyer et al. 2017's
   client-side variant), an `upload` hook.
@@ -55,10 +57,11 @@ def private_gradient(key: jax.Array, per_example: Any, mask: jax.Array, clip_nor
   """DP-SGD's step gradient: (sum_i clip_C(g_i) + N(0, (sigma C)^2 I)) / n.
 
   Abadi et al. (2016), Algorithm 1. Padding rows (mask 0) contribute nothing. The divisor n is
-  `denominator` when given: Poisson-sampled batches divide by the expected batch size B, a
-  constant, since the realised batch size depends on which records were drawn and is not
-  public. Without it, n is the batch's number of real rows (B for a full shuffled batch, fewer
-  for an epoch's partial last batch, whose size depends only on the shard size).
+  `denominator` when given, the lot size L of Algorithm 1: Poisson-sampled batches divide by
+  the expected batch size B, since the realised batch size depends on which records were drawn
+  and is not public, and shuffled batches by their batch size B, so an epoch's partial last
+  batch is down-weighted instead of its noise amplified (the `dp_sgd` defense passes B for
+  both). Without it, n is the batch's number of real rows.
 
   Args:
     key: the step's `grad` key.

@@ -101,9 +101,10 @@ FIELDS: dict[str, Field] = {
     'participation': Field(V.number(0, 1, low_open=True), 1.0, 'central_dp, weak_dp: the '
                            'fraction of clients drawn (without replacement) per round'),
     'dp_sgd_sampling': Field(V.choice(('poisson', 'shuffle')), 'poisson', "dp_sgd: 'poisson' "
-                             '(each record joins each step with probability B / n, accounted '
-                             "exactly) or 'shuffle' (fixed-size shuffled batches, accounted "
-                             'without amplification)'),
+                             '(each record joins each step with probability B / N, N the '
+                             'declared record count, for ceil(N / B) steps an epoch: the public '
+                             "schedule, accounted exactly) or 'shuffle' (fixed-size shuffled "
+                             'batches, accounted without amplification)'),
     'epsilon': Field(V.number(0, low_open=True), 5.0, 'bitrand, ome, ldp_sgd: the LDP '
                      'epsilon; gaussian: epsilon of its calibration (with delta) when sigma is '
                      'None'),
@@ -243,7 +244,10 @@ def _augment_sampling(level, pad, image_shape, jitter, value_range, fraction):
 def _dp_sgd(clip_norm, noise_multiplier, sampling='shuffle', batch_size=None,
             num_examples=None, max_batch_size=None, steps_per_epoch=None):
   if sampling != 'poisson':
-    return client.ClientHooks(grad=dp.dp_sgd_hook(float(clip_norm), noise_multiplier))
+    # Shuffled lots divide by the lot size B (Abadi et al.'s L), so an epoch's partial last
+    # batch is down-weighted, not its noise amplified; without B, by the batch's rows.
+    return client.ClientHooks(grad=dp.dp_sgd_hook(
+        float(clip_norm), noise_multiplier, None if batch_size is None else float(batch_size)))
   validate.require(batch_size is not None and num_examples is not None,
                    'defense.dp_sgd_sampling', "'shuffle' where the experiment does not give "
                    'the batch size and the declared record count', sampling)

@@ -113,7 +113,6 @@ def validate_config(config) -> dict[str, Any]:
                     high_inclusive=False)
   validate.subset_of(config, 'training_audit.record_kinds', RECORD_KINDS)
   validate.subset_of(config, 'training_audit.threats', THREATS)
-  validate.checked(config, 'training_audit.twins', validate.number(0, 1000, integer=True))
   validate.checked(config, 'training_audit.side_channel_trials', validate.number(
       8, 1_000_000, integer=True, words='trials (at least 4 per world)'))
   validate.checked(config, 'training_audit.side_channel_others',
@@ -127,10 +126,11 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'training_audit.plant', validate.choice(PLANTS))
   for fed, fields in (('record', ('num_clients', 'per_client', 'canaries_per_client',
                                   'input_per_client', 'batch_size', 'epochs', 'num_rounds',
-                                  'learning_rate', 'hidden', 'canaries', 'input_canaries')),
+                                  'learning_rate', 'twins', 'hidden', 'canaries',
+                                  'input_canaries')),
                       ('client', ('num_clients', 'per_client', 'participation', 'canary_share',
                                   'batch_size', 'epochs', 'num_rounds', 'learning_rate',
-                                  'hidden', 'canaries'))):
+                                  'twins', 'hidden', 'canaries'))):
     validate.checked(config, f'training_audit.{fed}', validate.Rule(
         f'a section with the fields {fields}', lambda v: isinstance(v, ml_collections.ConfigDict)))
     sec = s[fed]
@@ -142,6 +142,7 @@ def validate_config(config) -> dict[str, Any]:
                         ('batch_size', 100_000), ('epochs', 100), ('num_rounds', 1000)):
       validate.checked(config, name(field), validate.number(1, high, integer=True))
     validate.checked(config, name('learning_rate'), validate.number(0, 100, low_open=True))
+    validate.checked(config, name('twins'), validate.number(0, 1000, integer=True))
     validate.checked(config, name('hidden'), validate.items(
         validate.number(1, 4096, integer=True), 'a sequence of widths in [1, 4096]',
         nonempty=False))

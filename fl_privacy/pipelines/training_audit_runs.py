@@ -351,7 +351,7 @@ def run_training(config, state, tr: dict, key) -> dict[str, Any]:
       canary_norm=float(s.canary_norm) * float(s.clip_norm),
       always=tr['canary'] == 'client' and server_adversary(tr) and part < 1,
       chunk=int(s.chunk))
-  twins = min(int(s.twins), r)
+  twins = min(int(fed.twins), r)
   twin_acc = np.zeros(0)
   if twins:   # the same keys, shards and w_0 without canaries
     twin_acc = canaries.accuracy(

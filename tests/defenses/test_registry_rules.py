@@ -302,9 +302,14 @@ def test_builders_pass_their_params(spies):
 
 
 def test_dp_sgd_builder(spies):
+  # Shuffled lots divide by the lot size B when the experiment gives it, else by the rows.
   h = registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5)
   assert h.grad == ('hook', 'dp_sgd_hook') and h.batches is None
-  assert spies['dp_sgd_hook'] == ((2.0, 0.5), {}) and type(spies['dp_sgd_hook'][0][0]) is float
+  assert spies['dp_sgd_hook'] == ((2.0, 0.5, None), {})
+  assert type(spies['dp_sgd_hook'][0][0]) is float
+  registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5, batch_size=4)
+  assert spies['dp_sgd_hook'] == ((2.0, 0.5, 4.0), {})
+  assert type(spies['dp_sgd_hook'][0][2]) is float
   h = registry.make('dp_sgd', clip_norm=2, noise_multiplier=0.5, sampling='poisson',
                     batch_size=4, num_examples=40, max_batch_size=9)
   assert h.grad == ('hook', 'dp_sgd_hook') and h.batches == ('hook', 'poisson_sampler')
@@ -886,7 +891,7 @@ def test_configure_dp(spies):
   c = configured.configure(_section('dp_sgd', dp_sgd_sampling='shuffle'), CSET,
                            experiment='fedmia')
   assert c.declaration.sampling == 'shuffle' and c.declaration.max_batch_size is None
-  assert 'poisson_sampler' not in spies or spies['dp_sgd_hook'] == ((1.0, 1.0), {})
+  assert spies['dp_sgd_hook'] == ((1.0, 1.0, 5.0), {})   # CSET's lot size
   assert c.declaration.compositions == 8
 
 
@@ -1031,7 +1036,7 @@ def test_sweep_point_dp(spies, fake_accounting):
   assert spies['dp_sgd_hook'] == ((1.0, 0.5, 5.0), {})
   c = configured.sweep_point('dp_sgd', 0.5, CSET, experiment='fedmia', prefix='p',
                              fixed={'clip_norm': 1.0})
-  assert c.declaration.sampling == 'shuffle' and spies['dp_sgd_hook'] == ((1.0, 0.5), {})
+  assert c.declaration.sampling == 'shuffle' and spies['dp_sgd_hook'] == ((1.0, 0.5, 5.0), {})
 
 
 def test_factories_called_directly(monkeypatch):

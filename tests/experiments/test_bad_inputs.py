@@ -347,8 +347,8 @@ _BAD_FIELD = {
     'flower_audit': ('--config.flower_audit.num_clients=1', 'config.flower_audit.num_clients'),
     'reconstruction': ('--config.reconstruction.psnr_threshold=-1.0',
                        'config.reconstruction.psnr_threshold'),
-    'training_audit': ('--config.training_audit.per_client=100000',
-                       'config.training_audit.per_client'),
+    'training_audit': ('--config.training_audit.record.per_client=100000',
+                       'config.training_audit.record.per_client'),
 }
 
 

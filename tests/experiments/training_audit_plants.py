@@ -30,13 +30,12 @@ def config(plant: str = 'none', **fields):
   c = digits.get_config('smoke')
   s = c.training_audit
   s.plant = plant
-  s.twins = 0
   s.side_channel_trials = 600
-  s.record.update(num_clients=10, per_client=116, canaries_per_client=12, input_per_client=2,
-                  batch_size=16, epochs=1, num_rounds=5, hidden=(8,), canaries=2048,
-                  input_canaries=200)
+  s.record.update(num_clients=10, per_client=114, canaries_per_client=12, input_per_client=6,
+                  batch_size=12, epochs=1, num_rounds=5, hidden=(8,), canaries=2048,
+                  input_canaries=200, twins=0)
   s.client.update(num_clients=100, per_client=1, participation=1.0, canary_share=0.5,
-                  batch_size=1, epochs=1, num_rounds=5, hidden=(8,), canaries=1024)
+                  batch_size=1, epochs=1, num_rounds=5, hidden=(8,), canaries=1024, twins=0)
   for name, value in fields.items():
     target = s
     *path, last = name.split('.')

@@ -231,8 +231,8 @@ def step_llr(x: jax.Array, q: float, shift: float, sigma: float) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class StepReading:
   """How the `all_steps` adversary reads a DP-SGD client's steps (public facts of the claim):
-  `poisson` (the noisy sum is divided by the expected batch `batch_size`; else by the batch's
-  rows, and the adversary knows which step holds its canary), the clip C, the claimed rate q
+  the lot size `batch_size` the noisy sum is divided by, `poisson` (else shuffled: the
+  adversary knows which step holds its canary), the clip C, the claimed rate q
   and noise std z C of the likelihood ratio, and `base_rows`: the shard rows before the canary
   rows (`place_examples` appends them). The noise std travels as a traced operand of the
   compiled training (`static` drops it), so the claims of a sweep share one program."""
@@ -319,9 +319,7 @@ def _step_trace(reading: StepReading, coords: jax.Array, per: int, ravel: Callab
     cols = jax.vmap(lambda g: ravel(g)[coords])(clipped)          # [W, m]
     others = step.row_mask * (step.indices < reading.base_rows)   # real, non-canary rows
     known = others @ cols
-    den = float(reading.batch_size) if reading.poisson else jnp.maximum(
-        jnp.sum(step.row_mask), 1.0)
-    leftover = den * ravel(step.grad)[coords] - known
+    leftover = float(reading.batch_size) * ravel(step.grad)[coords] - known
     slots = reading.base_rows + jnp.arange(per)
     held = (step.row_mask[:, None] * (step.indices[:, None] == slots[None, :])).sum(0)
     return leftover, held, step.live
@@ -504,11 +502,16 @@ def train(apply_fn, params, clients: rounds.ClientData, *, keys, hooks, num_roun
   tx = None if test_x is None else jnp.asarray(test_x)
   ty = None if test_y is None else jnp.asarray(test_y)
   parts = []
-  for lo in range(0, r, int(chunk)):
-    sl = lambda a: None if a is None else a[lo:lo + int(chunk)]
-    take = lambda tree: jax.tree_util.tree_map(sl, tree)
-    parts.append(jax.device_get(compiled(take(params), take(clients), keys[lo:lo + int(chunk)],
-                                         take(planted), traced, tx, ty)))
+  size = min(int(chunk), r)
+  for lo in range(0, r, size):
+    # The last chunk is padded with replicates of this chunk (then dropped), so every call
+    # has the compiled program's shape.
+    idx = np.minimum(np.arange(lo, lo + size), r - 1)
+    take = lambda tree: jax.tree_util.tree_map(lambda a: None if a is None else a[idx], tree)
+    got = jax.device_get(compiled(take(params), take(clients), keys[idx], take(planted),
+                                  traced, tx, ty))
+    keep = min(size, r - lo)
+    parts.append(jax.tree_util.tree_map(lambda a: np.asarray(a)[:keep], got))
   out = jax.tree_util.tree_map(lambda *a: np.concatenate(a), *parts)
   return _scores(out, kind, owner, test_y)
 

@@ -162,11 +162,13 @@ def play(apply_fn, params, pool_x: np.ndarray, pool_y: np.ndarray, *, key: jax.A
   keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(jnp.arange(int(trials)))
   px, py = jnp.asarray(pool_x), jnp.asarray(pool_y)
   out = []
-  for lo in range(0, int(trials), int(chunk)):
-    sl = slice(lo, lo + int(chunk))
-    out.append(jax.device_get(compiled(params, px, py, traced, keys[sl],
-                                       jnp.asarray(target[sl]), jnp.asarray(mask[sl]),
-                                       jnp.asarray(rest[sl]))))
+  size = min(int(chunk), int(trials))
+  for lo in range(0, int(trials), size):
+    # The last chunk is padded (then dropped), so every call has the program's shape.
+    idx = np.minimum(np.arange(lo, lo + size), int(trials) - 1)
+    got = jax.device_get(compiled(params, px, py, traced, keys[idx], jnp.asarray(target[idx]),
+                                  jnp.asarray(mask[idx]), jnp.asarray(rest[idx])))
+    out.append(tuple(np.asarray(a)[:min(size, int(trials) - lo)] for a in got))
   norm, steps, reported, moved = (np.concatenate(a).astype(np.float64) for a in zip(*out))
   scores = ({'upload_norm': norm, 'noisy_steps': steps, 'reported_examples': reported}
             if adversary == 'server' else {'aggregate_norm': moved})
