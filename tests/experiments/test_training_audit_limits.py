@@ -50,10 +50,12 @@ def test_half_noise_of_the_sampled_aggregate_is_beyond_any_feasible_canaries(def
   assert 0.09 < q < 0.11
   half = cs.Curve(steps=rounds, noise=z / 2, rate=q, relation='replace_one')
   mech = ta.mechanism(tr, runs.participation(c, tr))
+  # From 1,024 (the default row holds 555 canaries) to 4,096, as the pipeline counts them
+  # (dependent) and as independent trials.
   for independent in (False, True):
     assert cs.simulated_needed(half, mech, float(claimed.metrics['dp_epsilon']), delta=DELTA,
                                confidence=0.95, independent=independent,
-                               claimed_delta=profile, cap=1 << 12) is None
+                               claimed_delta=profile, start=1024, cap=1 << 12) is None
   # Where a perfect attack with that many canaries could refute the claim, the same search
   # flags a plant it can see (a fortieth of the noise, every client every round); weak_dp's
   # composed claim of 8 a round (18.6) is beyond 2^12 canaries even for a perfect attack.
@@ -64,7 +66,7 @@ def test_half_noise_of_the_sampled_aggregate_is_beyond_any_feasible_canaries(def
   if needed <= 1 << 12:
     loud = dataclasses.replace(half, noise=z / 40, rate=1.0)
     assert cs.simulated_needed(loud, mech, audited, delta=DELTA, confidence=0.95,
-                               independent=True, claimed_delta=profile,
+                               independent=True, claimed_delta=profile, start=1024,
                                cap=1 << 12) is not None
   else:
     assert defense == 'weak_dp' and claim == 8.0
