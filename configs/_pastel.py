@@ -73,8 +73,9 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     dp_delta: delta of every DP baseline.
     clip_norm: per-example clip of 'ldp' (DP-SGD).
     ldp_sampling: 'poisson' (default: each record joins each step with probability B / n, n
-      the smallest client's members, declared public for every client, accounted exactly) or 'shuffle' (fixed-size shuffled batches, accounted without
-      amplification: one replace-one release per epoch).
+      the smallest client's members, declared public for every client, accounted exactly) or
+      'shuffle' (fixed-size shuffled batches, accounted without amplification: one
+      replace-one release per epoch).
     update_clip_norm: update clip of 'cdp' and 'wdp' (server side). Digits: 0.3, the median
       L2 norm of the undefended run's uploads at the recorded rounds (0.30; clipping at the
       median update norm as in adaptive clipping, Andrew et al. 2021), fixed before any DP run.

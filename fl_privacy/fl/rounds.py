@@ -195,8 +195,9 @@ def run(loss_fn: LossFn, params: Any, clients: ClientData, *, key, num_rounds: i
   (`participant_indices`, a fixed count) are gathered and trained, the others neither train nor
   upload. (When canaries are drawn with the real clients, each drawn slot runs both a real
   training and a canary's, on a clipped index, and keeps the one its index names: the count
-  of each kind is not static. The discarded one has no effect.) The server weighs each upload by the example count its client reports
-  (`client.reported_sizes`: the real rows, or a public count a defense's `report` hook gives).
+  of each kind is not static. The discarded one has no effect.) The server weighs each upload
+  by the example count its client reports (`client.reported_sizes`: the real rows, or a public
+  count a defense's `report` hook gives).
 
   Args:
     loss_fn: `loss_fn(params, x, y, mask=None) -> scalar` (see `losses.make_loss_fn`).

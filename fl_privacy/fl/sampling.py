@@ -1,4 +1,4 @@
-"""Poisson minibatches for DP-SGD on a public schedule: every real row joins every step independently.
+"""Poisson minibatches for DP-SGD on a public schedule: each real row joins each step independently.
 
 DP-SGD's standard accounting (dp-accounting's `PoissonSampledDpEvent`, through
 `fl_privacy.accounting`; under PLD the truncation below is accounted exactly by

@@ -279,14 +279,16 @@ def test_place_examples_keeps_the_shards_mask_aux_and_dtypes_and_places_each_row
 
 def test_slot_positions_and_the_slot_table_follow_the_placement():
   owner = np.array([0, 1, 0, 0, 1, 2, 0])
-  np.testing.assert_array_equal(canaries._slot_positions(owner), [0, 0, 1, 2, 1, 0, 3])  # pylint: disable=protected-access
+  positions = canaries._slot_positions  # pylint: disable=protected-access
+  np.testing.assert_array_equal(positions(owner), [0, 0, 1, 2, 1, 0, 3])
   np.testing.assert_array_equal(canaries.slot_table(owner, 4),
                                 [[0, 2, 3, 6], [1, 4, -1, -1], [5, -1, -1, -1],
                                  [-1, -1, -1, -1]])
   # place_examples' round-robin placement: canary i in slot i // K of client i mod K.
   ex = canaries.place_examples(_clients(k=3, n=2), np.zeros((8, DIM_IN), np.float32),
                                np.zeros(8, np.int32), np.ones(8, bool), 'replace_one')
-  np.testing.assert_array_equal(canaries._slot_positions(ex.owner), np.arange(8) // 3)  # pylint: disable=protected-access
+  positions = canaries._slot_positions  # pylint: disable=protected-access
+  np.testing.assert_array_equal(positions(ex.owner), np.arange(8) // 3)
 
 
 def test_signs_refuse_an_unknown_relation_naming_the_allowed_ones():

@@ -130,11 +130,10 @@ def test_audit_says_cannot_refute_when_a_perfect_attack_could_not():
 
 def test_the_verdict_holds_its_family_wise_level_at_a_mechanism_exactly_at_its_claim():
   """200 audits of 300 canaries of a mechanism whose epsilon is exactly the claim (Gaussian
-  mu-GDP scores,
-  each canary independent), its six counted tests (the one-run bounds, Clopper-Pearson, GDP
-  searched and at the midpoint, and the profile test against the mechanism's exact profile). A verdict at
-  family-wise 95% fires in Binomial(200, <= 0.05) audits: more than 20 has probability
-  < 2e-3. Were its false-violation rate 20% (an 80% verdict), about 40 would fire, and 20 or
+  mu-GDP scores, each canary independent), its six counted tests (the one-run bounds,
+  Clopper-Pearson, GDP searched and at the midpoint, and the profile test against the
+  mechanism's exact profile). A verdict at family-wise 95% fires in Binomial(200, <= 0.05)
+  audits: more than 20 has probability < 2e-3. Were its false-violation rate 20% (an 80% verdict), about 40 would fire, and 20 or
   fewer has probability < 1e-3: the experiment's size tells the two apart. Measured: 0 of 200
   (0 also with the Poisson label's tests), and still 0 with every test at 95% instead of its
   Bonferroni share: each test is conservative at the boundary (it errs only when both of its

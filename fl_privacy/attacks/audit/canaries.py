@@ -60,11 +60,12 @@ from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
 
-from fl_privacy.attacks.audit.canary_statistics import audit  # pylint: disable=unused-import
-from fl_privacy.attacks.audit.canary_statistics import counted_bounds  # pylint: disable=unused-import
-from fl_privacy.attacks.audit.canary_statistics import gaussian_fit_epsilon  # pylint: disable=unused-import
-from fl_privacy.attacks.audit.canary_statistics import NO_ESTIMATE  # pylint: disable=unused-import
-from fl_privacy.attacks.audit.canary_statistics import NON_GAUSSIAN  # pylint: disable=unused-import
+# The statistics' public names, re-exported (their home is canary_statistics).
+from fl_privacy.attacks.audit.canary_statistics import audit  # noqa: F401
+from fl_privacy.attacks.audit.canary_statistics import counted_bounds  # noqa: F401
+from fl_privacy.attacks.audit.canary_statistics import gaussian_fit_epsilon  # noqa: F401
+from fl_privacy.attacks.audit.canary_statistics import NO_ESTIMATE  # noqa: F401
+from fl_privacy.attacks.audit.canary_statistics import NON_GAUSSIAN  # noqa: F401
 from fl_privacy.defenses import dp
 from fl_privacy.fl import local
 from fl_privacy.fl import losses
@@ -308,7 +309,7 @@ def _client_observers(num_real: int, num_rounds: int, clip_norm: float, ravel: C
   return make
 
 
-def _step_trace(reading: StepReading, coords: jax.Array, per: int, ravel: Callable):  # noqa
+def _step_trace(reading: StepReading, coords: jax.Array, per: int, ravel: Callable):
   """The `all_steps` instrument of one step (`fl.local.Step`): per canary coordinate, the
   step's noisy sum minus the other rows' clipped gradients (L), and which of the client's
   canary slots the batch holds."""

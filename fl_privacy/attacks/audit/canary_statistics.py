@@ -190,9 +190,9 @@ def canaries_needed(mechanism: str, claimed_epsilon: float, *, delta: float, con
   """The fewest canaries (fair coins: half IN, half OUT) with which a perfect attack refutes
   the claim (`attainable`), to within a factor 2^(1/4) (doubling, then a bisection of the last
   octave on a geometric grid); None when no count up to `cap` does, or when the attainable
-  bound has fallen at two doublings in a row (past the one-run bounds' peak). It depends on the claim
-  only through its epsilon and profile, so it is cached by them (the profile read on the
-  profile test's grid)."""
+  bound has fallen at two doublings in a row (past the one-run bounds' peak). It depends on
+  the claim only through its epsilon and profile, so it is cached by them (the profile read on
+  the profile test's grid)."""
   profile = None if claimed_delta is None else tuple(
       np.round(np.asarray(claimed_delta(_profile_grid(claimed_epsilon)), np.float64), 15))
   return _needed(mechanism, float(claimed_epsilon), float(delta), float(confidence),
