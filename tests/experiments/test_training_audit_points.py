@@ -39,19 +39,14 @@ from fl_privacy.fl import rounds
 from fl_privacy.pipelines import training_audit as ta
 from fl_privacy.pipelines import training_audit_runs as runs
 from fl_privacy.report import point_key
+from tests.experiments import training_audit_plants as plants
 
 KEY = jax.random.key(0)
 C = 0.5            # the clip: not 1, so that C enters as a factor, never as a divisor
 DELTA, CONFIDENCE = 2e-5, 0.9
 
 
-def _set(config, name: str, value) -> None:
-  target = config.training_audit
-  *path, last = name.split('.')
-  for p in path:
-    target = target[p]
-  with target.ignore_type():
-    target[last] = value
+_set = plants.override
 
 
 def _config(**fields):

@@ -19,6 +19,7 @@ from configs import digits
 from fl_privacy.defenses import configured as configured_lib
 from fl_privacy.pipelines import training_audit as ta
 from fl_privacy.pipelines import training_audit_runs as runs
+from tests.experiments import training_audit_plants as plants
 
 STATE = {'train': types.SimpleNamespace(num_classes=10)}
 HOOK_FIELDS = ('data', 'batch', 'loss', 'grad', 'upload', 'aggregate', 'batches', 'report')
@@ -30,11 +31,7 @@ def _config(plant='none', **fields):
   s = config.training_audit
   s.plant = plant
   for name, value in fields.items():
-    target = s
-    *path, last = name.split('.')
-    for p in path:
-      target = target[p]
-    target[last] = value
+    plants.override(config, name, value)
   return config
 
 

@@ -25,6 +25,17 @@ from fl_privacy.report import point_key
 KEY = jax.random.key(0)
 
 
+def override(config, name: str, value) -> None:
+  """`config.training_audit.<name> = value` for a dotted `name` ('record.canaries'), whatever
+  the field's type (a test may set a float where the default is an int)."""
+  target = config.training_audit
+  *path, last = name.split('.')
+  for p in path:
+    target = target[p]
+  with target.ignore_type():
+    target[last] = value
+
+
 def config(plant: str = 'none', **fields):
   """The plant tests' config: `fields` override `training_audit` (dotted names allowed)."""
   c = digits.get_config('smoke')
@@ -37,11 +48,7 @@ def config(plant: str = 'none', **fields):
   s.client.update(num_clients=100, per_client=1, participation=1.0, canary_share=0.5,
                   batch_size=1, epochs=1, num_rounds=5, hidden=(8,), canaries=1024, twins=0)
   for name, value in fields.items():
-    target = s
-    *path, last = name.split('.')
-    for p in path:
-      target = target[p]
-    target[last] = value
+    override(c, name, value)
   return c
 
 
