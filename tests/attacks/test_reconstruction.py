@@ -145,18 +145,32 @@ def _trial(tree, t):
 
 def test_the_imprint_block_recovers_every_example_alone_in_its_bin_from_one_client_step():
   x, idx, params, uploads = _imprint_uploads()
+  checked = 0
   for t in range(_TRIALS):
     batch = x[idx[t]].reshape(_B, -1)
     layer = {k: np.asarray(v[t]) for k, v in params[imprint.IMPRINT].items()}
     # The bin is what the crafted units compute: the number of units an example activates.
-    active = np.sum(batch @ layer['kernel'] + layer['bias'] > 0, axis=1)
+    # An example within float rounding of a unit's threshold may fall on either side in the
+    # jitted forward pass (11.6% of digits lie within 1e-6 of one; a CPU's rounding decides):
+    # the claim is made for the examples every unit decides beyond 4x the float32 error bound
+    # of its pre-activation (d eps (|x| . |k| + |b|)), alone in their bin with no undecided
+    # example in a neighbouring one.
+    pre = batch @ layer['kernel'] + layer['bias']
+    err = batch.shape[1] * np.finfo(np.float32).eps * (
+        np.abs(batch) @ np.abs(layer['kernel']) + np.abs(layer['bias']))
+    active = np.sum(pre > 0, axis=1)
+    decided = np.all(np.abs(pre) > 4 * err, axis=1)
     up = {k: np.asarray(v[t]) for k, v in uploads[imprint.IMPRINT].items()}
     got, _ = imprint.recover(up['kernel'], up['bias'])
-    alone = [i for i in range(_B) if active[i] > 0 and np.sum(active == active[i]) == 1]
+    alone = [i for i in range(_B) if active[i] > 0 and decided[i] and
+             np.sum(active == active[i]) == 1 and
+             not np.any(~decided & (np.abs(active - active[i]) <= 1))]
+    checked += len(alone)
     rows, cols = metrics.match(got, batch)
     paired = dict(zip(cols, rows))
     for i in alone:
       assert np.max(np.abs(got[paired[i]] - batch[i])) < metrics.EXACT, (t, i)
+  assert checked >= _TRIALS * _B // 2   # 93 of the 128 examples here
 
 
 def test_imprint_recovers_at_least_90_percent_of_8_examples_exactly_in_one_step():
