@@ -12,8 +12,8 @@ canary examples added, in a federation that learns: record-level DP-SGD cross-si
 client-level defenses cross-device, canaries at most a tenth of each shard or of each round's
 participants. Expected results: docs/experiments/training_audit.md.
 
-  python -m experiments.training_audit                                  # ~10 min cold (2 cores)
-  python -m experiments.training_audit --config=configs/digits.py:smoke  # ~1-2 min (CI)
+  python -m experiments.training_audit                                  # ~5.5 min cold (2 cores)
+  python -m experiments.training_audit --config=configs/digits.py:smoke  # ~2 min
 
 Expect no privacy violation; DP-SGD read at every step (`all_steps`) certifies at least half
 of a shuffled claim and, Poisson-sampled, about what an optimal attack with as many canaries
