@@ -230,8 +230,7 @@ def test_claims_figure_plots_each_series_sorted_dodged_and_capped(drawn):
     assert list(diag.get_xdata()) == [0, top] and list(diag.get_ydata()) == [0, top]
     assert diag.get_color() == 'k' and diag.get_linestyle() == '--'
     assert diag.get_linewidth() == 1
-    assert ax.get_xlabel() == ('claimed epsilon of the training that ran (nats; series dodged '
-                               'sideways)')
+    assert ax.get_xlabel() == 'claimed epsilon that ran (nats; series dodged)'
     assert ax.get_ylabel() == 'empirical epsilon (nats)'
   # Series i keeps the i-th colour of the style's cycle and the i-th marker in every panel;
   # its bound is a line of filled markers, its estimate hollow markers, its reach crosses.
