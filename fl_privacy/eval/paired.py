@@ -147,7 +147,11 @@ def compare(scores_a, scores_b, labels, groups, *, rng: np.random.Generator,
 
 
 def verdict(low: float, high: float) -> str:
-  """What a paired interval of A - B shows."""
+  """What a paired interval of A - B shows. An interval of zero width (replicates that agree
+  exactly, e.g. a rate of a few discrete counts) or with an undefined limit shows nothing:
+  'not estimable'."""
+  if not high > low:
+    return 'not estimable (zero-width or undefined interval)'
   if low > 0:
     return 'A better (interval above 0)'
   if high < 0:

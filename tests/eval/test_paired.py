@@ -54,7 +54,8 @@ def test_identical_attacks_differ_by_nothing():
   assert out['auc_diff'] == out['auc_diff_low'] == out['auc_diff_high'] == 0.0
   assert out['tpr_diff'] == out['tpr_diff_low'] == out['tpr_diff_high'] == 0.0
   assert out['num_groups'] == 300 and out['num_resamples'] == 200
-  assert paired.verdict(out['auc_diff_low'], out['auc_diff_high']).startswith('no difference')
+  # An attack against itself: a zero-width interval, which shows nothing either way.
+  assert paired.verdict(out['auc_diff_low'], out['auc_diff_high']).startswith('not estimable')
 
 
 def test_a_real_difference_is_found_and_its_sign_kept():
@@ -164,3 +165,15 @@ def test_the_interval_is_the_central_percentiles_of_the_shared_resamples():
   assert out['tpr_a'] == pytest.approx(metrics.tpr_at_fpr(a, y, 0.05))
   one = paired.compare(a, b, y, groups, rng=np.random.default_rng(10), num_resamples=1)
   assert one['num_resamples'] == 1 and one['auc_diff_low'] == one['auc_diff_high']
+
+
+def test_a_zero_width_or_undefined_interval_yields_no_verdict():
+  """Replicates that agree exactly give a t-interval of zero width: no evidence of a
+  difference, whatever side of 0 it sits on (issue 41: '-0.07 [-0.07, -0.07], B better')."""
+  assert paired.verdict(-0.07, -0.07).startswith('not estimable')
+  assert paired.verdict(0.3, 0.3).startswith('not estimable')
+  assert paired.verdict(float('nan'), 0.5).startswith('not estimable')
+  assert paired.verdict(-0.5, float('nan')).startswith('not estimable')
+  assert paired.verdict(-0.07, -0.06).startswith('B better')
+  assert paired.verdict(0.06, 0.07).startswith('A better')
+  assert paired.verdict(-0.01, 0.01).startswith('no difference')
