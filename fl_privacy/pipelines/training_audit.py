@@ -169,6 +169,45 @@ def validate_config(config) -> dict[str, Any]:
   return {'defenses': chosen}
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `training_audit` fields this run does not read (`base.unused`: a command-line
+  override of one is refused rather than recorded as if it ran): a federation no chosen
+  defense trains, the samplings of defenses not chosen, a canary kind's counts when the kind
+  is not audited, the side channel's when it is not played, the aggregate reader's clients
+  when no aggregate defense is chosen."""
+  s = config.training_audit
+  chosen = set(_seq(s.defenses))
+  threats, kinds = set(_seq(s.threats)), set(_seq(s.record_kinds))
+  out: dict[str, str] = {}
+  if 'dp_sgd' not in chosen:
+    why = 'read only for dp_sgd, which training_audit.defenses does not choose'
+    out.update({f'training_audit.record.{f}': why for f in s.record.keys()})
+    out['training_audit.record_kinds'] = why
+  else:
+    reads = {'gradient': ('canaries_per_client', 'canaries'),
+             'input': ('input_per_client', 'input_canaries')}
+    for kind, fields in reads.items():
+      if kind not in kinds:
+        out.update({f'training_audit.record.{f}': f'read only for {kind} canaries, which '
+                    'training_audit.record_kinds does not choose' for f in fields})
+  if not chosen - {'dp_sgd'}:
+    why = ('read only for the client-level defenses, which training_audit.defenses does not '
+           'choose')
+    out.update({f'training_audit.client.{f}': why for f in s.client.keys()})
+    out['training_audit.direction'] = why
+  out.update({f'training_audit.samplings.{d}': f'{d} is not in training_audit.defenses'
+              for d in s.samplings.keys() if d not in chosen})
+  if 'side_channel' not in threats:
+    out.update({f'training_audit.{f}': "read only by the side channel, which "
+                'training_audit.threats does not choose'
+                for f in ('side_channel_trials', 'side_channel_others')})
+  elif not chosen & {'central_dp', 'weak_dp'}:
+    out['training_audit.side_channel_others'] = ('read only when the adversary reads the '
+                                                 'aggregate (central_dp, weak_dp), which '
+                                                 'training_audit.defenses does not choose')
+  return out
+
+
 def prepare(config) -> dict[str, Any]:
   """Validates, loads the data and checks it holds each federation's rows."""
   state = validate_config(config)

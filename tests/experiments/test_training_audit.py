@@ -144,3 +144,14 @@ def test_figure_is_readable(smoke, monkeypatch):
   with figure_checks.capture(monkeypatch) as found:
     training_audit_figures.claims_figure(results['points'], str(workdir))
   assert found == {'fig_training_audit': []}
+
+
+def test_an_override_of_a_field_the_run_does_not_read_exits_2(tmp_path):
+  proc = cli.run_forked('training_audit', tmp_path / 'never',
+                        "--config.training_audit.defenses=('update_dp',)",
+                        '--config.training_audit.record.canaries=64')
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1 and 'config.training_audit.record.canaries' in lines[0]
+  assert 'read only for dp_sgd' in lines[0], lines[0]
+  assert not (tmp_path / 'never').exists()

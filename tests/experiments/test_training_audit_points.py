@@ -932,3 +932,38 @@ def test_the_side_channel_row_plays_the_game_with_the_claimed_hooks(trained, sco
   # The claimed hooks report a public count: the count the server reads never moves.
   assert m['side_reported_examples_in_mean'] == m['side_reported_examples_out_mean']
   assert 'threat_scores' not in seen and 'test_accuracy' not in m
+
+
+# ----------------------------------------------------------------------- unused fields ---
+
+
+def test_the_fields_a_run_does_not_read_are_named_with_why():
+  config = digits.get_config('')
+  assert ta.unused_fields(config) == {}   # the default reads every field
+  s = config.training_audit
+  s.defenses = ('update_dp',)
+  s.threats = ('all_iterates', 'last_iterate')
+  got = ta.unused_fields(config)
+  want = {f'training_audit.record.{f}' for f in s.record.keys()} | {
+      'training_audit.record_kinds', 'training_audit.side_channel_trials',
+      'training_audit.side_channel_others'} | {
+          f'training_audit.samplings.{d}' for d in ('dp_sgd', 'central_dp', 'weak_dp',
+                                                    'ldp_sgd')}
+  assert set(got) == want
+  assert got['training_audit.record.canaries'] == (
+      'read only for dp_sgd, which training_audit.defenses does not choose')
+  assert got['training_audit.samplings.ldp_sgd'] == 'ldp_sgd is not in training_audit.defenses'
+  # dp_sgd alone, gradient canaries only, the side channel played: the client federation, the
+  # directions, the input canaries' counts and the aggregate reader's clients are unread.
+  s.defenses, s.record_kinds = ('dp_sgd',), ('gradient',)
+  s.threats = ('all_steps', 'side_channel')
+  got = ta.unused_fields(config)
+  assert {'training_audit.record.input_per_client', 'training_audit.record.input_canaries',
+          'training_audit.direction', 'training_audit.side_channel_others',
+          'training_audit.client.canary_share'} <= set(got)
+  assert not {'training_audit.record.canaries', 'training_audit.side_channel_trials',
+              'training_audit.record_kinds'} & set(got)
+  assert got['training_audit.record.input_canaries'] == (
+      'read only for input canaries, which training_audit.record_kinds does not choose')
+  s.defenses = ('dp_sgd', 'weak_dp')
+  assert 'training_audit.side_channel_others' not in ta.unused_fields(config)
