@@ -229,3 +229,225 @@ def test_simulated_bound_is_the_median_of_the_audits_tests_on_the_curve():
     best.append(cs.audit(s, world, 'update_dp', 2.0, reach=False, **kw)['best_bound'])
   assert ref == pytest.approx(float(np.median(best)), rel=1e-12)
   assert ref == cs.simulated_bound(curve, 500, 500, 'update_dp', 2.0, repeats=3, seed=7, **kw)
+
+
+# ------------------------------------------- written from the mutation run's survivors ---
+
+
+def _chunked_equal(curve, world, seed):
+  """Scores of one seed drawn in one chunk and in chunks of 7 (a partial last one)."""
+  one = cs.curve_scores(curve, world, np.random.default_rng(seed))
+  small = cs.curve_scores(curve, world, np.random.default_rng(seed), chunk=7)
+  return one, small
+
+
+@pytest.mark.parametrize('relation', ['add_remove', 'replace_one'])
+def test_an_always_present_gaussian_curve_sums_its_releases_in_any_chunking(relation):
+  # Non-unit noise and shift, so a swapped s / d or d * d / d shows.
+  curve = cs.Curve(steps=3, noise=1.5, shift=0.8, relation=relation)
+  world = np.arange(30_000) % 2 == 0
+  s, small = _chunked_equal(curve, world, 11)
+  # Without subsampling nothing but the noise is drawn: the same stream in any chunking.
+  np.testing.assert_array_equal(small, s)
+  se = math.sqrt(3 * 1.5 ** 2 / 15_000)
+  assert s[world].mean() == pytest.approx(3 * 0.8, abs=5 * se)
+  out_mean = -3 * 0.8 if relation == 'replace_one' else 0.0
+  assert s[~world].mean() == pytest.approx(out_mean, abs=5 * se)
+  for part in (s[world], s[~world]):   # chi-square(n-1) variance, 5 standard errors
+    assert part.var() == pytest.approx(3 * 1.5 ** 2, rel=5 * math.sqrt(2 / 15_000))
+
+
+def test_randomized_response_scores_are_each_worlds_binomial_sum_in_any_chunking():
+  e, steps = 0.7, 3
+  curve = cs.Curve(steps=steps, rr_epsilon=e, relation='replace_one')
+  world = np.arange(40_000) % 2 == 0
+  s, small = _chunked_equal(curve, world, 12)
+  np.testing.assert_array_equal(small, s)
+  keep = math.exp(e) / (1 + math.exp(e))
+  for part, sign in ((s[world], 1.0), (s[~world], -1.0)):
+    # Every score is a sum of +-1 reports, the world's bit kept with probability e^e/(1+e^e).
+    kept = (sign * part + steps) / 2
+    np.testing.assert_array_equal(kept, np.round(kept))
+    counts = np.bincount(kept.astype(int), minlength=steps + 1)
+    assert counts.size == steps + 1
+    expected = sps.binom.pmf(np.arange(steps + 1), steps, keep) * part.size
+    assert sps.chisquare(counts, expected).pvalue > 1e-4
+
+
+@pytest.mark.parametrize('relation', ['add_remove', 'replace_one'])
+def test_a_subsampled_curves_score_is_its_log_likelihood_ratio(relation):
+  # A log-likelihood ratio L of IN against OUT has E_OUT[e^L] = 1 and E_IN[e^-L] = 1; a wrong
+  # shift, noise, rate or sign in L breaks one of them. Non-unit s and d, two steps.
+  curve = cs.Curve(steps=2, noise=1.25, shift=0.8, rate=0.3, relation=relation)
+  world = np.arange(200_000) % 2 == 0
+  s = cs.curve_scores(curve, world, np.random.default_rng(13), chunk=4099)
+  assert np.isfinite(s).all()
+  for lr in (np.exp(s[~world]), np.exp(-s[world])):
+    assert lr.mean() == pytest.approx(1.0, abs=5 * lr.std() / math.sqrt(lr.size))
+  assert s[world].mean() > s[~world].mean() + 0.05
+  if relation == 'replace_one':   # +shift and -shift: the worlds mirror each other
+    assert sps.ks_2samp(s[world], -s[~world]).pvalue > 1e-3
+  # A draw per step and canary: a smaller chunk draws the same law.
+  small = cs.curve_scores(curve, world[:20_000], np.random.default_rng(14), chunk=7)
+  assert np.isfinite(small).all()
+  assert sps.ks_2samp(small[world[:20_000]], s[world]).pvalue > 1e-3
+
+
+def _fit(in_rows, out_rows, **kw):
+  return cs.subsampled_fit_epsilon(np.asarray(in_rows, np.float64),
+                                   np.asarray(out_rows, np.float64), steps=4, delta=DELTA,
+                                   **kw)
+
+
+FIT_KEYS = ('fit_rate', 'fit_shift', 'fit_noise_std', 'fit_noise_multiplier', 'fit_epsilon')
+
+
+def test_subsampled_fit_solves_its_moment_equations_from_one_step_each():
+  # s = 2, D = 3, q = 1/4: E[L] = q D = 0.75, E[L^2] = s^2 + q D^2 = 6.25 (exact in binary).
+  got = _fit([[0.75, 6.25, 1.0]], [[0.0, 4.0, 1.0]])
+  assert set(got) == set(FIT_KEYS)
+  assert got['fit_noise_std'] == pytest.approx(2.0, rel=1e-12)
+  assert got['fit_shift'] == pytest.approx(3.0, rel=1e-12)
+  assert got['fit_rate'] == pytest.approx(0.25, rel=1e-12)
+  assert got['fit_noise_multiplier'] == pytest.approx(2.0 / 3.0, rel=1e-12)
+  decl = accounting.Declaration('dp_sgd', 'record', 'add_remove', 'server', 'poisson', 1.0,
+                                4, 0.25)
+  for acc in ('pld', 'rdp'):
+    want = accounting.epsilon(decl, 2.0 / 3.0, delta=DELTA, accountant=acc)
+    assert (_fit([[0.75, 6.25, 1.0]], [[0.0, 4.0, 1.0]], accountant=acc)['fit_epsilon'] ==
+            pytest.approx(want, rel=1e-9))
+  assert got['fit_epsilon'] == pytest.approx(
+      accounting.epsilon(decl, 2.0 / 3.0, delta=DELTA, accountant='pld'), rel=1e-9)
+  # A rate the moments put above 1 (m1^2 > m2 - s^2) is read as 1: s = 1, m1 = 3, m2 = 7.
+  capped = _fit([[3.0, 7.0, 1.0]], [[0.0, 1.0, 1.0]])
+  assert capped['fit_rate'] == 1.0 and capped['fit_shift'] == pytest.approx(2.0)
+  assert capped['fit_noise_multiplier'] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize('in_rows,out_rows,std', [
+    ([[0.75, 6.25, 0.0]], [[0.0, 4.0, 1.0]], math.nan),    # no IN step
+    ([[0.75, 6.25, 1.0]], [[0.0, 4.0, 0.0]], math.nan),    # no OUT step
+    ([[0.0, 6.25, 1.0]], [[0.0, 4.0, 1.0]], 2.0),          # no mean shift
+    ([[0.75, 4.0, 1.0]], [[0.0, 4.0, 1.0]], 2.0),          # no excess second moment
+    ([[-0.75, 6.25, 1.0]], [[0.0, 4.0, 1.0]], 2.0),        # a negative mean
+])
+def test_subsampled_fit_is_nan_where_the_moments_do_not_determine_it(in_rows, out_rows, std):
+  got = _fit(in_rows, out_rows)
+  assert set(got) == set(FIT_KEYS)
+  assert all(isinstance(got[k], float) for k in FIT_KEYS)
+  for k in FIT_KEYS:
+    if k == 'fit_noise_std' and not math.isnan(std):
+      assert got[k] == pytest.approx(std)
+    else:
+      assert math.isnan(got[k]), k
+
+
+def test_report_all_false_leaves_an_uncounted_fdp_bound_out():
+  rng = np.random.default_rng(21)
+  world = np.arange(400) % 2 == 0
+  scores = rng.normal(size=400) + 2.0 * world
+  kw = dict(delta=DELTA, confidence=0.95, independent=True, reach=False)
+  # Not counted for a non-Gaussian curve: skipped (NaN) unless every bound is asked for.
+  assert math.isnan(cs.audit(scores, world, 'dp_sgd_poisson', 2.0, report_all=False,
+                             **kw)['epsilon_one_run_fdp'])
+  assert math.isfinite(cs.audit(scores, world, 'dp_sgd_poisson', 2.0, **kw)
+                       ['epsilon_one_run_fdp'])
+  # Counted for a Gaussian one: always computed.
+  assert math.isfinite(cs.audit(scores, world, 'update_dp', 2.0, report_all=False,
+                                **kw)['epsilon_one_run_fdp'])
+
+
+def test_a_fixed_midpoint_is_tested_at_one_half_between_perfect_scores():
+  kw = dict(delta=DELTA, confidence=0.95, independent=True)
+  plain = cs.attainable(500, 500, 'update_dp', 2.0, **kw)
+  assert plain == cs.attainable(500, 500, 'update_dp', 2.0, midpoint=False, **kw)
+  mid = cs.attainable(500, 500, 'update_dp', 2.0, midpoint=True, **kw)
+  counted = cs.counted_bounds('update_dp', True, True)
+  each = 1 - 0.05 / len(counted)
+  ones, zeros = np.ones(500), np.zeros(500)
+  at_half = auditing.audit_scores(ones, zeros, delta=DELTA, confidence=each,
+                                  threshold_strategy='explicit', threshold=0.5,
+                                  fdp=False)['epsilon_gdp']
+  found = auditing.audit_scores(ones, zeros, delta=DELTA, confidence=each, fdp=True)
+  want = max([at_half] + [found[k] for k in counted[:-1]])
+  assert mid['max_certifiable'] == pytest.approx(want, rel=1e-12)
+  assert mid['max_certifiable'] > plain['max_certifiable']
+
+
+def _refutes(n, claim, **kw):
+  return cs.attainable(n // 2, n - n // 2, 'update_dp', claim, **kw)['can_refute']
+
+
+@pytest.mark.parametrize('extra', [dict(midpoint=True),
+                                   dict(claimed_delta=_gdp_profile(2.0))])
+def test_canaries_needed_reads_the_profile_and_the_midpoint_it_is_given(extra):
+  kw = dict(delta=DELTA, confidence=0.95, independent=True, **extra)
+  n = cs.canaries_needed('update_dp', 3.0, **kw)
+  assert n == cs.canaries_needed('update_dp', 3.0, start=16, **kw)
+  assert _refutes(n, 3.0, **kw)
+  # The grid's previous point (a factor 2^(1/4) below) does not refute.
+  assert not _refutes(int(math.ceil(n * 2 ** -0.25)) - 1, 3.0, **kw)
+
+
+def test_audits_reach_uses_the_rows_profile_midpoint_and_search():
+  rng = np.random.default_rng(22)
+  world = np.arange(32) % 2 == 0
+  scores = rng.normal(size=32) + world
+  prof = _gdp_profile(_mu_at(6.0))
+  kw = dict(delta=DELTA, confidence=0.95, independent=True)
+  got = cs.audit(scores, world, 'update_dp', 6.0, claimed_delta=prof, midpoint=0.5, **kw)
+  reach = cs.attainable(16, 16, 'update_dp', 6.0, claimed_delta=prof, midpoint=True, **kw)
+  assert got['max_certifiable'] == pytest.approx(reach['max_certifiable'], rel=1e-12)
+  assert got['can_refute'] == float(reach['can_refute'])
+  for other in (dict(claimed_delta=prof), dict(midpoint=True)):
+    assert (cs.attainable(16, 16, 'update_dp', 6.0, **kw, **other)['max_certifiable'] !=
+            got['max_certifiable'])
+  assert not reach['can_refute']
+  assert got['verdict'] == 'cannot refute'
+  assert got['canaries_needed'] == cs.canaries_needed(
+      'update_dp', 6.0, claimed_delta=prof, midpoint=True, start=16, **kw)
+  # One-run bounds only (dependent canaries) at a claim above their peak: no count refutes.
+  dep = cs.audit(scores, world, 'update_dp', 30.0, delta=DELTA, confidence=0.95)
+  assert dep['canaries_needed'] == -1 and dep['verdict'] == 'cannot refute'
+
+
+def test_audit_refuses_a_world_with_fewer_than_two_canaries_in_words():
+  with pytest.raises(ValueError,
+                     match=r'^the audit needs at least two canaries in each world$'):
+    cs.audit(np.zeros(3), np.array([True, False, False]), 'update_dp', 2.0, delta=DELTA,
+             confidence=0.95)
+
+
+def test_simulated_bound_passes_the_mechanism_claim_and_profile_to_the_tests():
+  curve = cs.Curve(steps=4, noise=1.0, rate=0.5)
+  prof = _gdp_profile(_mu_at(2.0))
+  kw = dict(delta=DELTA, confidence=0.95, independent=True, claimed_delta=prof)
+  ref = cs.simulated_bound(curve, 300, 300, 'dp_sgd_poisson', 2.0, **kw)
+  assert ref == cs.simulated_bound(curve, 300, 300, 'dp_sgd_poisson', 2.0, repeats=3, seed=0,
+                                   **kw)
+  rng = np.random.default_rng(0)
+  world = np.concatenate([np.ones(300, bool), np.zeros(300, bool)])
+  best = [cs.audit(cs.curve_scores(curve, world, rng), world, 'dp_sgd_poisson', 2.0,
+                   reach=False, report_all=False, **kw)['best_bound'] for _ in range(3)]
+  assert ref == pytest.approx(float(np.median(best)), rel=1e-12)
+  # The mechanism decides which bounds count: the same scores under a Gaussian curve count more.
+  assert cs.simulated_bound(curve, 300, 300, 'update_dp', 2.0, **kw) >= ref
+
+
+def test_simulated_needed_doubles_until_two_of_three_simulations_flag():
+  # Half the noise of a claim: one Gaussian step at z = 1/2 against the epsilon of z = 1.
+  claim = accounting.epsilon(accounting.Declaration(
+      'update_dp', 'client', 'replace_one', 'server', 'none', 1.0, 1, 1.0), 0.5, delta=DELTA)
+  half = cs.Curve(steps=1, noise=0.25, relation='replace_one')
+  kw = dict(delta=DELTA, confidence=0.95, independent=True)
+  n = cs.simulated_needed(half, 'update_dp', claim, start=16, seed=3, **kw)
+  assert n is not None and n >= 16 and n & (n - 1) == 0
+  world = np.arange(n) % 2 == 0
+  rng = np.random.default_rng(3)
+  flags = [cs.audit(cs.curve_scores(half, world, rng), world, 'update_dp', claim,
+                    reach=False, report_all=False, **kw)['privacy_violation']
+           for _ in range(3)]
+  assert sum(flags) >= 2
+  # The claimed mechanism itself is never flagged: no count up to the cap.
+  fair = cs.Curve(steps=1, noise=0.5, relation='replace_one')
+  assert cs.simulated_needed(fair, 'update_dp', claim, start=16, cap=64, seed=3, **kw) is None
