@@ -73,8 +73,12 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     batch_size: B. Paper: 100; digits: 32. At most per_client (equal shards draw full
       minibatches) and the training split's size.
     optimizer: client optimizer (`fl.optimizers.OPTIMIZERS`); 'momentum' is SGD with
-      `momentum`. Paper: SGD, lr 0.1, momentum 0.9, weight decay 5e-4.
-    learning_rate, momentum, weight_decay: as above.
+      `momentum`, 'sgd' plain SGD. Paper: SGD, lr 0.1, momentum 0.9, weight decay 5e-4.
+    learning_rate, momentum, weight_decay: as above; `momentum` is read by 'momentum' only.
+    A field the run does not read (`momentum` of another optimizer, `lr_decay` off the
+    exponential schedule, `lira_in_models` without online LiRA, `rmia_gamma` / `rmia_a` without
+    RMIA, `hidden` without the MLP, the sweeps' attacks and scorings without a sweep) is
+    refused if set on the command line (exit 2), not recorded as if it ran.
     lr_schedule: 'cosine' (cosine annealing over rounds, the paper), 'exponential' (lr
       lr_decay^t, the paper's Table 3), or 'constant'.
     lr_decay: the exponential schedule's factor (0.99).

@@ -169,12 +169,53 @@ def make_model(config, name: str, num_classes: int):
 
 
 def make_optimizer(config):
-  """`t -> optax`: the paper's SGD (momentum 0.9, weight decay 5e-4) with the lr schedule."""
+  """`t -> optax`: the paper's SGD (momentum 0.9, weight decay 5e-4) with the lr schedule.
+  `fedmia.momentum` is read by `optimizer='momentum'` alone: 'sgd' is plain SGD (an override
+  of the momentum with another optimizer is refused, `unused_fields`)."""
   s = config.fedmia
+  momentum = float(s.momentum) if s.optimizer == 'momentum' else 0.0
   return optimizers_lib.per_round(
       s.optimizer, float(s.learning_rate), num_rounds=int(s.num_rounds),
-      schedule=s.lr_schedule, decay=float(s.lr_decay), momentum=float(s.momentum),
+      schedule=s.lr_schedule, decay=float(s.lr_decay), momentum=momentum,
       weight_decay=float(s.weight_decay), field='fedmia.optimizer')
+
+
+def unused_fields(config) -> dict[str, str]:
+  """The `fedmia` fields this run does not read (`base.unused`: a command-line override of one
+  is refused rather than recorded as if it ran): online LiRA's IN models without an online
+  attack, RMIA's gamma and a without RMIA, the momentum of an optimizer other than
+  'momentum', the exponential schedule's decay under another schedule, the MLP's widths
+  without the MLP, and the sweeps' attacks and scorings when no sweep trains. {} for a config
+  validation refuses (it names the field itself)."""
+  s = config.fedmia
+  try:
+    sweeps = any(tr['sweep'] != 'main' for tr in trainings(config))
+    names = list(_attack_names(config, 'fedmia.attacks'))
+    if sweeps:
+      names += _attack_names(config, 'fedmia.sweep_attacks')
+    kinds = {scores_lib.parse(n)[0] for n in names}
+  except (validate.ConfigError, TypeError, ValueError, KeyError):
+    return {}
+  out: dict[str, str] = {}
+  if not fedmia_online.online(names):
+    out['fedmia.lira_in_models'] = (f'read only by online LiRA ({", ".join(scores_lib.ONLINE)}),'
+                                    ' which the attacks scored do not include')
+  if 'rmia' not in kinds:
+    for f in ('rmia_gamma', 'rmia_a'):
+      out[f'fedmia.{f}'] = "read only by 'rmia', which the attacks scored do not include"
+  if s.optimizer != 'momentum':
+    out['fedmia.momentum'] = (f"read only by optimizer='momentum' ({s.optimizer!r} has no "
+                              'heavy-ball momentum)')
+  if s.lr_schedule != 'exponential':
+    out['fedmia.lr_decay'] = (f"read only by lr_schedule='exponential' (not "
+                              f'{s.lr_schedule!r})')
+  if 'mlp' not in tuple(s.models):
+    out['fedmia.hidden'] = "read only by the 'mlp' model, which fedmia.models does not include"
+  if not sweeps:
+    for f in ('sweep_attacks', 'sweep_scoring'):
+      out[f'fedmia.{f}'] = ('read only by the sweeps (betas, client_counts, epoch_counts, '
+                            'defenses), which are all empty')
+  return out
 
 
 def prepare(config) -> dict:

@@ -107,3 +107,54 @@ def test_new_attacks_scorings_and_rmia_fields():
   assert 'rmia' in c100.fedmia.attacks and c100.fedmia.rmia_a == 0.6
   fedmia.validate_config(_config(**{'fedmia.nonmember_scoring': ('aligned', 'public_code_2024'),
                                     'fedmia.rmia_a': 0.0, 'fedmia.rmia_gamma': 0.5}))
+
+
+def test_fields_the_run_does_not_read_are_declared_unused():
+  config = digits.get_config('smoke')
+  # The smoke's defaults: momentum SGD under the cosine schedule, every attack (online LiRA
+  # and RMIA included), the MLP.
+  unused = fedmia.unused_fields(config)
+  for read in ('fedmia.lira_in_models', 'fedmia.rmia_gamma', 'fedmia.rmia_a',
+               'fedmia.momentum', 'fedmia.hidden'):
+    assert read not in unused
+  assert 'cosine' in unused['fedmia.lr_decay']
+  config.fedmia.attacks = ('fedmia_ii', 'lira_offline')
+  config.fedmia.sweep_attacks = ('fedmia_ii',)
+  config.fedmia.optimizer = 'sgd'
+  unused = fedmia.unused_fields(config)
+  assert 'online LiRA' in unused['fedmia.lira_in_models']
+  assert "'rmia'" in unused['fedmia.rmia_gamma'] and "'rmia'" in unused['fedmia.rmia_a']
+  assert "'sgd' has no heavy-ball momentum" in unused['fedmia.momentum']
+  # The sweeps' attacks count only where a sweep trains.
+  config.fedmia.sweep_attacks = ('rmia', 'lira_online')
+  assert not {'fedmia.rmia_gamma', 'fedmia.lira_in_models'} & set(fedmia.unused_fields(config))
+  for f in ('betas', 'client_counts', 'epoch_counts'):
+    config.fedmia[f] = ()
+  config.fedmia.defenses = {}
+  unused = fedmia.unused_fields(config)
+  assert {'fedmia.rmia_gamma', 'fedmia.lira_in_models', 'fedmia.sweep_attacks',
+          'fedmia.sweep_scoring'} <= set(unused)
+  # A config validation refuses declares nothing (validation names the field).
+  config.fedmia.attacks = ('no_such_attack',)
+  assert fedmia.unused_fields(config) == {}
+
+
+def test_plain_sgd_trains_without_momentum():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  config.fedmia.optimizer = 'sgd'
+  assert config.fedmia.momentum > 0  # the default, read only by 'momentum'
+  opt = fedmia.make_optimizer(config)(0)
+  params = {'w': jnp.ones(3)}
+  grads = {'w': jnp.full(3, 0.5)}
+  state = opt.init(params)
+  first, state = opt.update(grads, state, params)
+  second, _ = opt.update(grads, state, params)
+  # Plain SGD: the same step twice (momentum would grow the second by the first's 0.9).
+  assert jnp.allclose(first['w'], second['w'], rtol=1e-6)
+  config.fedmia.optimizer = 'momentum'
+  opt = fedmia.make_optimizer(config)(0)
+  state = opt.init(params)
+  first, state = opt.update(grads, state, params)
+  second, _ = opt.update(grads, state, params)
+  assert float(jnp.abs(second['w'][0])) > 1.5 * float(jnp.abs(first['w'][0]))
