@@ -150,16 +150,17 @@ def test_the_imprint_block_recovers_every_example_alone_in_its_bin_from_one_clie
     batch = x[idx[t]].reshape(_B, -1)
     layer = {k: np.asarray(v[t]) for k, v in params[imprint.IMPRINT].items()}
     # The bin is what the crafted units compute: the number of units an example activates.
-    # An example within float rounding of a unit's threshold may fall on either side in the
-    # jitted forward pass (11.6% of digits lie within 1e-6 of one; a CPU's rounding decides):
-    # the claim is made for the examples every unit decides beyond 4x the float32 error bound
-    # of its pre-activation (d eps (|x| . |k| + |b|)), alone in their bin with no undecided
-    # example in a neighbouring one.
+    # An example within float rounding of a unit's threshold could fall on either side in the
+    # jitted forward pass; `imprint.thresholds` keeps every threshold half a grid step from
+    # the digits' means, so every unit decides every example beyond 4x the float32 error bound
+    # of its pre-activation (d eps (|x| . |k| + |b|)). The check stays general: the claim is
+    # made for decided examples alone in their bin with no undecided neighbour.
     pre = batch @ layer['kernel'] + layer['bias']
     err = batch.shape[1] * np.finfo(np.float32).eps * (
         np.abs(batch) @ np.abs(layer['kernel']) + np.abs(layer['bias']))
     active = np.sum(pre > 0, axis=1)
     decided = np.all(np.abs(pre) > 4 * err, axis=1)
+    assert decided.all(), (t, np.flatnonzero(~decided))
     up = {k: np.asarray(v[t]) for k, v in uploads[imprint.IMPRINT].items()}
     got, _ = imprint.recover(up['kernel'], up['bias'])
     alone = [i for i in range(_B) if active[i] > 0 and decided[i] and
@@ -170,7 +171,28 @@ def test_the_imprint_block_recovers_every_example_alone_in_its_bin_from_one_clie
     paired = dict(zip(cols, rows))
     for i in alone:
       assert np.max(np.abs(got[paired[i]] - batch[i])) < metrics.EXACT, (t, i)
-  assert checked >= _TRIALS * _B // 2   # 93 of the 128 examples here
+  assert checked >= _TRIALS * _B // 2
+
+
+def test_imprint_thresholds_sit_between_distinct_public_values_with_their_shares():
+  rng = np.random.default_rng(0)
+  # Means on a grid of 1/1024 with ties (digits-like), and a continuous statistic.
+  grid = rng.integers(0, 300, size=(500, 1)).astype(np.float64) / 1024
+  for public in (grid, rng.normal(size=(500, 3))):
+    s = public.mean(axis=1)
+    values = np.unique(s)
+    step = np.min(np.diff(values))
+    for n in (1, 7, 64):
+      t = imprint.thresholds(public, n)
+      q = np.quantile(s, np.arange(n) / n)
+      assert t.shape == (n,) and np.all(np.diff(t) >= 0)
+      # Half the smallest gap below a distinct public value: never within rounding of one.
+      dist = np.min(np.abs(s[:, None] - t[None, :]), axis=0)
+      np.testing.assert_allclose(dist, step / 2, rtol=1e-9)
+      # The same public values on each side as the quantile's (its share of the data).
+      np.testing.assert_array_equal((s[:, None] >= t).sum(0), (s[:, None] >= q).sum(0))
+  assert np.min(np.abs(np.arange(0, 300)[:, None] / 1024 - imprint.thresholds(grid, 64))) == (
+      pytest.approx(1 / 2048))
 
 
 def test_imprint_recovers_at_least_90_percent_of_8_examples_exactly_in_one_step():

@@ -31,6 +31,8 @@ from fl_privacy.models import crafting
 STATISTICS = ('mean',)
 # Parameter names of the block `inject` puts in front of a model.
 IMPRINT, RESTORE, BASE = 'imprint', 'restore', 'base'
+# Public statistics closer than this (relative to their scale) are one value to `thresholds`.
+_DISTINCT = 1e-6
 
 
 def statistic(x, name: str = 'mean'):
@@ -41,16 +43,35 @@ def statistic(x, name: str = 'mean'):
 
 
 def thresholds(public: np.ndarray, num_bins: int, statistic: str = 'mean') -> np.ndarray:
-  """The n bin thresholds t_0 < ... < t_{n-1}: the statistic's quantiles k / n (k = 0 .. n-1)
-  over the inputs the server knows (`public` [N, ...]), so that each bin [t_k, t_{k+1}) (the
-  last one open above) holds a 1/n share of that distribution and almost nothing falls below
-  t_0 (below every threshold an input fires no unit and cannot be recovered)."""
+  """The n bin thresholds t_0 <= ... <= t_{n-1}: the statistic's quantiles k / n (k = 0 ..
+  n-1) over the inputs the server knows (`public` [N, ...]), so that each bin [t_k, t_{k+1})
+  (the last one open above) holds a 1/n share of that distribution and almost nothing falls
+  below t_0 (below every threshold an input fires no unit and cannot be recovered).
+
+  Each quantile is then moved into the gap below the first distinct public value at or above
+  it (values within 1e-6 of each other, relative, are one), half the smallest gap between
+  distinct public values below that value: the same public
+  values fall on each side, and no input on the public values' grid lies within float rounding
+  of a threshold (a quantile of a statistic with few distinct values lands on one of them,
+  where the float32 forward pass and a float64 check can disagree on the side: digits' means
+  are multiples of 1/1024, and every threshold sits 1/2048 from each). Quantiles that share a
+  gap give equal thresholds (an empty bin), as tied quantiles did."""
   if statistic not in STATISTICS:
     raise ValueError(f'statistic must be one of {STATISTICS} (got {statistic!r})')
   if num_bins < 1:
     raise ValueError(f'num_bins must be >= 1 (got {num_bins})')
   s = np.asarray(public, np.float64).reshape(len(public), -1).mean(axis=1)
-  return np.quantile(s, np.arange(num_bins) / num_bins)
+  q = np.quantile(s, np.arange(num_bins) / num_bins)
+  # Distinct values: runs of sorted values closer than float32's resolution are one value
+  # (8-bit pixels / 255 in float32 put each grid mean at many float64 values 1e-9 apart).
+  srt = np.sort(s)
+  breaks = np.flatnonzero(np.diff(srt) > _DISTINCT * max(1.0, float(np.max(np.abs(srt)))))
+  if not len(breaks):
+    return q
+  lows, highs = srt[np.r_[0, breaks + 1]], srt[np.r_[breaks, len(srt) - 1]]
+  gap = float(np.min(lows[1:] - highs[:-1]))
+  above = np.minimum(np.searchsorted(highs, q, side='left'), len(lows) - 1)
+  return lows[above] - 0.5 * gap
 
 
 def layer(dim: int, cuts: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
