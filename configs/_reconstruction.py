@@ -77,6 +77,11 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       model trained by one client under each defense).
     bootstrap_resamples: of every mean's interval.
     grid_images: true vs recovered images per attack in the figure.
+
+  A field the run does not read (the other model's `hidden` / `padding`, an attack's fields
+  when it runs at no point, `num_batches` / `epochs` without a multi-step attack, the defense
+  sweep's fields without a swept defense; `pipelines.reconstruction.unused_fields`) is refused
+  if set on the command line (exit 2), not recorded as if it ran.
   """
   s = ml_collections.ConfigDict()
   s.attacks = ATTACKS

@@ -110,6 +110,50 @@ def validate_config(config) -> None:
                                      'the client of every base point runs it')
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `reconstruction` fields this run does not read (`base.unused`: a command-line override
+  of one is refused rather than recorded as if it ran): the other model's widths or padding,
+  an attack's fields when it runs at no point (`attacks`, and `defense_attacks` when a defense
+  is swept), the J and E sweeps without a multi-step attack, the defense sweep's fields
+  without a swept defense, DP-SGD's samplings without DP-SGD, the clip and delta without a DP
+  defense. {} for a config validation refuses (it names the field itself)."""
+  s = config.reconstruction
+  p = PREFIX
+  try:
+    swept = {str(n) for n, v in s.defenses.items() if len(tuple(v))}
+    attacks = set(s.attacks) | (set(s.defense_attacks) if swept else set())
+    multi = set(s.multi_step_attacks) & set(s.attacks)
+    model = str(s.model)
+  except (TypeError, AttributeError, KeyError):
+    return {}
+  out: dict[str, str] = {}
+  if model == 'mlp':
+    out[f'{p}.padding'] = "read only by model 'flower_cnn' (the model is 'mlp')"
+  else:
+    out[f'{p}.hidden'] = f"read only by model 'mlp' (the model is {model!r})"
+  for attack in ATTACKS:
+    if attack in attacks:
+      continue
+    why = f'{attack!r} runs at no point (not in attacks, nor in a swept defense_attacks)'
+    fields = [f'center.{attack}', f'max_examples.{attack}']
+    if attack in ('imprint', 'inversion'):
+      fields += [f'{attack}.{f}' for f in s[attack].keys()]
+    if attack == 'inversion':
+      fields.append('inversion_trials')
+    out.update({f'{p}.{f}': why for f in fields})
+  if not multi:
+    why = 'read only by the J and E sweeps, which no attack of multi_step_attacks runs'
+    out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs')})
+  if not swept:
+    out[f'{p}.defense_attacks'] = 'read only by the defense sweep (every defense is empty)'
+  if 'dp_sgd' not in swept:
+    out[f'{p}.dp_sgd_samplings'] = 'read only by dp_sgd, which the defense sweep leaves empty'
+  if not swept & {'dp_sgd', 'update_dp'}:
+    why = 'read only by dp_sgd and update_dp, which the defense sweep leaves empty'
+    out.update({f'{p}.{f}': why for f in ('dp_clip', 'dp_delta')})
+  return out
+
+
 def grid(config) -> list[dict]:
   """The attacks' points {attack, batch_size, num_batches, epochs}, each once, in order: B at
   one step, then J and E at the attack's centre batch (`center.<attack>`), within

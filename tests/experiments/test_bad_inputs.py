@@ -225,6 +225,25 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_dp',
                 '--config.defense.target_epsilon=1e9'],
      "config.defense.target_epsilon: must be None or below 2.2e+06 for update_dp here"),
+    ('RMIA gamma without RMIA', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.attacks=fedmia_ii',
+                '--config.fedmia.rmia_gamma=5'],
+     "config.fedmia.rmia_gamma: must be left at its default: read only by 'rmia', which the "
+     "attacks scored do not include"),
+    ('a momentum plain SGD does not read', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.optimizer=sgd',
+                '--config.fedmia.momentum=0.5'],
+     "config.fedmia.momentum: must be left at its default: read only by optimizer='momentum' "
+     "('sgd' has no heavy-ball momentum)"),
+    ('inversion settings without the inversion', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.attacks=imprint',
+                '--config.reconstruction.inversion.steps=500'],
+     "config.reconstruction.inversion.steps: must be left at its default: 'inversion' runs at "
+     "no point"),
+    ('a padding the MLP does not read', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.padding=VALID'],
+     "config.reconstruction.padding: must be left at its default: read only by model "
+     "'flower_cnn'"),
     ('a batch larger than the data', 'fedmia',
      lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.batch_size=100000'],
      "config.fedmia.batch_size: must be <= 1438, the training examples the clients share"),

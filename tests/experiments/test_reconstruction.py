@@ -61,3 +61,35 @@ def test_the_figures_read_on_their_own(smoke, monkeypatch):
     reconstruction_figures.write_all(config, results['points'], images, str(workdir))
   assert set(found) == {'reconstructions', 'defenses', 'batch'}
   assert found == {name: [] for name in found}, found
+
+
+def test_unused_fields_follow_the_attacks_model_and_swept_defenses():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  s = config.reconstruction
+  assert set(reconstruction.unused_fields(config)) == {'reconstruction.padding'}
+  s.model = 'flower_cnn'
+  s.attacks = ('imprint',)
+  s.defense_attacks = ('imprint',)
+  s.multi_step_attacks = ('analytic',)
+  for name in s.defenses.keys():
+    if name not in ('sparsify', 'quantize'):
+      s.defenses[name] = ()
+  unused = reconstruction.unused_fields(config)
+  assert "'mlp'" in unused['reconstruction.hidden'] and 'reconstruction.padding' not in unused
+  for f in ('inversion.steps', 'inversion.restarts', 'inversion_trials', 'center.inversion',
+            'max_examples.analytic', 'num_batches', 'epochs', 'dp_sgd_samplings', 'dp_clip',
+            'dp_delta'):
+    assert f'reconstruction.{f}' in unused, f
+  for f in ('imprint.num_bins', 'center.imprint', 'defense_attacks'):
+    assert f'reconstruction.{f}' not in unused, f
+  # An attack run only by the defense sweep reads its fields; with no defense swept, it does not.
+  s.defense_attacks = ('imprint', 'inversion')
+  assert 'reconstruction.inversion.steps' not in reconstruction.unused_fields(config)
+  s.defenses.sparsify, s.defenses.quantize = (), ()
+  unused = reconstruction.unused_fields(config)
+  assert {'reconstruction.inversion.steps', 'reconstruction.defense_attacks'} <= set(unused)
+  s.defenses.update_dp = (1e-5,)
+  unused = reconstruction.unused_fields(config)
+  assert 'reconstruction.dp_clip' not in unused and 'reconstruction.dp_sgd_samplings' in unused
