@@ -211,7 +211,10 @@ def claim_lines(config, rows: list[dict]) -> list[str]:
            '(FedMIA-II over Grad-Cosine and Avg-Cosine, FedMIA-I over Blackbox-Loss and '
            'Loss-Series) and '
            "FedMIA-II against LiRA and RMIA, each for FedMIA with the paper's filter and with "
-           'ours (leave-one-out).', '',
+           f'ours (leave-one-out). The {2 * len(rows)} verdicts form one family and are not '
+           'adjusted for it (each at 95% alone): they are exploratory; with no difference '
+           f'anywhere about {0.05 * 2 * len(rows):.1f} of them would read "better" or "worse" '
+           'by chance.', '',
            '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
            'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |',
            '|' + '---|' * 10]

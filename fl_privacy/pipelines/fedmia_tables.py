@@ -113,8 +113,12 @@ def _ordering_lines(idx, config, model) -> list[str]:
           continue
         a, b = _f(w['tpr_at_fpr_1e-3']), _f(l['tpr_at_fpr_1e-3'])
         separated = _f(w['tpr_at_fpr_1e-3_ci_low']) > _f(l['tpr_at_fpr_1e-3_ci_high'])
+        reversed_ = _f(l['tpr_at_fpr_1e-3_ci_low']) > _f(w['tpr_at_fpr_1e-3_ci_high'])
+        # Point estimates decide nothing: only disjoint intervals give a verdict either way.
         verdict = ('holds (intervals disjoint)' if separated else
-                   'higher, not shown (intervals overlap)' if a > b else 'does not hold')
+                   'does not hold (intervals disjoint, reversed)' if reversed_ else
+                   f'not shown (intervals overlap; {"higher" if a > b else "not higher"} '
+                   'as a point estimate)')
         lines.append(f'- {scoring}: {scores_lib.label(winner)} {100 * a:.2f}% vs '
                      f'{scores_lib.label(loser)} {100 * b:.2f}% at 0.1% FPR: {verdict}')
   return lines

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 import pytest
@@ -173,7 +175,9 @@ def test_claims_compare_each_pair_of_present_attacks_on_the_same_entries(monkeyp
       "values, R - 1 degrees of freedom; each training's threshold chosen on its own "
       "entries): the paper's claims (FedMIA-II over Grad-Cosine and Avg-Cosine, FedMIA-I over "
       "Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA and RMIA, each for FedMIA "
-      "with the paper's filter and with ours (leave-one-out).")
+      "with the paper's filter and with ours (leave-one-out). The 6 verdicts form one "
+      'family and are not adjusted for it (each at 95% alone): they are exploratory; with no '
+      'difference anywhere about 0.3 of them would read "better" or "worse" by chance.')
   assert lines[3:6] == [
       '', '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
       'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |', '|' + '---|' * 10]
@@ -289,3 +293,32 @@ def test_keep_holds_the_aligned_points_of_the_main_trainings_only():
   assert scored.entries('mlp', 'fedmia_ii', 1)['scores'].tolist() == [1.0, 1.0]
   assert scored.aligned('mlp', 'fedmia_ii', 'aligned')['round_scores'].sum() == 0
   assert scored.aligned('mlp', 'fedmia_ii', 'public_code') is None
+
+
+def test_the_orderings_verdict_comes_from_intervals_never_from_point_estimates():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import fedmia_tables  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  s = config.fedmia
+
+  def row(tpr, low, high):
+    return {'tpr_at_fpr_1e-3': tpr, 'tpr_at_fpr_1e-3_ci_low': low,
+            'tpr_at_fpr_1e-3_ci_high': high}
+
+  def verdict(w, l):
+    key = lambda a: (s.models[0], a, 'none', None, math.inf, int(s.num_clients),  # noqa: E731
+                     int(s.local_epochs), 'aligned')
+    idx = {key('fedmia_ii'): w, key('grad_cosine'): l}
+    lines = [x for x in fedmia_tables._ordering_lines(idx, config, s.models[0])
+             if 'Grad-Cosine' in x]
+    assert len(lines) == 1, lines
+    return lines[0].rsplit(': ', 1)[1]
+
+  assert verdict(row(0.3, 0.2, 0.4), row(0.1, 0.0, 0.15)) == 'holds (intervals disjoint)'
+  assert verdict(row(0.1, 0.0, 0.15), row(0.3, 0.2, 0.4)) == (
+      'does not hold (intervals disjoint, reversed)')
+  # Overlapping intervals: no verdict either way, whichever point estimate is higher.
+  assert verdict(row(0.3, 0.1, 0.5), row(0.2, 0.1, 0.4)) == (
+      'not shown (intervals overlap; higher as a point estimate)')
+  assert verdict(row(0.2, 0.1, 0.4), row(0.3, 0.1, 0.5)) == (
+      'not shown (intervals overlap; not higher as a point estimate)')
