@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -193,6 +194,11 @@ def prepare(config) -> dict:
                    f'{s.split!r} (the server knows the distribution, not the clients\' data)',
                    s.public_split)
   pool, public = splits[s.split], splits[s.public_split]
+  # PSNR and SSIM read pixels in [0, 1] and the figures draw images: feature vectors have
+  # neither (they reached matplotlib after the results were written).
+  validate.require(pool.is_image, 'data.name', 'an image dataset (reconstruction scores and '
+                   'draws images: PSNR, SSIM on pixels in [0, 1])',
+                   f'{config.data.name}, feature vectors of {tuple(pool.x.shape[1:])}')
   points = grid(config)
   largest = max([p['batch_size'] * p['num_batches'] for p in points] or [1])
   data_lib.require_examples(config.data, f'its {s.split!r} split', len(pool), largest,
@@ -205,15 +211,29 @@ def prepare(config) -> dict:
   validate.require(int(s.imprint.num_bins) >= need, f'{PREFIX}.imprint.num_bins',
                    f'>= {need}, the largest client of the imprint attack (N = J x B: each '
                    'example needs a bin of its own)', s.imprint.num_bins)
-  if s.model == 'flower_cnn':
-    validate.require(pool.is_image, 'data.name', 'an image dataset for flower_cnn',
-                     config.data.name)
+  if any(len(tuple(v)) for v in s.defenses.values()):
+    # The utility client trains on minibatches of the imprint's B from its examples; more
+    # examples than the split ran on the whole split while the config said otherwise.
+    u = int(s.utility.examples)
+    validate.require(int(s.center.imprint) <= u <= len(pool), f'{PREFIX}.utility.examples',
+                     f'in [center.imprint = {s.center.imprint} (its minibatch), {len(pool)} '
+                     f'(the {s.split} split)]', u)
+  model = make_model(config, pool.num_classes)
+  try:
+    jax.eval_shape(model.init, jax.random.key(0),
+                   jax.ShapeDtypeStruct((1,) + tuple(pool.x.shape[1:]), jnp.float32))
+  except Exception as e:  # pylint: disable=broad-except
+    # A model whose layers do not fit the inputs (FlowerCNN's VALID convolutions shrink an
+    # 8x8 image to nothing) failed in the first point's compilation, after the results opened.
+    raise validate.ConfigError(f'{PREFIX}.model', f'a model that takes '
+                               f'{tuple(pool.x.shape[1:])} inputs (padding {s.padding!r})',
+                               s.model) from e
   x_public = data_lib.to_float(public.x)
   state = dict(pool=pool, test=public, points=points, sweep=sweep_points(config),
                x=jnp.asarray(data_lib.to_float(pool.x)), y=jnp.asarray(pool.y),
                cuts=jnp.asarray(imprint.thresholds(x_public, int(s.imprint.num_bins),
                                                    s.imprint.statistic), jnp.float32),
-               model=make_model(config, pool.num_classes))
+               model=model)
   for p in points:
     base_defense(config, state, p)
   for d in state['sweep']:

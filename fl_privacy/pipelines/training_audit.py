@@ -230,6 +230,7 @@ def prepare(config) -> dict[str, Any]:
     validate.require(len(train) >= need, f'training_audit.{f}.per_client',
                      f'at most {len(train) // int(fed.num_clients)} (num_clients x per_client '
                      f'rows of the train split, which has {len(train)})', fed.per_client)
+    _check_claim(config, state, tr)
     if tr['canary'] == 'side_channel':
       continue
     m = runs.canaries_per_training(config, tr)
@@ -244,6 +245,20 @@ def prepare(config) -> dict[str, Any]:
                        f'at most {pool // int(fed.num_clients)} (the {pool} images no client '
                        'holds are the input canaries)', fed.input_per_client)
   return state
+
+
+def _check_claim(config, state, tr: dict) -> None:
+  """Refuses a claim the defense's accountant does not resolve (before anything is written): a
+  target so small that the calibrated noise reads an epsilon of 0 or far below it (PLD's
+  discretisation) cannot be audited against. Calibrations are cached, so the sweep reuses
+  them."""
+  target = float(tr['claimed_epsilon'])
+  got = float(_claim_metrics(config, state, tr, runs.claim(config, state, tr))[0]['dp_epsilon'])
+  where = tr['defense'] + (f" ({tr['sampling']})" if tr['sampling'] else '')
+  validate.require(got >= 0.5 * target, 'training_audit.epsilons',
+                   'claims each defense calibrates to (its accounted epsilon at least half '
+                   f'the claim; {where} accounts '
+                   f'{got:.3g} at {target:g})', target)
 
 
 # ------------------------------------------------------------------------------ points ---

@@ -244,6 +244,24 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.padding=VALID'],
      "config.reconstruction.padding: must be left at its default: read only by model "
      "'flower_cnn'"),
+    ('a claim too small to calibrate', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.training_audit.epsilons=(0.001,)'],
+     "config.training_audit.epsilons: must be claims each defense calibrates to (its "
+     "accounted epsilon at least half the claim; dp_sgd (poisson) accounts 0 at 0.001)"),
+    ('a model whose convolutions do not fit the images', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.model=flower_cnn',
+                '--config.reconstruction.padding=VALID', "--config.reconstruction.attacks=('imprint',)",
+                "--config.reconstruction.defense_attacks=('imprint',)"],
+     "config.reconstruction.model: must be a model that takes (8, 8, 1) inputs (padding "
+     "'VALID') (got 'flower_cnn')"),
+    ('a utility client smaller than its minibatch', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.utility.examples=4'],
+     "config.reconstruction.utility.examples: must be in [center.imprint = 8 (its minibatch), "
+     "1438 (the train split)] (got 4)"),
+    ('feature vectors to reconstruct', 'reconstruction',
+     lambda t: _npz_flags(_npz(t, 'feat', x=_features(), y=_labels())),
+     "config.data.name: must be an image dataset (reconstruction scores and draws images: "
+     "PSNR, SSIM on pixels in [0, 1]) (got 'npz, feature vectors of (5,)')"),
     ('a batch larger than the data', 'fedmia',
      lambda t: ['--config=configs/digits.py:smoke', '--config.fedmia.batch_size=100000'],
      "config.fedmia.batch_size: must be <= 1438, the training examples the clients share"),
