@@ -111,6 +111,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     utility_steps: its full-batch Adam steps.
     utility_learning_rate: its step size.
     utility_train_split, utility_test_split: splits it is trained and tested on.
+  A field the run does not read (the LDP fields without an LDP mechanism, `class_weights`
+  under balanced weights, `feature_scale` with another extractor;
+  `pipelines.ami.unused_fields`) is refused if set on the command line (exit 2).
   """
   paper = _PAPER.get(dataset)
   s = ml_collections.ConfigDict()

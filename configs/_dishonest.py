@@ -57,6 +57,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     near_threshold: near-duplicate threshold passed to `fl_privacy.data.duplicates` (L2
       distance of [0, 1] pixels; on digits 0.5 links 2 pairs of train images, 1.0 chains whole
       classes); 0 disables near duplicates.
+  The section serves two experiments: `experiments.duplicates` reads `duplicate_splits` and
+  `near_threshold` only, `experiments.dishonest_mia` everything else (the centre only under
+  'one_at_a_time', the momentum only with 'sgd' or 'momentum'); a command-line override of a
+  field the experiment run does not read is refused (exit 2).
   """
   num_batches, center_j = _NUM_BATCHES.get(dataset, (PAPER_NUM_BATCHES, 128))
   s = ml_collections.ConfigDict()

@@ -93,6 +93,10 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     attack_learning_rate: Adam's step size.
     attack_hidden: width of the attack's group MLPs and encoder.
     feature_chunk_size: examples per per-example-gradient chunk (memory only).
+  A field the run's trainings and attacks do not read (`pipelines.pastel.unused_fields`: the
+  DP baselines' fields without them, `pastel_weights` without 'pastel', the white-box attack
+  model's training without 'nasr_whitebox', ...) is refused if set on the command line (exit
+  2).
   """
   s = ml_collections.ConfigDict()
   s.model = 'mlp'

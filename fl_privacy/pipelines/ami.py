@@ -122,6 +122,33 @@ def validate_config(config) -> None:
       'in it; LDP mechanisms go in ami.mechanisms')
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `ami` fields this run does not read (`base.unused`: a command-line override of one is
+  refused rather than recorded as if it ran): without an LDP mechanism, the epsilons, the
+  randomized copies, the negatives' randomization, the fixed-point encoding, the sign bit and
+  the certified guarantee (all read only under LDP); `class_weights` under balanced weights;
+  `feature_scale` with an extractor other than 'identity'. {} for a config validation refuses
+  (it names the field itself)."""
+  a = config.ami
+  try:
+    mechanisms = tuple(a.mechanisms)
+    ldp = [m for m in mechanisms if m != 'none']
+  except TypeError:
+    return {}
+  out: dict[str, str] = {}
+  if not ldp:
+    why = ('read only under an LDP mechanism (bitrand, ome), which ami.mechanisms does not '
+           'include')
+    out.update({f'ami.{f}': why for f in (
+        'epsilons', 'copies', 'randomize_negatives', 'ldp_sign_bit', 'int_bits', 'frac_bits',
+        'certified_draws', 'certified_delta', 'certified_samples')})
+  if bool(a.balanced_class_weights):
+    out['ami.class_weights'] = 'read only when ami.balanced_class_weights is False'
+  if a.extractor != 'identity':
+    out['ami.feature_scale'] = f"read only by extractor 'identity' (not {a.extractor!r})"
+  return out
+
+
 def _features(dataset, config, key) -> np.ndarray:
   a = config.ami
   if a.extractor == 'identity' or not dataset.is_image:

@@ -97,6 +97,27 @@ def validate_config(config) -> None:
                                      'every defense acts on the client it attacks')
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `dishonest` fields this run does not read (`base.unused`: a command-line override of
+  one is refused rather than recorded as if it ran): `experiments.duplicates`' own fields,
+  the centre under the product grid, the momentum without 'sgd' or 'momentum'. {} for a config
+  validation refuses (it names the field itself)."""
+  s = config.dishonest
+  why = 'read only by experiments.duplicates'
+  out = {'dishonest.duplicate_splits': why, 'dishonest.near_threshold': why}
+  try:
+    optimizers = tuple(s.optimizers)
+  except TypeError:
+    return {}
+  if s.grid == 'product':
+    out.update({f'dishonest.center.{f}': "read only by grid 'one_at_a_time' (the grid is "
+                "'product')" for f in s.center.keys()})
+  if not {'sgd', 'momentum'} & set(optimizers):
+    out['dishonest.momentum'] = (f"read only by optimizers 'sgd' and 'momentum' (not in "
+                                 f'{optimizers})')
+  return out
+
+
 def grid_points(config) -> list[dict]:
   """The sweep's points: {M, optimizer, num_batches, epochs}, each once, in sweep order.
 

@@ -46,6 +46,17 @@ def validate_config(config) -> tuple[str, ...]:
   return names
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `dishonest` fields this search does not read (`base.unused`): all but
+  `duplicate_splits` and `near_threshold` belong to `experiments.dishonest_mia`."""
+  s = config.dishonest
+  names = [f'{f}.{g}' if g else f for f in s.keys()
+           if f not in ('duplicate_splits', 'near_threshold')
+           for g in (tuple(s[f].keys()) if hasattr(s[f], 'keys') else ('',))]
+  return {f'dishonest.{n}': 'read only by experiments.dishonest_mia (this search reads '
+          'duplicate_splits and near_threshold)' for n in names}
+
+
 def prepare(config) -> dict:
   """Validates the fields this pipeline reads, then loads the splits to search."""
   names = validate_config(config)

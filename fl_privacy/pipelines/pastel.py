@@ -195,6 +195,54 @@ def trainings(config) -> list[dict]:
   return out
 
 
+def unused_fields(config) -> dict[str, str]:
+  """The `pastel` fields this run does not read (`base.unused`: a command-line override of one
+  is refused rather than recorded as if it ran), read from the trainings it runs
+  (`trainings`): the MLP's widths under another model, the ablation's settings without it,
+  PASTEL's weights without a PASTEL training, the softmax temperature without the
+  'activation' reading, the DP baselines' fields without those baselines, the white-box
+  attack model's training without that attack.
+  {} for a config validation refuses (it names the field itself)."""
+  s = _s(config)
+  try:
+    trs = trainings(config)
+    attacks = set(s.attacks)
+  except (TypeError, KeyError, IndexError, ValueError):
+    return {}
+  defended = {t['defense'] for t in trs}
+  readings = {t['representation'] for t in trs}
+  ablation = any(t['optimizer'] != s.optimizer for t in trs)
+  out: dict[str, str] = {}
+  def unused(fields, why):
+    out.update({f'pastel.{f}': why for f in fields})
+  if s.model != 'mlp':
+    unused(('mlp_hidden',), f"read only by model 'mlp' (the model is {s.model!r})")
+  if not ablation:
+    unused(('ablation_learning_rate', 'ablation_pastel_weight'), 'read only by the ablation, '
+           "which does not train (ablation_optimizer 'none' or the clients' own)")
+  # The layers, the first reading and its temperature also feed every training's JS-gap
+  # diagnostic (`record`), so they are read without a PASTEL training.
+  if 'pastel' not in tuple(s.defenses):
+    unused(('pastel_weights',), "read only by the 'pastel' defense, which pastel.defenses "
+           'does not include (the ablation trains at ablation_pastel_weight)')
+  if 'activation' not in readings | {tuple(s.pastel_representations)[0]}:
+    unused(('pastel_temperature',), "read only by PASTEL's 'activation' reading, which no "
+           'training or diagnostic uses')
+  if not defended & {'wdp', 'ldp', 'cdp'}:
+    unused(('epsilons', 'dp_delta'), 'read only by the DP baselines (wdp, ldp, cdp), which '
+           'pastel.defenses does not include')
+  if 'ldp' not in defended:
+    unused(('clip_norm', 'ldp_sampling'), "read only by 'ldp', which pastel.defenses does "
+           'not include')
+  if not defended & {'wdp', 'cdp'}:
+    unused(('update_clip_norm',), "read only by 'wdp' and 'cdp', which pastel.defenses does "
+           'not include')
+  if 'nasr_whitebox' not in attacks:
+    unused(('attack_per_replicate', 'attack_steps', 'attack_learning_rate', 'attack_hidden'),
+           "read only by 'nasr_whitebox', which pastel.attacks does not include")
+  return out
+
+
 def describe(tr: dict) -> str:
   rep = '' if tr['representation'] == '-' else f', {tr["representation"]}'
   return f'{tr["defense"]}({tr["strength"]:g}, {tr["optimizer"]}{rep})'

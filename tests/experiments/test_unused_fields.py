@@ -1,0 +1,74 @@
+"""Fields a run does not read are declared (`unused_fields`), so that `experiments.common`
+refuses a command-line override of one instead of recording a value that did not run (in
+process; the refusal's exit status and line are test_bad_inputs' rows)."""
+
+from __future__ import annotations
+
+from configs import digits
+from fl_privacy.pipelines import ami
+from fl_privacy.pipelines import base
+from fl_privacy.pipelines import dishonest_mia
+from fl_privacy.pipelines import duplicates
+from fl_privacy.pipelines import pastel
+
+
+def test_ami_reads_the_ldp_fields_only_under_an_ldp_mechanism():
+  config = digits.get_config()
+  ldp = {'ami.epsilons', 'ami.copies', 'ami.randomize_negatives', 'ami.ldp_sign_bit',
+         'ami.int_bits', 'ami.frac_bits', 'ami.certified_draws', 'ami.certified_delta',
+         'ami.certified_samples'}
+  assert not ldp & set(base.unused(ami, config))
+  config.ami.mechanisms = ('none',)
+  unused = base.unused(ami, config)
+  assert ldp <= set(unused) and 'LDP mechanism' in unused['ami.epsilons']
+  config.ami.mechanisms = ('none', 'ome')
+  assert not ldp & set(ami.unused_fields(config))
+  # Balanced class weights ignore the explicit ones; a non-identity extractor its scale.
+  config.ami.balanced_class_weights = True
+  assert 'ami.class_weights' in ami.unused_fields(config)
+  config.ami.balanced_class_weights = False
+  assert 'ami.class_weights' not in ami.unused_fields(config)
+  assert 'ami.feature_scale' not in ami.unused_fields(config)
+  config.ami.extractor = 'resnet18'
+  assert "'identity'" in ami.unused_fields(config)['ami.feature_scale']
+
+
+def test_dishonest_and_duplicates_split_their_shared_section():
+  config = digits.get_config()
+  unused = dishonest_mia.unused_fields(config)
+  assert set(unused) == {'dishonest.duplicate_splits', 'dishonest.near_threshold'}
+  config.dishonest.grid = 'product'
+  config.dishonest.optimizers = ('adam',)
+  unused = dishonest_mia.unused_fields(config)
+  assert {'dishonest.center.M', 'dishonest.center.num_batches', 'dishonest.center.epochs',
+          'dishonest.momentum'} <= set(unused)
+  searched = duplicates.unused_fields(config)
+  assert 'dishonest.duplicate_splits' not in searched
+  assert 'dishonest.near_threshold' not in searched
+  assert {'dishonest.runs', 'dishonest.center.M', 'dishonest.momentum'} <= set(searched)
+
+
+def test_pastel_declares_what_its_trainings_do_not_read():
+  config = digits.get_config()
+  assert pastel.unused_fields(config) == {}   # the default reads every field
+  s = config.pastel
+  s.defenses = ('none',)
+  s.attacks = ('loss_threshold',)
+  unused = pastel.unused_fields(config)
+  assert {'pastel.pastel_weights', 'pastel.epsilons', 'pastel.dp_delta', 'pastel.clip_norm',
+          'pastel.ldp_sampling', 'pastel.update_clip_norm', 'pastel.attack_steps',
+          'pastel.attack_hidden', 'pastel.attack_learning_rate',
+          'pastel.attack_per_replicate'} == set(unused)
+  # The JS-gap diagnostic of every training reads the layers, the first reading and (for
+  # 'activation') the temperature; the ablation reads its own settings.
+  s.pastel_representations = ('gradient',)
+  assert 'pastel.pastel_temperature' in pastel.unused_fields(config)
+  s.ablation_optimizer = 'none'
+  assert {'pastel.ablation_learning_rate', 'pastel.ablation_pastel_weight'} <= set(
+      pastel.unused_fields(config))
+  s.defenses = ('cdp',)
+  unused = pastel.unused_fields(config)
+  assert 'pastel.epsilons' not in unused and 'pastel.update_clip_norm' not in unused
+  assert 'pastel.clip_norm' in unused
+  s.model = 'resnet18_gn'
+  assert "'mlp'" in pastel.unused_fields(config)['pastel.mlp_hidden']
