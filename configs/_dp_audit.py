@@ -53,6 +53,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     profile_mechanism, profile_epsilon: the point whose empirical privacy profile delta(eps)
       is drawn against the accountant's (fig_dp_audit_profile.png); it must be one of the
       swept points to be drawn.
+  A field no audited mechanism reads (DP-SGD's sizes without DP-SGD, `rounds` without a
+  federated mechanism, `num_clients` without central_dp or weak_dp, `ldp_reports` without
+  ldp_sgd) is refused if set on the command line (exit 2).
   """
   del dataset  # the audit reads no data
   s = ml_collections.ConfigDict()

@@ -114,6 +114,29 @@ def validate_config(config) -> tuple[str, ...]:
   return mechanisms
 
 
+# The fields only some mechanisms' games and declarations read (`unused_fields`).
+_READERS = {
+    'num_examples': ('dp_sgd_poisson', 'dp_sgd_shuffle'),
+    'batch_size': ('dp_sgd_poisson', 'dp_sgd_shuffle'),
+    'epochs': ('dp_sgd_poisson', 'dp_sgd_shuffle'),
+    'rounds': ('update_dp', 'central_dp', 'weak_dp'),
+    'num_clients': ('central_dp', 'weak_dp'),
+    'ldp_reports': ('ldp_sgd',),
+}
+
+
+def unused_fields(config) -> dict[str, str]:
+  """The `dp_audit` fields no audited mechanism reads (`base.unused`: a command-line override of
+  one is refused rather than recorded as if it ran). {} for a config validation refuses."""
+  try:
+    chosen = set(config.dp_audit.mechanisms)
+  except TypeError:
+    return {}
+  return {f'dp_audit.{f}': f'read only by dp_audit.mechanisms {" or ".join(names)}, which '
+                           'this run does not audit'
+          for f, names in _READERS.items() if not chosen & set(names)}
+
+
 def prepare(config) -> dict:
   """Validates the config (nothing to load: the audit's releases are small vectors)."""
   return {'mechanisms': validate_config(config)}

@@ -72,3 +72,16 @@ def test_pastel_declares_what_its_trainings_do_not_read():
   assert 'pastel.clip_norm' in unused
   s.model = 'resnet18_gn'
   assert "'mlp'" in pastel.unused_fields(config)['pastel.mlp_hidden']
+
+
+def test_dp_audit_declares_the_fields_no_audited_mechanism_reads():
+  from fl_privacy.pipelines import dp_audit  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  assert dp_audit.unused_fields(config) == {}
+  config.dp_audit.mechanisms = ('central_dp',)
+  unused = dp_audit.unused_fields(config)
+  assert set(unused) == {'dp_audit.num_examples', 'dp_audit.batch_size', 'dp_audit.epochs',
+                         'dp_audit.ldp_reports'}
+  assert 'dp_sgd_poisson or dp_sgd_shuffle' in unused['dp_audit.epochs']
+  config.dp_audit.mechanisms = ('dp_sgd_shuffle', 'ldp_sgd')
+  assert set(dp_audit.unused_fields(config)) == {'dp_audit.rounds', 'dp_audit.num_clients'}
