@@ -168,6 +168,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       outgoing size (0.1, 32.0: float32 replies stay exact).
     reconstruction.psnr_threshold: dB above which an input counts as recovered (30).
     reconstruction.bootstrap_resamples: of the PSNR / SSIM intervals over nodes (1000).
+
+  A field the run does not read (a part's sub-section when `parts` leaves it out, FedMIA's
+  attacks and filter without the FedMIA part, `hidden` under the CNN) is refused if set on
+  the command line (exit 2).
   """
   del dataset
   s = ml_collections.ConfigDict()

@@ -85,3 +85,24 @@ def test_dp_audit_declares_the_fields_no_audited_mechanism_reads():
   assert 'dp_sgd_poisson or dp_sgd_shuffle' in unused['dp_audit.epochs']
   config.dp_audit.mechanisms = ('dp_sgd_shuffle', 'ldp_sgd')
   assert set(dp_audit.unused_fields(config)) == {'dp_audit.rounds', 'dp_audit.num_clients'}
+
+
+def test_flower_audit_declares_the_parts_it_does_not_run():
+  from fl_privacy.flower import pipeline  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  s = config.flower_audit
+  unused = pipeline.unused_fields(config)
+  # The default: the four default parts; reconstruction is opt-in; the model is the CNN.
+  assert 'flower_audit.reconstruction.num_bins' in unused and 'flower_audit.hidden' in unused
+  assert not any(f.startswith(('flower_audit.dp.', 'flower_audit.training.',
+                               'flower_audit.dishonest.')) for f in unused)
+  s.parts = ('reconstruction',)
+  s.model = 'mlp'
+  unused = pipeline.unused_fields(config)
+  assert 'flower_audit.hidden' not in unused
+  assert {'flower_audit.dp.num_trials', 'flower_audit.training.num_canaries',
+          'flower_audit.dishonest.epsilon', 'flower_audit.attacks',
+          'flower_audit.outlier_filter'} <= set(unused)
+  # Nested settings are declared leaf by leaf (an override names a leaf).
+  assert any(f.startswith('flower_audit.dp.settings.') and f.count('.') >= 4 for f in unused)
+  assert not any(f.startswith('flower_audit.reconstruction.') for f in unused)
