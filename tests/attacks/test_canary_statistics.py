@@ -451,3 +451,51 @@ def test_simulated_needed_doubles_until_two_of_three_simulations_flag():
   # The claimed mechanism itself is never flagged: no count up to the cap.
   fair = cs.Curve(steps=1, noise=0.5, relation='replace_one')
   assert cs.simulated_needed(fair, 'update_dp', claim, start=16, cap=64, seed=3, **kw) is None
+
+
+def test_the_profile_test_costs_canaries_where_it_does_not_decide():
+  # At claim 5 the claim's own profile test cannot beat the bounds with few canaries, and its
+  # Bonferroni share raises the count a perfect attack needs (64 against 54 here).
+  kw = dict(delta=DELTA, confidence=0.95, independent=True)
+  prof = _gdp_profile(_mu_at(5.0))
+  with_profile = cs.canaries_needed('update_dp', 5.0, claimed_delta=prof, **kw)
+  assert with_profile > cs.canaries_needed('update_dp', 5.0, **kw)
+  assert _refutes(with_profile, 5.0, claimed_delta=prof, **kw)
+  assert not _refutes(int(math.ceil(with_profile * 2 ** -0.25)) - 1, 5.0, claimed_delta=prof,
+                      **kw)
+
+
+def _needed_reference(curve, mechanism, claim, *, start, cap, seed, **kw):
+  """`simulated_needed` as documented, through the audit's own verdict."""
+  rng = np.random.default_rng(seed)
+  n = start
+  while n <= cap:
+    world = np.arange(n) % 2 == 0
+    hits = sum(cs.audit(cs.curve_scores(curve, world, rng), world, mechanism, claim,
+                        reach=False, report_all=False, **kw)['privacy_violation']
+               for _ in range(3))
+    if hits >= 2:
+      return n
+    n *= 2
+  return None
+
+
+@pytest.mark.parametrize('mechanism,midpoint', [('update_dp', 0.0), ('dp_sgd_poisson', None)])
+def test_simulated_needed_is_its_documented_search(mechanism, midpoint):
+  # A Gaussian step at z = 0.8 against the claim of z = 1 (4.73 at 1e-5), with the claim's
+  # profile: a violation a few hundred canaries flag, after some doublings.
+  decl = accounting.Declaration('update_dp', 'client', 'replace_one', 'server', 'none', 1.0,
+                                1, 1.0)
+  claim = accounting.epsilon(decl, 1.0, delta=DELTA)
+  kw = dict(delta=DELTA, confidence=0.95, independent=True,
+            claimed_delta=_gdp_profile(_mu_at(claim)), midpoint=midpoint)
+  curve = cs.Curve(steps=1, noise=0.8, relation='replace_one')
+  got = cs.simulated_needed(curve, mechanism, claim, start=16, seed=3, **kw)
+  assert got == _needed_reference(curve, mechanism, claim, start=16, cap=1 << 20, seed=3, **kw)
+  assert got is not None and got > 32
+  # The cap is the last count tried; the start, by default 256, the first.
+  assert cs.simulated_needed(curve, mechanism, claim, start=got, cap=got, seed=3, **kw) == got
+  strong = cs.Curve(steps=1, noise=0.2, relation='replace_one')
+  assert cs.simulated_needed(strong, mechanism, claim, **kw) == 256
+  assert cs.simulated_needed(strong, mechanism, claim, **kw) == cs.simulated_needed(
+      strong, mechanism, claim, seed=0, **kw)
