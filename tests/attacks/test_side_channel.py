@@ -106,3 +106,67 @@ def test_replace_one_keeps_the_count_and_the_aggregate_reader_reads_the_aggregat
   assert np.all(scores['aggregate_norm'] > 0)
   with pytest.raises(ValueError, match='mode must be'):
     _play(built.hooks, mode='swap')
+
+
+def _gdp_profile(mu):
+  from scipy import stats as sps  # pylint: disable=g-import-not-at-top
+  return lambda eps: (sps.norm.cdf(-np.asarray(eps) / mu + mu / 2) -
+                      np.exp(eps) * sps.norm.cdf(-np.asarray(eps) / mu - mu / 2))
+
+
+def test_audit_tests_each_statistic_both_ways_at_the_family_level():
+  from fl_privacy.attacks.audit import canary_statistics as cs  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  n = 2000
+  world = np.arange(n) % 2 == 0
+  # 'up' is larger in the IN world, 'down' much smaller (the stronger, read downwards), 'flat'
+  # shows nothing.
+  scores = {'up': rng.normal(size=n) + 1.0 * world, 'down': rng.normal(size=n) - 3.0 * world,
+            'flat': rng.normal(size=n)}
+  prof = _gdp_profile(1.0)
+  kw = dict(delta=1e-5, confidence=0.9, claimed_delta=prof)
+  got = side_channel.audit(world, {k: v.astype(np.float32) for k, v in scores.items()},
+                           'update_dp', 1.0, **kw)
+  level = 1 - 0.1 / 6
+  ref = {(name, sign): cs.audit(sign * np.asarray(s, np.float32).astype(np.float64), world,
+                                'update_dp', 1.0, delta=1e-5, confidence=level,
+                                independent=True, claimed_delta=prof, reach=True,
+                                report_all=False)
+         for name, s in scores.items() for sign in (1.0, -1.0)}
+  for name in scores:
+    assert got[f'side_{name}_best'] == pytest.approx(
+        max(ref[name, 1.0]['best_bound'], ref[name, -1.0]['best_bound']), rel=1e-12)
+    assert got[f'side_{name}_in_mean'] == pytest.approx(float(np.mean(
+        np.float32(scores[name])[world])), rel=1e-6)
+    assert got[f'side_{name}_out_mean'] == pytest.approx(float(np.mean(
+        np.float32(scores[name])[~world])), rel=1e-6)
+  assert got['side_channel_statistic'] == 'down (lower)'
+  assert got['best_bound'] == pytest.approx(ref['down', -1.0]['best_bound'], rel=1e-12)
+  assert got['bound_confidence'] == pytest.approx(ref['down', -1.0]['bound_confidence'])
+  assert got['side_channel_family'] == 6 and got['verdict_confidence'] == 0.9
+  assert got['privacy_violation'] == 1.0 and got['verdict'] == 'violation'
+  assert got['can_refute'] == 1.0 and got['canaries_needed'] == 0
+  # Read upwards only, the strongest statistic names no direction.
+  up = side_channel.audit(world, {'up': scores['up']}, 'update_dp', 1.0, **kw)
+  assert up['side_channel_statistic'] == 'up' and up['side_channel_family'] == 2
+  # Nothing shown: no violation where the canaries could refute, 'cannot refute' where not.
+  flat = side_channel.audit(world, {'flat': scores['flat']}, 'update_dp', 1.0, **kw)
+  assert flat['privacy_violation'] == 0.0 and flat['verdict'] == 'no violation'
+  assert flat['can_refute'] == 1.0
+  few = side_channel.audit(world[:12], {'flat': scores['flat'][:12]}, 'update_dp', 8.0,
+                           delta=1e-5, confidence=0.9, claimed_delta=None)
+  assert few['verdict'] == 'cannot refute' and few['can_refute'] == 0.0
+  assert few['canaries_needed'] > 12
+
+
+def test_audit_passes_the_mechanism_to_the_counted_tests():
+  from fl_privacy.attacks.audit import canary_statistics as cs  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(6)
+  world = np.arange(1000) % 2 == 0
+  s = rng.normal(size=1000) + 1.5 * world
+  got = side_channel.audit(world, {'up': s}, 'dp_sgd_poisson', 2.0, delta=1e-5,
+                           confidence=0.95, claimed_delta=None)
+  want = cs.audit(s, world, 'dp_sgd_poisson', 2.0, delta=1e-5, confidence=1 - 0.05 / 2,
+                  independent=True, reach=True, report_all=False)
+  assert got['best_bound'] == pytest.approx(want['best_bound'], rel=1e-12)
+  assert got['counted_bounds'] == want['counted_bounds'] == 'epsilon_one_run,epsilon_cp'
