@@ -174,6 +174,7 @@ def test_directions_are_unit_and_dirac_ones_distinct():
   assert r.shape == (30, 30) and r.dtype == np.float32
   d = canaries.directions(jax.random.key(0), 30, 30, 'dirac')
   np.testing.assert_array_equal(d.sum(axis=0), np.ones(30))
+  assert d.dtype == np.float32
   for kind in ('dirac', 'random'):   # num <= dim: orthogonal directions need the coordinates
     with pytest.raises(ValueError, match='31 orthogonal canary directions need as many'):
       canaries.directions(jax.random.key(0), 31, 30, kind)
@@ -429,7 +430,8 @@ def test_threat_scores_read_what_each_adversary_sees():
                              rtol=1e-6)
   with pytest.raises(ValueError, match='threat must be'):
     canaries.threat_scores(sc, 'first_iterate', 'server', participation=1.0)
-  with pytest.raises(ValueError, match='all_steps needs the per-step reading'):
+  with pytest.raises(ValueError, match='^all_steps needs the per-step reading of gradient '
+                     'canaries$'):
     canaries.threat_scores(_scores(), 'all_steps', 'server', participation=1.0)
 
 
