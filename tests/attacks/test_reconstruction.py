@@ -193,6 +193,13 @@ def test_imprint_thresholds_sit_between_distinct_public_values_with_their_shares
       np.testing.assert_array_equal((s[:, None] >= t).sum(0), (s[:, None] >= q).sum(0))
   assert np.min(np.abs(np.arange(0, 300)[:, None] / 1024 - imprint.thresholds(grid, 64))) == (
       pytest.approx(1 / 2048))
+  # Three values, a third each: quantiles 0, 0, 1, 2 go below their values; two share a gap.
+  three = np.repeat([0.0, 1.0, 2.0], 10)[:, None]
+  np.testing.assert_allclose(imprint.thresholds(three, 4), [-0.5, -0.5, 0.5, 1.5])
+  # Values 1e-5 apart are one value on a scale of 255 (1e-6 relative), not on a scale of 1.
+  noisy = (np.repeat(np.arange(40.0), 3) + np.tile([0.0, 1e-5, 2e-5], 40))[:, None]
+  t = imprint.thresholds(noisy, 8)
+  assert np.min(np.abs(noisy - t[None, :])) > 0.49   # half the gap between merged values
 
 
 def test_imprint_recovers_at_least_90_percent_of_8_examples_exactly_in_one_step():
