@@ -177,15 +177,6 @@ def validate_config(config) -> dict[str, Any]:
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
 
 
-def _leaves(section, prefix: str) -> list[str]:
-  """Every leaf field under `section`, dotted from `prefix`."""
-  out = []
-  for k in section.keys():
-    v = section[k]
-    out += _leaves(v, f'{prefix}.{k}') if hasattr(v, 'keys') else [f'{prefix}.{k}']
-  return out
-
-
 def unused_fields(config) -> dict[str, str]:
   """The `flower_audit` fields this run does not read (`base.unused`: a command-line override of
   one is refused rather than recorded as if it ran): the sub-sections of the parts not run,
@@ -200,7 +191,7 @@ def unused_fields(config) -> dict[str, str]:
   for part in ('dishonest', 'dp', 'training', 'reconstruction'):
     if part not in parts and part in s:
       out.update({f: f"read only by the {part!r} part, which flower_audit.parts does not run"
-                  for f in _leaves(s[part], f'flower_audit.{part}')})
+                  for f in base.leaf_fields(s[part], f'flower_audit.{part}')})
   if 'fedmia' not in parts:
     out.update({f'flower_audit.{f}': "read only by the 'fedmia' part, which "
                 'flower_audit.parts does not run' for f in ('attacks', 'outlier_filter')})

@@ -79,6 +79,16 @@ def unused(pipeline, config) -> dict[str, str]:
   return dict(fn(config)) if fn is not None else {}
 
 
+def leaf_fields(section, prefix: str) -> list[str]:
+  """Every leaf field under a config `section`, dotted from `prefix` (a command-line override
+  names a leaf), for `unused_fields` declaring a whole section."""
+  out = []
+  for k in section.keys():
+    v = section[k]
+    out += leaf_fields(v, f'{prefix}.{k}') if hasattr(v, 'keys') else [f'{prefix}.{k}']
+  return out
+
+
 def load(name: str) -> ModuleType:
   """The pipeline module of experiment `name` (`catalog.get(name).pipeline`), checked.
 

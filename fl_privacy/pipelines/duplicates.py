@@ -49,12 +49,9 @@ def validate_config(config) -> tuple[str, ...]:
 def unused_fields(config) -> dict[str, str]:
   """The `dishonest` fields this search does not read (`base.unused`): all but
   `duplicate_splits` and `near_threshold` belong to `experiments.dishonest_mia`."""
-  s = config.dishonest
-  names = [f'{f}.{g}' if g else f for f in s.keys()
-           if f not in ('duplicate_splits', 'near_threshold')
-           for g in (tuple(s[f].keys()) if hasattr(s[f], 'keys') else ('',))]
-  return {f'dishonest.{n}': 'read only by experiments.dishonest_mia (this search reads '
-          'duplicate_splits and near_threshold)' for n in names}
+  return {f: 'read only by experiments.dishonest_mia (this search reads duplicate_splits and '
+          'near_threshold)' for f in base.leaf_fields(config.dishonest, 'dishonest')
+          if f not in ('dishonest.duplicate_splits', 'dishonest.near_threshold')}
 
 
 def prepare(config) -> dict:
