@@ -106,8 +106,8 @@ def main(argv):
   print()
   _print(rows)
   print(f'\n{FLAGS.experiments} experiments per row, {FLAGS.resamples} bootstrap resamples, '
-        f'seed {FLAGS.seed}; replicated.MIN_BOOTSTRAP_REPLICATES = '
-        f'{replicated.MIN_BOOTSTRAP_REPLICATES}; {time.time() - start:.0f} s')
+        f'seed {FLAGS.seed}; reported interval: replicated.interval_method(R) = '
+        f"{replicated.interval_method(2)!r} for R >= 2; {time.time() - start:.0f} s")
   print(json.dumps([{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                     for r in rows]))
 

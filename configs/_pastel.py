@@ -40,7 +40,7 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     replicates: R independent replicates (key fold_in(run_key, r)): each redraws shards,
       held-out rows, attack rows, w_0 and client keys, and trains every defense; each point
       reports its attack AUC / TPRs and its paired change against `none` over them
-      (`eval.replicated`: the t-interval for 2 <= R <= 30, `interval_method` says which),
+      (`eval.replicated`: the t-interval for every R >= 2, `interval_method` says which),
       the rows pooled over replicates beside them as `pooled_*` (the white-box attack: one
       model trained on every replicate's training half, so its own training randomness is
       not in any interval).

@@ -146,14 +146,61 @@ def compare(scores_a, scores_b, labels, groups, *, rng: np.random.Generator,
   return out
 
 
+# Widths, relative to max(1, |limit|), at or below which an interval counts as zero-width:
+# float sums of equal values differ by a few ulps (`eval.replicated.EQUAL_TOL`).
+ZERO_WIDTH = 1e-11
+NOT_ESTIMABLE = 'not estimable (zero-width or undefined interval)'
+
+
 def verdict(low: float, high: float) -> str:
-  """What a paired interval of A - B shows. An interval of zero width (replicates that agree
-  exactly, e.g. a rate of a few discrete counts) or with an undefined limit shows nothing:
-  'not estimable'."""
-  if not high > low:
-    return 'not estimable (zero-width or undefined interval)'
+  """What a paired interval of A - B shows. An interval of zero width (replicates that agree,
+  e.g. a rate of a few discrete counts equal in every training; judged within ZERO_WIDTH, so
+  a few ulps of rounding are no width) or with an undefined limit shows nothing: NOT_ESTIMABLE.
+  """
+  if not high - low > ZERO_WIDTH * max(1.0, abs(low), abs(high)):
+    return NOT_ESTIMABLE
   if low > 0:
     return 'A better (interval above 0)'
   if high < 0:
     return 'B better (interval below 0)'
   return 'no difference shown (interval holds 0)'
+
+
+def holm(p_values) -> np.ndarray:
+  """Holm's (1979) step-down adjusted p-values of one family of m tests.
+
+  With the p-values sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) is
+  max_{j <= i} min(1, (m - j + 1) p_(j)); rejecting where it is below alpha keeps the
+  family-wise error at most alpha under any dependence (Holm, 1979, Scand. J. Statist. 6(2),
+  65-70). A NaN p-value (a claim with no test) counts in m, is placed last, and stays NaN.
+
+  Args:
+    p_values: [m] p-values in [0, 1], NaN where a claim has none.
+
+  Returns:
+    [m] adjusted p-values in the input order.
+  """
+  p = np.asarray(p_values, np.float64).reshape(-1)
+  if ((p < 0) | (p > 1)).any():
+    raise ValueError(f'p-values must be in [0, 1] (got {p[(p < 0) | (p > 1)][:3]})')
+  missing = np.isnan(p)
+  filled = np.where(missing, 1.0, p)
+  order = np.argsort(filled, kind='stable')
+  m = p.size
+  adjusted = np.empty(m)
+  adjusted[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * filled[order]))
+  adjusted[missing] = np.nan
+  return adjusted
+
+
+def p_verdict(diff: float, p: float, alpha: float = 0.05,
+                 name: str = 'Holm-adjusted p') -> str:
+  """What a test of "A - B has mean 0" shows at level alpha: the side of `diff` where `p` <
+  alpha; NOT_ESTIMABLE where `p` or `diff` is NaN (one training, a degenerate interval)."""
+  if not 0.0 < alpha < 1.0:
+    raise ValueError(f'alpha must be in (0, 1) (got {alpha})')
+  if np.isnan(p) or np.isnan(diff):
+    return NOT_ESTIMABLE.replace('interval', 'interval: no test')
+  if p < alpha:
+    return f'{"A" if diff > 0 else "B"} better ({name} {p:.2g} < {alpha:g})'
+  return f'no difference shown ({name} {p:.2g})'

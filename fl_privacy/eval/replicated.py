@@ -35,18 +35,27 @@ Intervals, each at `confidence` (two-sided):
   reported: the two are centred on different estimates (the pooled TPR, the mean of the
   per-replicate TPRs), so the wider alone could leave out the reported mean.
 
-Which interval is reported is `interval_method`: 't' for 2 <= R < MIN_BOOTSTRAP_REPLICATES,
-'hierarchical_bootstrap' from there on, 'two_way_bootstrap_conditional' for R = 1 (one
-training: the pigeonhole bootstrap of that training, conditional on it; its t-interval is
-NaN). The threshold comes from `benchmarks/coverage_simulation.py` (BUILD.md, "Coverage of
-the intervals"), run at R = 3, 5, 10, 20 and 30: the t-interval covered near 95% at every R,
-with and without a training effect, and was the narrower of the two from R = 10 on; the
-hierarchical bootstrap covered 91% for a paired difference at R = 3 (three replicates give
-ten distinct outer resamples, and percentile quantiles where t-quantiles are needed) and
-96-100% from R = 5 on, up to twice the t-interval's width without a training effect, because
-resampling at both stages counts the within-training variance twice (Davison and Hinkley,
-1997, Sect. 3.8). So the t-interval is reported up to the largest R at which its coverage was
-checked (30), and the bootstrap, conservative at every simulated R >= 5, only beyond it.
+Which interval is reported is `interval_method`: 't' for every R >= 2,
+'two_way_bootstrap_conditional' for R = 1 (one training: the pigeonhole bootstrap of that
+training, conditional on it; its t-interval is NaN). `benchmarks/coverage_simulation.py`
+(benchmarks/README.md, "Coverage of the intervals") checks the choice with variance components
+fitted to the measured FedMIA and PASTEL runs: the t-interval held its level at every R
+simulated, while the hierarchical bootstrap over-covered from R = 5 on (up to twice the
+t-interval's width: resampling at both stages counts the within-training variance twice,
+Davison and Hinkley, 1997, Sect. 3.8) and under-covered at R = 3 (three replicates give ten
+distinct outer resamples). The bootstrap is still computed on request (`resample=True`) and
+reported under `_boot_`.
+
+Degenerate intervals. R values that agree (a rate of a few discrete counts, equal in every
+training) have sample sd 0 and a t-interval of zero width, which says nothing about the
+spread over trainings; float sums of equal values differ by a few ulps, so agreement is judged
+within `EQUAL_TOL` (`all_equal`), and such values get an interval of exactly zero width, no t
+statistic and no p-value (NaN), and `paired.verdict` reads them as 'not estimable'.
+
+Tests. `t_test` gives the one-sample t statistic of the per-replicate differences and its
+two-sided p-value (scipy.stats.ttest_1samp), the test the t-interval inverts: p < 1 - c exactly
+when the interval excludes 0. `holm_family` adjusts the p-values of a family of claims (Holm,
+1979, "A simple sequentially rejective multiple test procedure", Scand. J. Statist. 6(2)).
 """
 
 from __future__ import annotations
@@ -64,9 +73,10 @@ from fl_privacy.eval import stats
 
 # Largest resamples x entries weighed at once (float64 working arrays of this many elements).
 CHUNK_ELEMENTS = 1 << 22
-# Fewest replicates for which the hierarchical bootstrap is reported instead of the t-interval:
-# one past the largest R at which the simulation checked the t-interval (module docstring).
-MIN_BOOTSTRAP_REPLICATES = 31
+# Largest spread, relative to max(1, |value|), of R values taken as equal: float sums of one
+# count in another order differ by ~1e-16 per term, and an AUC moves by at least
+# 1 / (members x non-members) (5e-8 at FedMIA's 320 x 60,000 entries), far above it.
+EQUAL_TOL = 1e-11
 DEFAULT_FPRS = types.MappingProxyType({'tpr_at_fpr_1e-2': 1e-2, 'tpr_at_fpr_1e-3': 1e-3})
 FIELDS = ('scores', 'labels', 'target', 'groups')
 
@@ -259,13 +269,21 @@ def _weighted(scores, labels, weights, fprs):
   return aucs, tprs
 
 
+def all_equal(values) -> bool:
+  """Whether finite `values` agree within EQUAL_TOL x max(1, |value|): a sample whose sd
+  is rounding, not spread."""
+  v = np.asarray(values, np.float64).reshape(-1)
+  return bool(v.size > 0 and np.ptp(v) <= EQUAL_TOL * max(1.0, float(np.abs(v).max())))
+
+
 def t_interval(values, confidence: float = 0.95, bounds: tuple[float, float] | None = None
                ) -> tuple[float, float, float]:
   """(mean, low, high): Student's t-interval over independent replicate values.
 
   mean +- t_{(1 + confidence) / 2, R - 1} * sd / sqrt(R), sd the sample standard deviation
-  (ddof 1); NaN limits for R < 2. `bounds` clips the limits to the range of the quantity (an
-  AUC or a rate in [0, 1]), which never lowers coverage of a value inside it.
+  (ddof 1); NaN limits for R < 2; exactly [mean, mean] when the values are `all_equal`
+  (a degenerate interval: module docstring). `bounds` clips the limits to the range of the
+  quantity (an AUC or a rate in [0, 1]), which never lowers coverage of a value inside it.
   """
   v = np.asarray(values, np.float64).reshape(-1)
   if not 0.0 < confidence < 1.0:
@@ -275,6 +293,8 @@ def t_interval(values, confidence: float = 0.95, bounds: tuple[float, float] | N
   mean = float(v.mean())
   if v.size < 2:
     return mean, float('nan'), float('nan')
+  if all_equal(v):
+    return mean, mean, mean
   half = float(sps.t.ppf((1.0 + confidence) / 2.0, v.size - 1) * v.std(ddof=1)
                / np.sqrt(v.size))
   low, high = mean - half, mean + half
@@ -283,15 +303,51 @@ def t_interval(values, confidence: float = 0.95, bounds: tuple[float, float] | N
   return mean, low, high
 
 
+def t_test(values) -> tuple[float, float]:
+  """(t, p): the one-sample t statistic of H0 "mean 0" over independent replicate values
+  and its two-sided p-value on R - 1 degrees of freedom (scipy.stats.ttest_1samp), the test
+  `t_interval` inverts. NaN for R < 2, a NaN value, or `all_equal` values (sd 0: no test)."""
+  v = np.asarray(values, np.float64).reshape(-1)
+  if v.size < 2 or np.isnan(v).any() or all_equal(v):
+    return float('nan'), float('nan')
+  res = sps.ttest_1samp(v, 0.0)
+  return float(res.statistic), float(res.pvalue)
+
+
+def holm_family(rows: Sequence[Mapping[str, Any]], quantities: Sequence[str] = ('auc', 'tpr'),
+                alpha: float = 0.05) -> list[dict[str, Any]]:
+  """`compare`'s rows with every claim of the family adjusted together (Holm, 1979).
+
+  The family is every (row, quantity): m = len(rows) x len(quantities) tests of "A - B has
+  mean 0", each p-value `<quantity>_diff_p` from the per-replicate t statistic. A claim with no
+  p-value (NaN: one training, or a degenerate interval) still counts in m, so the others are
+  adjusted as if it had been tested.
+
+  Returns:
+    Copies of the rows with `family_size` = m and, per quantity, `<q>_p_holm` (Holm's adjusted
+    p-value, `paired.holm`) and `<q>_verdict_holm` (`paired.p_verdict` at family-wise
+    level 1 - alpha).
+  """
+  p = [float(r.get(f'{q}_diff_p', float('nan'))) for r in rows for q in quantities]
+  adjusted = iter(paired.holm(p))
+  out = []
+  for r in rows:
+    row = dict(r, family_size=len(p))
+    for q in quantities:
+      a = float(next(adjusted))
+      row[f'{q}_p_holm'] = a
+      row[f'{q}_verdict_holm'] = paired.p_verdict(float(r[f'{q}_diff']), a, alpha)
+    out.append(row)
+  return out
+
+
 def interval_method(num_trainings: int) -> str:
-  """The interval reported for R trainings (module docstring)."""
+  """The interval reported for R trainings (module docstring): Student's t for R >= 2."""
   if num_trainings < 1:
     raise ValueError(f'num_trainings must be positive (got {num_trainings})')
   if num_trainings == 1:
     return 'two_way_bootstrap_conditional'
-  if num_trainings < MIN_BOOTSTRAP_REPLICATES:
-    return 't'
-  return 'hierarchical_bootstrap'
+  return 't'
 
 
 def hierarchical_resamples(attacks: Sequence[Sequence[_Replicate]], fprs: np.ndarray, *,
@@ -367,7 +423,7 @@ def metrics(reps: Sequence[Mapping[str, Any]], *, rng: np.random.Generator,
     fprs: name -> target FPR of each TPR reported.
     confidence: two-sided level of every interval.
     resample: run the hierarchical bootstrap; None (default) only where `interval_method`
-      reports it (R = 1 or R >= MIN_BOOTSTRAP_REPLICATES): about 5 s a call at 3 x 60,000
+      reports it (R = 1): about 5 s a call at 3 x 60,000
       entries, which a sweep of hundreds of points reporting the t-interval need not pay.
       Without it the `_boot_` fields are NaN and `num_resamples` is 0.
 
@@ -461,7 +517,9 @@ def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, A
     (means over replicates), `auc_diff` (mean of the per-replicate A - B),
     `auc_diff_replicates`, `auc_diff_t_low/high`, `auc_diff_boot_low/high`,
     `auc_diff_low/high` (the interval of `interval_method`), `auc_verdict`
-    (`paired.verdict` of it); the same with `tpr_` for TPR at `fpr`.
+    (`paired.verdict` of it: 'not estimable' for a degenerate interval), `auc_diff_t_stat`
+    and `auc_diff_p` (`t_test` of the per-replicate differences; NaN where it has none); the
+    same with `tpr_` for TPR at `fpr`.
 
   Raises:
     ValueError: different numbers of replicates, or a replicate whose labels, targets or
@@ -502,7 +560,9 @@ def compare(reps_a: Sequence[Mapping[str, Any]], reps_b: Sequence[Mapping[str, A
     out[f'{name}_diff'], *t = t_interval(diffs, confidence, (-1.0, 1.0))
     boot = _percentile(boot_diffs[name], confidence)
     low, high = _reported(method, tuple(t), boot)
-    out.update({f'{name}_diff_replicates': diffs, f'{name}_diff_t_low': t[0],
+    t_stat, p = t_test(diffs)
+    out.update({f'{name}_diff_t_stat': t_stat, f'{name}_diff_p': p,
+                f'{name}_diff_replicates': diffs, f'{name}_diff_t_low': t[0],
                 f'{name}_diff_t_high': t[1], f'{name}_diff_boot_low': boot[0],
                 f'{name}_diff_boot_high': boot[1], f'{name}_diff_low': low,
                 f'{name}_diff_high': high, f'{name}_verdict': paired.verdict(low, high)})

@@ -173,7 +173,10 @@ def claims(config, key, records: dict, scored: Scored | None = None) -> dict[str
   replicate r]}), as `eval.replicated.compare` (A - B in AUC and TPR@0.1% FPR: per-replicate
   differences, their t-interval and the hierarchical bootstrap with the same resamples for
   both, `bootstrap_resamples` of them, from a Generator keyed by the pair and model). The
-  entries come from `scored` where point scoring kept them, else are scored here.
+  entries come from `scored` where point scoring kept them, else are scored here. A model's
+  claims, AUC and TPR, are one family: each row also carries `family_size` and the
+  Holm-adjusted `auc_p_holm` / `auc_verdict_holm`, `tpr_p_holm` / `tpr_verdict_holm`
+  (`eval.replicated.holm_family`, p-values from the per-replicate t statistics).
   """
   s = config.fedmia
   out = {}
@@ -193,16 +196,24 @@ def claims(config, key, records: dict, scored: Scored | None = None) -> dict[str
         result = replicated.compare(entries(winner), entries(loser), rng=rng,
                                     num_resamples=int(s.bootstrap_resamples))
         rows.append(dict(winner=winner, loser=loser, **result))
-    out[model] = rows
+    # One model's claims are one family (its table): Holm over all of them, AUC and TPR.
+    out[model] = replicated.holm_family(rows)
   return out
 
 
+def _holm(r: dict, q: str) -> str:
+  """A row's Holm-adjusted verdict; rows written before it was computed have none."""
+  return r.get(f'{q}_verdict_holm', 'not computed (run before Holm)')
+
+
 def claim_lines(config, rows: list[dict]) -> list[str]:
-  """Markdown of `claims`' rows."""
+  """Markdown of `claims`' rows: unadjusted verdicts from each claim's interval and, beside
+  them, Holm-adjusted verdicts over the family of all the rows' AUC and TPR claims."""
   if not rows:
     return []
   s = config.fedmia
   r0 = rows[0]
+  m = 2 * len(rows)
   lines = ['### Claims as paired differences (aligned)', '',
            f'A minus B on the same members and non-members of {r0["num_trainings"]} replicated '
            'trainings: the mean of the per-replicate differences with a 95% interval '
@@ -211,13 +222,16 @@ def claim_lines(config, rows: list[dict]) -> list[str]:
            '(FedMIA-II over Grad-Cosine and Avg-Cosine, FedMIA-I over Blackbox-Loss and '
            'Loss-Series) and '
            "FedMIA-II against LiRA and RMIA, each for FedMIA with the paper's filter and with "
-           f'ours (leave-one-out). The {2 * len(rows)} verdicts form one family and are not '
-           'adjusted for it (each at 95% alone): they are exploratory; with no difference '
-           f'anywhere about {0.05 * 2 * len(rows):.1f} of them would read "better" or "worse" '
-           'by chance.', '',
-           '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
-           'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |',
-           '|' + '---|' * 10]
+           f'ours (leave-one-out). The {m} verdicts form one family. The "verdict" columns '
+           'are each at 95% alone, not adjusted for it: they are exploratory; with no '
+           f'difference anywhere about {0.05 * m:.1f} of them would read "better" or "worse" '
+           'by chance. The "Holm" columns adjust the whole family (Holm 1979, two-sided '
+           "p-values of the same per-replicate t statistics, family-wise 95%). An interval of "
+           'zero width (replicates that agree) supports no verdict: "not estimable".', '',
+           '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | Holm (AUC) | '
+           'TPR@0.1% A | TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) | '
+           'Holm (TPR@0.1%) |',
+           '|' + '---|' * 12]
   for r in rows:
     f = lambda name, r=r: float(r[name])  # pylint: disable=unnecessary-lambda-assignment
     lines.append(
@@ -225,8 +239,9 @@ def claim_lines(config, rows: list[dict]) -> list[str]:
         f'{scores_lib.label(r["loser"], s.outlier_filter)} | {f("auc_a"):.3f} | '
         f'{f("auc_b"):.3f} | {f("auc_diff"):+.3f} [{f("auc_diff_low"):+.3f}, '
         f'{f("auc_diff_high"):+.3f}] | {paired.verdict(f("auc_diff_low"), f("auc_diff_high"))} | '
+        f'{_holm(r, "auc")} | '
         f'{100 * f("tpr_a"):.2f} | {100 * f("tpr_b"):.2f} | '
         f'{100 * f("tpr_diff"):+.2f} [{100 * f("tpr_diff_low"):+.2f}, '
         f'{100 * f("tpr_diff_high"):+.2f}] | '
-        f'{paired.verdict(f("tpr_diff_low"), f("tpr_diff_high"))} |')
+        f'{paired.verdict(f("tpr_diff_low"), f("tpr_diff_high"))} | {_holm(r, "tpr")} |')
   return lines + ['']

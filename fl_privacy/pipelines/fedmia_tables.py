@@ -11,6 +11,7 @@ import numpy as np
 
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import paired
 from fl_privacy.eval import replicated
 from fl_privacy.eval import stats
 from fl_privacy.pipelines import fedmia_replicates
@@ -114,8 +115,13 @@ def _ordering_lines(idx, config, model) -> list[str]:
         a, b = _f(w['tpr_at_fpr_1e-3']), _f(l['tpr_at_fpr_1e-3'])
         separated = _f(w['tpr_at_fpr_1e-3_ci_low']) > _f(l['tpr_at_fpr_1e-3_ci_high'])
         reversed_ = _f(l['tpr_at_fpr_1e-3_ci_low']) > _f(w['tpr_at_fpr_1e-3_ci_high'])
+        # A zero-width or undefined interval (replicates that agree) shows no spread.
+        degenerate = any(paired.verdict(_f(m['tpr_at_fpr_1e-3_ci_low']),
+                                        _f(m['tpr_at_fpr_1e-3_ci_high'])) == paired.NOT_ESTIMABLE
+                         for m in (w, l))
         # Point estimates decide nothing: only disjoint intervals give a verdict either way.
-        verdict = ('holds (intervals disjoint)' if separated else
+        verdict = (paired.NOT_ESTIMABLE if degenerate else
+                   'holds (intervals disjoint)' if separated else
                    'does not hold (intervals disjoint, reversed)' if reversed_ else
                    f'not shown (intervals overlap; {"higher" if a > b else "not higher"} '
                    'as a point estimate)')
@@ -153,7 +159,7 @@ def table1(config, points: list[dict], claims_: dict | None = None) -> str:
            "clients' data, pooled. Every rate and AUC is the mean over the "
            f'{s.replicates} replicated trainings (independent partitions, initialisations '
            'and client keys) with a 95% interval over them (Student\'s t over the '
-           'per-replicate values for 2-30 replicates, `eval.replicated`; for a TPR at low FPR '
+           'per-replicate values for 2 or more replicates, `eval.replicated`; for a TPR at low FPR '
            'the union of that and Clopper-Pearson on the members above the pooled threshold); '
            '"per replicate": the value of each training; "distinct negatives": distinct '
            'non-member queries among the false positives at the threshold, summed over the '

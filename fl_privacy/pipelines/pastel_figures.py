@@ -118,6 +118,11 @@ def table_markdown(config, points: list[dict]) -> str:
     row += [_signed(cells.get(c), 'attack_auc_minus_none') for c in cols]
     lines.append('| ' + ' | '.join(row) + ' |')
   lines.append('')
+  # Every change is a claim: stated as one family with Holm beside the unadjusted verdicts.
+  lines += pastel_replicates.change_lines(
+      [(f'{_name(tr)}, {_ATTACK_LABELS.get(c[0], c[0])} {c[1]}', cells[c])
+       for tr, cells in by.items() if tr[0] != 'none' for c in cols
+       if c in cells and 'attack_auc_minus_none' in cells[c]])
   return '\n'.join(lines)
 
 

@@ -6,7 +6,7 @@ AUC and TPR at 1% and 0.1% FPR, and its paired change against `none` (the same a
 same rows of the same replicate), are reported over the replicates by `eval.replicated`,
 following `pipelines.fedmia_replicates`: the headline is the mean of the R per-replicate
 values, `<name>_ci_low/_ci_high` the interval `interval_method` names (Student's t over the
-replicates for 2 <= R <= 30; for R = 1 the two-way bootstrap of the attacked models and the
+replicates for every R >= 2; for R = 1 the two-way bootstrap of the attacked models and the
 examples, conditional on that training), for a TPR joined with Clopper-Pearson on the pooled
 counts (their union). Entries: `target` = the attacked model (client k's upload on `local`, 0 for
 the global model), `groups` = the example id (`attacks.passive.pastel.identities`).
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from fl_privacy.attacks.passive import pastel as passive_pastel
+from fl_privacy.eval import paired
 from fl_privacy.eval import replicated
 from fl_privacy.eval import utility as utility_lib
 
@@ -104,7 +105,9 @@ def change(scored: tuple, reference: tuple, *, rng: np.random.Generator,
 
   Returns:
     `attack_auc_minus_none` (mean of the per-replicate AUC differences), `_ci_low/high` (the
-    `interval_method` interval), `_replicates`, `_t_low/high`, `_verdict`; the same for
+    `interval_method` interval), `_replicates`, `_t_low/high`, `_verdict` ('not estimable'
+    for a zero-width interval), `_t_stat` and `_p` (the per-replicate t test, NaN where it
+    has none: one replicate or replicates that agree); the same for
     `tpr_at_fpr_1e-3_minus_none`; `pooled_attack_auc_minus_none` with DeLong's paired
     interval on the pooled rows (`attacks.passive.pastel.auc_change`, conditional).
   """
@@ -115,12 +118,63 @@ def change(scored: tuple, reference: tuple, *, rng: np.random.Generator,
     long = f'{name}_minus_none'
     out[long] = c[f'{short}_diff']
     out[f'{long}_ci_low'], out[f'{long}_ci_high'] = c[f'{short}_diff_low'], c[f'{short}_diff_high']
-    for suffix in ('replicates', 't_low', 't_high', 'boot_low', 'boot_high'):
+    for suffix in ('replicates', 't_low', 't_high', 'boot_low', 'boot_high', 't_stat', 'p'):
       out[f'{long}_{suffix}'] = c[f'{short}_diff_{suffix}']
     out[f'{long}_verdict'] = c[f'{short}_verdict']
   pooled = passive_pastel.auc_change(scored[0], scored[1], reference[0], reference[1])
   out.update({f'pooled_{k}': v for k, v in pooled.items()})
   return out
+
+
+# The paired changes against `none` that `change_lines` states as one family.
+CHANGES = (('attack_auc_minus_none', 'AUC'), (f'{CLAIM_TPR}_minus_none', 'TPR@0.1%'))
+
+
+def change_lines(changes: list[tuple[str, dict]]) -> list[str]:
+  """Markdown: every paired change against `none` with its unadjusted verdict and its Holm
+  verdict over the family of all of them.
+
+  Args:
+    changes: (row label, point metrics holding `change`'s fields) of every defended point.
+
+  Returns:
+    A section stating the family (m = 2 x points: AUC and TPR at 0.1% FPR) and a table; [] for
+    no points. Points recorded before the p-values were have none: Holm counts them in m
+    and calls them not estimable.
+  """
+  if not changes:
+    return []
+  rows = []
+  for _, m in changes:
+    row = {}
+    for name, q in CHANGES:
+      row[f'{q}_diff'] = float(m.get(name, float('nan')))
+      row[f'{q}_diff_p'] = float(m.get(f'{name}_p', float('nan')))
+    rows.append(row)
+  adjusted = replicated.holm_family(rows, quantities=[q for _, q in CHANGES])
+  size = 2 * len(changes)
+  lines = ['## Paired changes against `none` as claims', '',
+           f'The {size} changes below (AUC and TPR at 0.1% FPR of every defended point) form one '
+           'family. "verdict": from the interval alone, each at 95%, unadjusted (exploratory: '
+           f'with no change anywhere about {0.05 * size:.1f} would read "better" or "worse" by '
+           'chance; A = the defended training, B = `none`: "A better" means the attack does '
+           'better against the defense). "Holm": the family adjusted '
+           '(Holm 1979, two-sided p-values of the per-replicate t statistics, family-wise 95%). '
+           'A zero-width interval (replicates that agree) supports no verdict: "not estimable".',
+           '', '| point | ' + ' | '.join(f'{q} change [95%] | verdict ({q}) | Holm ({q})'
+                                         for _, q in CHANGES) + ' |',
+           '|' + '---|' * (1 + 3 * len(CHANGES))]
+  for (label, m), a in zip(changes, adjusted):
+    cells = [label]
+    for name, q in CHANGES:
+      if name not in m:
+        cells += ['-', '-', '-']
+        continue
+      low, high = float(m[f'{name}_ci_low']), float(m[f'{name}_ci_high'])
+      cells += [f'{float(m[name]):+.3f} [{low:+.3f}, {high:+.3f}]', paired.verdict(low, high),
+                a[f'{q}_verdict_holm']]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return lines + ['']
 
 
 def utility(arrays: list[dict]) -> dict[str, Any]:

@@ -177,3 +177,44 @@ def test_a_zero_width_or_undefined_interval_yields_no_verdict():
   assert paired.verdict(-0.07, -0.06).startswith('B better')
   assert paired.verdict(0.06, 0.07).startswith('A better')
   assert paired.verdict(-0.01, 0.01).startswith('no difference')
+
+
+def test_a_few_ulps_of_width_is_zero_width():
+  assert paired.verdict(0.09999999999999998, 0.10000000000000006) == paired.NOT_ESTIMABLE
+  assert paired.verdict(-1e-3, -1e-3 + 1e-15) == paired.NOT_ESTIMABLE
+  assert paired.verdict(0.1, 0.1 + 1e-6).startswith('A better')
+  assert paired.verdict(-0.1 - 1e-6, -0.1).startswith('B better')
+  assert paired.verdict(1.0, float('inf')) == paired.NOT_ESTIMABLE
+
+
+def test_holm_matches_a_hand_example_and_statsmodels():
+  # Holm (1979): m = 5; sorted 0.001, 0.01, 0.02, 0.04, 0.3 -> x 5, 4, 3, 2, 1 = 0.005, 0.04,
+  # 0.06, 0.08, 0.3, already non-decreasing.
+  p = [0.04, 0.001, 0.3, 0.02, 0.01]
+  np.testing.assert_allclose(paired.holm(p), [0.08, 0.005, 0.3, 0.06, 0.04])
+  np.testing.assert_allclose(paired.holm([0.011, 0.02, 0.05, 0.9]), [0.044, 0.06, 0.1, 0.9])
+  np.testing.assert_allclose(paired.holm([0.03, 0.001]), [0.03, 0.002])
+  # The running maximum: 2 x 0.01 = 0.02 carries over 1 x 0.012.
+  np.testing.assert_allclose(paired.holm([0.012, 0.01]), [0.02, 0.02])
+  np.testing.assert_allclose(paired.holm([0.4, 0.9, 0.8]), [1.0, 1.0, 1.0])
+  out = paired.holm([0.01, float('nan'), 0.02])
+  assert np.isnan(out[1]) and out[0] == pytest.approx(0.03) and out[2] == pytest.approx(0.04)
+  assert paired.holm([]).size == 0
+  with pytest.raises(ValueError, match=r'p-values must be in \[0, 1\]'):
+    paired.holm([0.1, 1.2])
+  multitest = pytest.importorskip('statsmodels.stats.multitest')
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    q = rng.uniform(0, 0.2, size=int(rng.integers(1, 40)))
+    np.testing.assert_allclose(paired.holm(q), multitest.multipletests(q, method='holm')[1])
+
+
+def test_p_verdict_reads_the_side_of_the_difference():
+  assert paired.p_verdict(0.1, 0.01).startswith('A better (Holm-adjusted p 0.01 < 0.05)')
+  assert paired.p_verdict(-0.1, 0.01).startswith('B better')
+  assert paired.p_verdict(-0.1, 0.2) == 'no difference shown (Holm-adjusted p 0.2)'
+  assert paired.p_verdict(0.1, 0.04, alpha=0.01).startswith('no difference')
+  assert paired.p_verdict(0.1, float('nan')).startswith('not estimable')
+  assert paired.p_verdict(float('nan'), 0.01).startswith('not estimable')
+  with pytest.raises(ValueError, match=r'alpha must be in \(0, 1\)'):
+    paired.p_verdict(0.1, 0.01, alpha=0.0)

@@ -221,9 +221,11 @@ def test_one_training_has_no_t_interval_and_says_what_it_reports():
     assert out[f'{name}_interval'] in ('two_way_bootstrap_conditional',
                                        'two_way_bootstrap_conditional+clopper_pearson')
     assert not np.isnan(out[f'{name}_low'])
-  assert replicated.interval_method(2) == 't'
-  assert replicated.interval_method(replicated.MIN_BOOTSTRAP_REPLICATES) == (
-      'hierarchical_bootstrap')
+  # Student's t at every R >= 2 (the bootstrap over-covered from R = 5 on in the simulation).
+  for r in (2, 3, 30, 31, 1000):
+    assert replicated.interval_method(r) == 't'
+  with pytest.raises(ValueError, match='num_trainings must be positive'):
+    replicated.interval_method(0)
 
 
 def test_the_bootstrap_runs_by_default_only_where_it_is_reported():
@@ -484,3 +486,77 @@ def test_weighted_statistics_shapes_chunks_and_checks(monkeypatch):
     replicated.weighted_auc(scores, labels, -w1)
   with pytest.raises(ValueError, match='^replicate 0: scores contain NaN$'):
     replicated.weighted_auc(np.r_[np.nan, scores[1:]], labels, w1)
+
+
+def test_replicates_that_agree_give_a_zero_width_interval_no_test_and_no_verdict():
+  # 0.1 three times sums to 0.30000000000000004: its sd is rounding (~1e-17), not spread.
+  for values in ([0.1] * 3, [-0.07] * 3, [2 / 320 - 5 / 320] * 5, [0.1, 0.1 + 1e-15, 0.1]):
+    mean, low, high = replicated.t_interval(values, bounds=(-1.0, 1.0))
+    assert low == mean == high
+    assert all(np.isnan(x) for x in replicated.t_test(values))
+    assert paired.verdict(low, high) == paired.NOT_ESTIMABLE
+    assert replicated.all_equal(values)
+  # One count apart at 320 members is spread, not rounding.
+  assert not replicated.all_equal([0.1, 0.1 + 1 / 320, 0.1])
+  assert replicated.t_interval([0.1, 0.1 + 1 / 320, 0.1])[1] < 0.1
+  assert replicated.all_equal([1e6, 1e6 + 1e-6]) and not replicated.all_equal([0.0, 1e-10])
+
+
+def test_compare_of_replicates_whose_differences_agree_prints_no_verdict():
+  rng = np.random.default_rng(21)
+  reps = [_rep(rng, num_clients=4, num_queries=40) for _ in range(3)]
+  # B ranks exactly like A except one fixed member pushed to the bottom in every replicate:
+  # the TPR difference at a loose FPR is the same count in every training.
+  worse = []
+  for r in reps:
+    s = np.array(r['scores'], float)
+    s[np.flatnonzero(r['labels'])[0]] = s.min() - 1.0
+    worse.append(dict(r, scores=s))
+  out = replicated.compare(reps, worse, rng=rng, num_resamples=20, fpr=1.0)
+  diffs = out['tpr_diff_replicates']
+  assert replicated.all_equal(diffs) and diffs[0] == 0.0
+  assert out['tpr_verdict'] == paired.NOT_ESTIMABLE
+  assert np.isnan(out['tpr_diff_p']) and np.isnan(out['tpr_diff_t_stat'])
+  assert not replicated.all_equal(out['auc_diff_replicates'])
+  t, p = sps.ttest_1samp(out['auc_diff_replicates'], 0.0)
+  assert (out['auc_diff_t_stat'], out['auc_diff_p']) == pytest.approx((t, p), rel=1e-12)
+
+
+def test_t_test_is_the_test_the_t_interval_inverts():
+  rng = np.random.default_rng(22)
+  for _ in range(40):
+    r = int(rng.integers(2, 8))
+    values = rng.normal(rng.normal(0.0, 0.05), 0.05, size=r)
+    t, p = replicated.t_test(values)
+    sem = np.std(values, ddof=1) / np.sqrt(r)
+    assert t == pytest.approx(np.mean(values) / sem, rel=1e-10)
+    assert p == pytest.approx(2 * sps.t.sf(abs(t), r - 1), rel=1e-10)
+    _, low, high = replicated.t_interval(values)
+    if abs(p - 0.05) > 1e-6:  # away from the boundary: the interval excludes 0 iff p < 0.05
+      assert (p < 0.05) == (low > 0 or high < 0)
+  assert all(np.isnan(x) for x in replicated.t_test([0.3]))
+  assert all(np.isnan(x) for x in replicated.t_test([0.3, float('nan')]))
+
+
+def test_holm_family_adjusts_every_claim_together():
+  # m = 4 tests (2 rows x AUC, TPR). Sorted p: 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005 = 0.02,
+  # 3 x 0.01 = 0.03, max(0.03, 2 x 0.03) = 0.06, max(0.06, 0.04) = 0.06 (Holm 1979).
+  rows = [dict(auc_diff=0.1, auc_diff_p=0.01, tpr_diff=-0.02, tpr_diff_p=0.04, x=1),
+          dict(auc_diff=-0.2, auc_diff_p=0.03, tpr_diff=0.05, tpr_diff_p=0.005, x=2)]
+  out = replicated.holm_family(rows)
+  assert [r['x'] for r in out] == [1, 2] and 'auc_p_holm' not in rows[0]
+  assert [r['family_size'] for r in out] == [4, 4]
+  got = [out[0]['auc_p_holm'], out[0]['tpr_p_holm'], out[1]['auc_p_holm'], out[1]['tpr_p_holm']]
+  assert got == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  assert out[0]['auc_verdict_holm'].startswith('A better')
+  assert out[0]['tpr_verdict_holm'].startswith('no difference shown')
+  assert out[1]['auc_verdict_holm'].startswith('no difference shown')
+  assert out[1]['tpr_verdict_holm'].startswith('A better')
+  # A claim with no test counts in the family and is not estimable.
+  rows[1]['tpr_diff_p'] = float('nan')
+  out = replicated.holm_family(rows)
+  assert out[1]['tpr_verdict_holm'].startswith('not estimable')
+  assert np.isnan(out[1]['tpr_p_holm'])
+  assert out[0]['auc_p_holm'] == pytest.approx(0.04)  # 4 x 0.01: m is still 4
+  bad = dict(auc_diff=-0.2, auc_diff_p=0.001, tpr_diff=0.0, tpr_diff_p=0.9)
+  assert replicated.holm_family([bad])[0]['auc_verdict_holm'].startswith('B better')

@@ -176,11 +176,26 @@ def test_claims_compare_each_pair_of_present_attacks_on_the_same_entries(monkeyp
       "entries): the paper's claims (FedMIA-II over Grad-Cosine and Avg-Cosine, FedMIA-I over "
       "Blackbox-Loss and Loss-Series) and FedMIA-II against LiRA and RMIA, each for FedMIA "
       "with the paper's filter and with ours (leave-one-out). The 6 verdicts form one "
-      'family and are not adjusted for it (each at 95% alone): they are exploratory; with no '
-      'difference anywhere about 0.3 of them would read "better" or "worse" by chance.')
+      'family. The "verdict" columns are each at 95% alone, not adjusted for it: they are '
+      'exploratory; with no difference anywhere about 0.3 of them would read "better" or '
+      '"worse" by chance. The "Holm" columns adjust the whole family (Holm 1979, two-sided '
+      'p-values of the same per-replicate t statistics, family-wise 95%). An interval of zero '
+      'width (replicates that agree) supports no verdict: "not estimable".')
   assert lines[3:6] == [
-      '', '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | TPR@0.1% A | '
-      'TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) |', '|' + '---|' * 10]
+      '', '| A | B | AUC A | AUC B | A - B, AUC [95%] | verdict (AUC) | Holm (AUC) | '
+      'TPR@0.1% A | TPR@0.1% B | A - B, TPR@0.1% (points) [95%] | verdict (TPR@0.1%) | '
+      'Holm (TPR@0.1%) |', '|' + '---|' * 12]
+  # The family: every row of a model, AUC and TPR, Holm-adjusted together.
+  for model, rows in out.items():
+    want = replicated.holm_family([{k: v for k, v in row.items() if 'holm' not in k
+                                    and k != 'family_size'} for row in rows])
+    for row, w in zip(rows, want):
+      assert row['family_size'] == 2 * len(rows)
+      for q in ('auc', 'tpr'):
+        assert row[f'{q}_verdict_holm'] == w[f'{q}_verdict_holm']
+        assert row[f'{q}_verdict_holm'] in body[0] + body[1] + body[2] or model != 'mlp'
+  assert out['mlp'][1]['auc_p_holm'] >= out['mlp'][1]['auc_diff_p']
+  assert all(c.count(' | ') == 11 for c in body)  # 12 cells
   assert body[0].startswith('| FedMIA-II (paper filter) | Grad-Cosine |')
   one = fedmia_replicates.claim_lines(config, out['one'][:1])
   assert 'of 1 replicated trainings' in one[2] and 'conditional on it' in one[2]
@@ -322,3 +337,28 @@ def test_the_orderings_verdict_comes_from_intervals_never_from_point_estimates()
       'not shown (intervals overlap; higher as a point estimate)')
   assert verdict(row(0.2, 0.1, 0.4), row(0.3, 0.1, 0.5)) == (
       'not shown (intervals overlap; not higher as a point estimate)')
+  # Zero-width or undefined intervals (replicates that agree) show nothing, even disjoint.
+  assert verdict(row(0.3, 0.3, 0.3), row(0.1, 0.0, 0.15)).startswith('not estimable')
+  assert verdict(row(0.3, 0.2, 0.4), row(0.1, 0.1, 0.1 + 1e-15)).startswith('not estimable')
+  assert verdict(row(0.3, 0.2, 0.4), row(0.1, math.nan, 0.15)).startswith('not estimable')
+
+
+def test_claim_lines_print_no_verdict_from_a_zero_width_interval():
+  from configs import digits  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  config = digits.get_config()
+  base = dict(winner='fedmia_ii', loser='grad_cosine', num_trainings=3, interval_method='t',
+              auc_a=0.8, auc_b=0.7, tpr_a=0.1, tpr_b=0.17)
+  # The well-generalising run's "-0.07 [-0.07, -0.07], B better": replicates that agree.
+  flat = dict(base, auc_diff=0.1, auc_diff_low=0.05, auc_diff_high=0.15, auc_diff_p=0.01,
+              tpr_diff=-0.07, tpr_diff_low=-0.07, tpr_diff_high=-0.07,
+              tpr_diff_p=float('nan'))
+  rows = fedmia_replicates.replicated.holm_family([flat])
+  line = [l for l in fedmia_replicates.claim_lines(config, rows) if l.startswith('| FedMIA')][0]
+  cells = line.split(' | ')
+  assert cells[5] == 'A better (interval above 0)' and cells[6].startswith('A better')
+  assert cells[10].startswith('not estimable') and cells[11].startswith('not estimable')
+  assert 'B better' not in line
+  # Rows from before Holm (a claims.json written earlier) still print, saying so.
+  old = {k: v for k, v in flat.items() if k != 'tpr_diff_p'}
+  line = fedmia_replicates.claim_lines(config, [old])[-2]
+  assert 'not computed (run before Holm)' in line

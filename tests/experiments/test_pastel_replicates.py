@@ -7,6 +7,7 @@ import pytest
 
 from fl_privacy.attacks.passive import pastel as passive_pastel
 from fl_privacy.eval import metrics as metrics_lib
+from fl_privacy.eval import paired
 from fl_privacy.eval import replicated
 from fl_privacy.pipelines import pastel_replicates
 
@@ -155,3 +156,32 @@ def test_two_replicates_get_the_t_interval_for_utility():
   _, low, high = replicated.t_interval([0.7, 0.9], bounds=(0.0, 1.0))
   assert (m['accuracy_ci_low'], m['accuracy_ci_high']) == pytest.approx((low, high))
   assert 'pooled_accuracy_ci_low' in m
+
+
+def test_change_carries_the_t_test_and_change_lines_adjust_the_family():
+  rng = np.random.default_rng(3)
+  noise = rng.normal(size=(4, 400))
+  none = _scored([1.0, 1.1, 0.9, 1.2], noise=noise, seed=1)
+  c = pastel_replicates.change(_scored([0.3, 0.4, 0.2, 0.5], noise=noise, seed=1), none,
+                               rng=np.random.default_rng(0), num_resamples=20)
+  t, p = replicated.t_test(c['attack_auc_minus_none_replicates'])
+  assert (c['attack_auc_minus_none_t_stat'], c['attack_auc_minus_none_p']) == (t, p)
+  assert p < 0.01
+  # The same rows and draws: every replicate's change is 0, a zero-width interval.
+  same = pastel_replicates.change(none, none, rng=np.random.default_rng(0), num_resamples=20)
+  assert same['attack_auc_minus_none_verdict'].startswith('not estimable')
+  assert np.isnan(same['attack_auc_minus_none_p'])
+  lines = pastel_replicates.change_lines([('pastel, Nasr local', c), ('ldp, Nasr local', same),
+                                          ('old point', {})])
+  assert lines[0] == '## Paired changes against `none` as claims' and lines[-1] == ''
+  assert 'The 6 changes below' in lines[2] and 'Holm 1979' in lines[2]
+  rows = [l for l in lines if l.startswith('| ') and not l.startswith('| point')]
+  assert len(rows) == 3
+  cells = rows[0].split(' | ')
+  assert cells[2] == 'B better (interval below 0)'
+  # m = 6, the other tests NaN: Holm multiplies the smallest p by 6.
+  assert cells[3] == paired.p_verdict(c['attack_auc_minus_none'], min(1.0, 6 * p))
+  assert rows[1].split(' | ')[2].startswith('not estimable')
+  assert rows[1].split(' | ')[3].startswith('not estimable')
+  assert rows[2] == '| old point | - | - | - | - | - | - |'
+  assert pastel_replicates.change_lines([]) == []
