@@ -174,3 +174,23 @@ def test_point_metrics_reports_client_level_rates_medians_and_groups():
   assert m['psnr_rest_mean_ci_low'] == pytest.approx(20.0)   # one trial holds both mixtures
   assert m['psnr_median_ci_low'] <= m['psnr_median'] <= m['psnr_median_ci_high']
   assert math.isnan(m['ssim_mean']) and m['ssim_window_fits'] == 0.0
+
+
+def test_table_shows_client_level_and_example_intervals_medians_and_ssim_not_applicable():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction_figures  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(6)
+  x = rng.random((8, 8, 8))
+  recovered = x[:8].reshape(2, 4, 64).copy()
+  recovered[1, 3] += 0.1
+  out = dict(index=np.arange(8).reshape(2, 4), recovered=recovered, valid=np.ones((2, 4), bool),
+             label=np.zeros(2, np.int32))
+  m = metrics.point_metrics(out, x, np.zeros(8, np.int32), rng=rng, resamples=50)
+  config = ml_collections.ConfigDict({'reconstruction': {'psnr_threshold': 30.0}})
+  params = dict(kind='attack', attack='imprint', batch_size=4, num_batches=1, epochs=1)
+  row = reconstruction_figures.table_markdown(config, [dict(params=params, metrics=m)]).split(
+      '\n')[6]
+  cells = [c.strip() for c in row.split('|')[1:-1]]
+  assert cells[8] == f'0.875 [{m["exact_ci_low"]:.3f}, {m["exact_ci_high"]:.3f}]'
+  assert cells[9] == '[{:.3f}, {:.3f}]'.format(*stats.clopper_pearson(7, 8))
+  assert cells[14].endswith('(1)') and cells[15] == 'n/a (< 11x11)'
