@@ -3,7 +3,10 @@
 Honoured by `experiments.dishonest_mia` (the client's FedAvg round trains with the defense's
 hooks; the server observes the upload) and `experiments.ami` (the client applies the defense to
 the batch it trains on: `none`, `mixup`, `augment`, `sampling`). The other experiments refuse
-any defense but `none` here (FedMIA and PASTEL sweep their own, from the same specification).
+any defense but `none` here (FedMIA and PASTEL sweep their own, from the same specification),
+and a command-line override of any other field of the section (exit 2): a field the run does
+not read, as is a field the named defense does not read where the section is honoured
+(`pipelines.base.defense_unused`).
 A defense whose guarantee holds only against readers of the aggregate (`central_dp`,
 `weak_dp`) is refused where the adversary is the server that reads each upload.
 

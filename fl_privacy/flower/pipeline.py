@@ -42,6 +42,7 @@ import jax
 import numpy as np
 
 from fl_privacy import data as data_lib
+from fl_privacy import defenses
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
@@ -172,6 +173,9 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
   reconstruction_part.validate_section(config)
+  if 'defense' in config:
+    defenses.check_honoured(config.defense, NAME, ('none',), "it deploys Flower's own DP "
+                            'wrappers (flower_audit.dp.settings)')
   design, training = (config_checks.check_training(config) if 'training' in parts else
                       (None, []))
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}

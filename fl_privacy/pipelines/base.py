@@ -17,7 +17,9 @@ A pipeline is a module (registered in `fl_privacy.catalog`) with:
 - optionally `unused_fields(config) -> {dotted field: why}`: fields of its section this
   config's run does not read (e.g. the input mechanisms' fields when LDP-SGD is audited).
   `experiments.common` refuses a command-line override of one (exit status 2, one line naming
-  it) rather than record a value that did not run; `unused(pipeline, config)` reads it.
+  it) rather than record a value that did not run; `unused(pipeline, config)` reads it, with
+  the `defense` section's fields the experiment's clients do not run (`defense_unused`: all
+  of them where `catalog` says the experiment is not `defended`).
 
 `sweep(pipeline, config, state, store, key)` runs the plan through `report.run_point`
 (a saved point is read back, not recomputed), then `figures`. The scaffolding of
@@ -32,6 +34,7 @@ from types import ModuleType
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from fl_privacy import catalog
+from fl_privacy.defenses import registry
 from fl_privacy.report import progress
 from fl_privacy.report import run_point
 
@@ -74,9 +77,54 @@ class Pipeline(Protocol):
 
 
 def unused(pipeline, config) -> dict[str, str]:
-  """The pipeline's `unused_fields(config)`, or {} when it declares none."""
+  """The pipeline's `unused_fields(config)` (or {} when it declares none) and the fields of the
+  `defense` section its clients do not run (`defense_unused`)."""
   fn = getattr(pipeline, 'unused_fields', None)
-  return dict(fn(config)) if fn is not None else {}
+  name = getattr(pipeline, 'NAME', None)
+  out = defense_unused(config, name) if name in catalog.EXPERIMENTS else {}
+  out.update(fn(config) if fn is not None else {})
+  return out
+
+
+def defense_reads(section) -> set[str]:
+  """The fields of a `defense` section (configs/_defense.py) that `defenses.configure` reads
+  for the defense it names: `name`, the named defense's own parameters, and for a DP defense
+  its claim's `delta`, `accountant`, `participation` and `target_epsilon`, with
+  `noise_multiplier` only when no target is set (the accountant then finds the multiplier)."""
+  name = section.name
+  d = registry.DEFENSES[name]
+  reads = {'name'} | {f for f in d.params.values() if registry.FIELDS[f].section}
+  if name in registry.DP_DEFENSES:
+    reads |= {'delta', 'accountant', 'participation', 'target_epsilon'}
+    if section.get('target_epsilon') is not None:
+      reads.discard('noise_multiplier')
+  return reads
+
+
+def defense_unused(config, experiment: str) -> dict[str, str]:
+  """`unused_fields` entries of the `defense` section for `experiment`: every field but `name`
+  where its clients run no defense of the section (`catalog` `defended=False`; the pipeline's
+  own check refuses a `name` other than 'none'), else the fields the named defense does not
+  read (`defense_reads`). {} without a section or for a name validation refuses."""
+  if 'defense' not in config or not hasattr(config.defense, 'keys'):
+    return {}
+  section = config.defense
+  fields = [f for f in leaf_fields(section, 'defense') if f != 'defense.name']
+  if not catalog.get(experiment).defended:
+    why = (f'experiments.{experiment} runs no defense of the defense section (it sweeps or '
+           'audits its own, or none)')
+    return {f: why for f in fields}
+  name = section.get('name')
+  if not isinstance(name, str) or name not in registry.DEFENSES:
+    return {}
+  reads = defense_reads(section)
+  own = ', '.join(sorted(reads - {'name'})) or 'no field'
+  why = f'read only by other defenses (defense.name is {name!r}, which reads {own})'
+  out = {f: why for f in fields if f.split('.', 1)[1] not in reads}
+  if 'defense.noise_multiplier' in out and name in registry.DP_DEFENSES:
+    out['defense.noise_multiplier'] = ('left to the accountant: defense.target_epsilon is set '
+                                       'and the noise multiplier is calibrated to it')
+  return out
 
 
 def leaf_fields(section, prefix: str) -> list[str]:

@@ -115,7 +115,8 @@ ROWS = [
                 '--config.defense.target_epsilon=inf'],
      "config.defense.target_epsilon: must be None or a finite number > 0 (got inf)"),
     ('delta outside (0, 1)', 'dishonest_mia',
-     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.delta=1.5'],
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_dp',
+                '--config.defense.delta=1.5'],
      "config.defense.delta: must be a finite number in (0, 1) (got 1.5)"),
     ('workdir that is a file', 'toy_game',
      lambda t: ['--config=configs/toy.py:smoke', f'--workdir={_file(t)}'],
@@ -321,6 +322,15 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.ldp_audit.int_bits=40'],
      "config.ldp_audit.int_bits: must be left at its default: read only by "
      "ldp_audit.mechanism bitrand or ome; this run audits 'ldp_sgd'"),
+    ('a defense section the experiment does not run', 'fedmia',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.clip_norm=2.0'],
+     'config.defense.clip_norm: must be left at its default: experiments.fedmia runs no '
+     'defense of the defense section'),
+    ('a field of a defense other than the one named', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.defense.name=update_noise',
+                '--config.defense.clip_norm=2.0'],
+     "config.defense.clip_norm: must be left at its default: read only by other defenses "
+     "(defense.name is 'update_noise', which reads sigma)"),
     ('the same split twice', 'duplicates',
      lambda t: ['--config=configs/digits.py:smoke',
                 "--config.dishonest.duplicate_splits=('train','train')"],

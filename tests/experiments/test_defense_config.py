@@ -52,11 +52,16 @@ def test_validate_section_names_the_field(field, value, allowed):
 
 
 # Every case above through the command line would cost a process start each; these cover the
-# path from flag to exit status (the checks themselves are the same function).
+# path from flag to exit status (the checks themselves are the same function). Each names a
+# defense that reads the field (a field the named defense does not read is refused as unused).
+_READER = {'noise_multiplier': 'update_dp', 'sparsity': 'sparsify', 'target_epsilon': 'update_dp'}
+
+
 @pytest.mark.parametrize('field,value,allowed', [BAD[0], BAD[1], BAD[3], BAD[8]])
 def test_dishonest_bad_defense_exits_2_writing_nothing(tmp_path, field, value, allowed):
   workdir = tmp_path / 'never'
-  proc = cli.run_forked('dishonest_mia', workdir, f'--config.defense.{field}={value}')
+  named = [f'--config.defense.name={_READER[field]}'] if field in _READER else []
+  proc = cli.run_forked('dishonest_mia', workdir, *named, f'--config.defense.{field}={value}')
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith('error')]
   assert len(lines) == 1 and f'config.defense.{field}' in lines[0] and allowed in lines[0]

@@ -4,7 +4,13 @@ process; the refusal's exit status and line are test_bad_inputs' rows)."""
 
 from __future__ import annotations
 
+import pytest
+
 from configs import digits
+from configs import toy
+from experiments import common
+from fl_privacy import catalog
+from fl_privacy import defenses
 from fl_privacy.pipelines import ami
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import dishonest_mia
@@ -106,3 +112,52 @@ def test_flower_audit_declares_the_parts_it_does_not_run():
   # Nested settings are declared leaf by leaf (an override names a leaf).
   assert any(f.startswith('flower_audit.dp.settings.') and f.count('.') >= 4 for f in unused)
   assert not any(f.startswith('flower_audit.reconstruction.') for f in unused)
+
+
+# A defense each experiment's clients can run, with one field it reads and one it does not.
+_HONOURED = {'ami': ('mixup', 'mixup_alpha', 'clip_norm'),
+             'dishonest_mia': ('update_dp', 'clip_norm', 'sigma'),
+             'reconstruction': ('update_noise', 'sigma', 'clip_norm')}
+
+
+@pytest.mark.parametrize('experiment', catalog.NAMES)
+def test_every_experiment_refuses_the_defense_fields_its_clients_do_not_run(experiment):
+  config = toy.get_config('smoke') if experiment == 'toy_game' else digits.get_config('smoke')
+  pipeline = base.load(experiment)
+  if 'defense' not in config:   # no section: the command line names the missing section
+    problem = common.check_command_line(experiment, [
+        'prog', '--config=configs/toy.py:smoke', '--config.defense.clip_norm=2.0'])
+    assert problem.startswith('config.defense: must be a section or field of config'), problem
+    return
+  unused = base.unused(pipeline, config)
+  # name 'none' reads nothing; the name itself is the pipeline's own check (check_honoured).
+  assert 'defense.clip_norm' in unused and 'defense.name' not in unused
+  assert set(unused) >= {f for f in base.leaf_fields(config.defense, 'defense')} - {'defense.name'}
+  if catalog.get(experiment).defended:
+    name, read, other = _HONOURED[experiment]
+    config.defense.name = name
+    unused = base.unused(pipeline, config)
+    assert f'defense.{read}' not in unused, unused
+    assert f'{name!r}' in unused[f'defense.{other}']
+  else:
+    assert 'runs no defense of the defense section' in unused['defense.clip_norm']
+
+
+@pytest.mark.parametrize('name', ['none', 'update_noise', 'sparsify', 'quantize', 'mixup',
+                                  'sampling', 'dp_sgd', 'update_dp', 'bitrand', 'ldp_sgd'])
+def test_defense_reads_covers_what_configure_records(name):
+  # Cross-check against the builder: every field `configure` records as a point's param
+  # (`defense_<field>`) is one `defense_reads` keeps.
+  config = digits.get_config('smoke')
+  section = config.defense
+  section.name = name
+  setting = defenses.Setting(num_classes=10, image_shape=(8, 8, 1), batch_size=4,
+                             num_examples=8)
+  params = defenses.configure(section, setting, experiment='reconstruction').params
+  recorded = {k[len('defense_'):] for k in params if k != 'defense'}
+  reads = base.defense_reads(section)
+  assert recorded <= reads, recorded - reads
+  assert reads - recorded <= {'name', 'accountant', 'participation', 'target_epsilon'}
+  section.target_epsilon = 4.0
+  if name in defenses.DP_DEFENSES:
+    assert 'noise_multiplier' not in base.defense_reads(section)
