@@ -7,11 +7,11 @@ against score a query (x, y) against every client's update Delta_k = w_t - w_loc
 
 | name | shape | definition |
 |---|---|---|
-| `loss` | [K, Q] | cross-entropy of (x, y) under the local model w_t - Delta_k (Blackbox-Loss, FedMIA-I) |
+| `loss` | [K, Q] | float32 cross-entropy of (x, y) under the local model w_t - Delta_k (kept for reference: it rounds to 0 from a margin of about 14.5, so Blackbox-Loss, Loss-Series and FedMIA-I read softplus(-margin) in float64 instead, `attacks.passive.scores`) |
 | `cos` | [K, Q] | cos(g, Delta_k), g = grad of the loss of (x, y) at w_t (Eq. 7; Grad-Cosine, FedMIA-II) |
 | `diff` | [K, Q] | ||Delta_k||^2 - ||Delta_k - g||^2 = 2 <g, Delta_k> - ||g||^2 (Grad-Diff) |
 | `grad_sq` | [Q] | ||g||^2 (Grad-Norm) |
-| `margin` | [K, Q] | z_y - logsumexp_{j != y} z_j of the logits z of (x, y) under w_t - Delta_k (`losses.true_label_margin`; LiRA's phi, RMIA's probabilities) |
+| `margin` | [K, Q] | z_y - logsumexp_{j != y} z_j of the logits z of (x, y) under w_t - Delta_k (`losses.true_label_margin`; LiRA's phi, RMIA's probabilities, every attack's loss) |
 
 Delta_k is what the server receives: after an `upload` defense (noise, sparsification,
 quantisation) the loss is that of the defended model w_t - upload, so upload defenses reach the

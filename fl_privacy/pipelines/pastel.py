@@ -335,6 +335,11 @@ def trained(config, state, store, key, tr: dict, r: int = 0) -> dict[str, np.nda
   data = _replicates(config, state, key)[r]
   artifacts = ArtifactStore(store.workdir, TRAINED)
   arrays = artifacts.load(dict(tr, replicate=r))
+  if arrays is not None and 'fm_loss' in arrays and 'fm_margin' not in arrays:
+    # Stored before FedMIA-I read the loss from the logit margins: record them by training again.
+    logging.info('pastel: %s replicate %d was stored without logit margins; training it again',
+                 describe(tr), r)
+    arrays = None
   if arrays is None:
     logging.info('pastel: training %s, replicate %d', describe(tr), r)
     arrays = train(config, state, data, tr, jax.random.fold_in(key, r))

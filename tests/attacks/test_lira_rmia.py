@@ -384,8 +384,8 @@ def test_rmia_equals_the_naive_double_loop(gamma, a):
   pooled = rmia.pooled_round_scores(dict(margin=margin), owner, gamma=gamma, a=a)
   want = np.concatenate([_naive_rmia(loss, owner, k, gamma, a) for k in range(4)], axis=1)
   np.testing.assert_array_equal(pooled['scores'], want)
-  ref = scores.pooled_round_scores(dict(loss=loss, cos=loss, diff=loss, grad_sq=loss[:, 0]),
-                                   owner, 'loss_series')
+  ref = scores.pooled_round_scores(dict(loss=loss, margin=margin, cos=loss, diff=loss,
+                                        grad_sq=loss[:, 0]), owner, 'loss_series')
   np.testing.assert_array_equal(pooled['labels'], ref['labels'])
   np.testing.assert_array_equal(pooled['target'], ref['target'])
 

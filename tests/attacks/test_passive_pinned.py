@@ -311,8 +311,10 @@ FILTER_OWNER = np.arange(5)
 
 
 def _filter_recording():
-  return dict(loss=-FILTER_COS, cos=FILTER_COS.copy(), diff=FILTER_COS.copy(),
-              grad_sq=np.ones((1, 5)), rounds=np.array([9]))
+  # FedMIA-I reads -loss = FILTER_COS - 1 (a loss from the margin must be positive): a shift
+  # that moves neither the filter's decisions nor Phi's z-scores.
+  return dict(loss=1.0 - FILTER_COS, margin=_margin(1.0 - FILTER_COS), cos=FILTER_COS.copy(),
+              diff=FILTER_COS.copy(), grad_sq=np.ones((1, 5)), rounds=np.array([9]))
 
 
 def _gauss_phi(v, kept):
@@ -384,12 +386,13 @@ def test_filter_counts_add_up_over_rounds_and_targets():
 
 def test_two_clients_score_each_target_from_its_own_row():
   loss = np.array([[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]])  # R = 1, K = 2, Q = 3
-  rec = dict(loss=loss, cos=np.zeros_like(loss), diff=np.zeros_like(loss),
-             grad_sq=np.zeros((1, 3)), rounds=np.arange(1))
+  rec = dict(loss=loss, margin=_margin(loss), cos=np.zeros_like(loss),
+             diff=np.zeros_like(loss), grad_sq=np.zeros((1, 3)), rounds=np.arange(1))
   owner = np.array([0, 1, -1])
   out = scores.pooled_round_scores(rec, owner, 'blackbox_loss')
   # target 0: member q0, non-members q1, q2 from row 0; target 1: member q1, then q0, q2, row 1.
-  np.testing.assert_array_equal(out['scores'][0], [-1.0, -2.0, -3.0, -5.0, -4.0, -6.0])
+  np.testing.assert_allclose(out['scores'][0], [-1.0, -2.0, -3.0, -5.0, -4.0, -6.0],
+                             rtol=1e-12)
 
 
 def test_display_names():

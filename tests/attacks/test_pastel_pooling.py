@@ -116,7 +116,9 @@ def _fedmia_recording(rep, seed, shift=1.0, num_rounds=2):
   loss = rng.exponential(size=(num_rounds, k, q)) + shift * ~own[None]
   cos = rng.normal(size=(num_rounds, k, q)) + shift * own[None]
   arrays = dict(rep['arrays'])
-  arrays.update(fm_loss=loss, fm_cos=cos, fm_diff=rng.normal(size=(num_rounds, k, q)),
+  # The margin whose cross-entropy softplus(-margin) is `loss` (FedMIA-I reads it).
+  arrays.update(fm_loss=loss, fm_margin=-np.log(np.expm1(loss)), fm_cos=cos,
+                fm_diff=rng.normal(size=(num_rounds, k, q)),
                 fm_grad_sq=rng.exponential(size=(num_rounds, q)), fm_rounds=np.arange(num_rounds))
   return dict(rep, arrays=arrays)
 

@@ -276,3 +276,31 @@ def test_figures_read_on_their_own(smoke, monkeypatch):
     pastel_figures.save_figures(config, results['points'], losses, str(workdir))
   assert set(found) == {'pastel_privacy_utility', 'pastel_auc', 'pastel_loss_hist'}
   assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_a_training_stored_without_logit_margins_is_trained_again(tmp_path, monkeypatch):
+  # FedMIA-I reads its loss from the margins (`scores.signed_measurement`): a training stored
+  # before PASTEL recorded them is retrained, one stored with them is read back.
+  from types import SimpleNamespace  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import jax  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import numpy as np  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.pipelines import pastel  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.report import ArtifactStore  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  tr = dict(defense='none', strength=0.0, optimizer='sgd', representation='-')
+  trained_again = []
+
+  def fake_train(config, state, data, tr, key):
+    trained_again.append(tr)
+    return {'fm_loss': np.ones(2), 'fm_margin': np.ones(2), 'test_correct': 1,
+            'jsd_last_round': 0.0}
+
+  monkeypatch.setattr(pastel, 'train', fake_train)
+  monkeypatch.setattr(pastel, '_replicates', lambda *a: [None])
+  state, store = {'test': [0, 1]}, SimpleNamespace(workdir=str(tmp_path))
+  artifacts = ArtifactStore(tmp_path, pastel.TRAINED)
+  artifacts.save(dict(tr, replicate=0), {'fm_loss': np.ones(2)})
+  key = jax.random.key(0)
+  arrays = pastel.trained(None, state, store, key, tr, 0)
+  assert len(trained_again) == 1 and 'fm_margin' in arrays
+  assert 'fm_margin' in pastel.trained(None, state, store, key, tr, 0)
+  assert len(trained_again) == 1  # stored with margins now: read back

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_privacy.attacks.passive import rmia
 from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.eval import auditing
 from fl_privacy.eval import bootstrap
@@ -238,9 +239,11 @@ def upload_loss_gap(recording: dict[str, np.ndarray]) -> float:
 
   The server reads local models, not the global one: a client's few steps on its own rows can
   fit them while the averaged global model generalises, so this gap, not the global model's
-  train-test accuracy gap, is the overfitting its attacks see. NaN without test rows.
+  train-test accuracy gap, is the overfitting its attacks see. NaN without test rows. The
+  losses are the attacks' (`rmia.recording_loss`, from the margins): float32 losses of
+  confident own rows round to 0.
   """
-  loss = np.asarray(recording['loss'], np.float64)[-1]
+  loss = rmia.recording_loss(recording)[-1]
   owner = np.asarray(recording['owner'])
   test = owner == -1
   gaps = [np.median(loss[k, test]) - np.median(loss[k, owner == k])

@@ -70,9 +70,9 @@ def phi(recording: dict[str, np.ndarray], name: str = 'margin') -> np.ndarray:
     ValueError: the recording has no margins (recorded before they were; re-record it).
   """
   if name not in recording:
-    raise ValueError(f'LiRA and RMIA read the logit margins `{name}` (fl.queries.measure, '
-                     'fl.shadow); this recording has none (made before they were recorded): '
-                     're-record it')
+    raise ValueError(f'the loss-reading attacks, LiRA and RMIA read the logit margins `{name}` '
+                     '(fl.queries.measure, fl.shadow); this recording has none (made before '
+                     'they were recorded): re-record it')
   return np.asarray(recording[name], np.float64)
 
 

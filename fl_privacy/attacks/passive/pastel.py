@@ -36,7 +36,9 @@ from fl_privacy.fl import queries
 from fl_privacy.report import point_key
 
 FEDMIA_ATTACKS = ('fedmia_i', 'fedmia_ii')
-_MEASUREMENTS = ('loss', 'cos', 'diff', 'grad_sq')
+# `margin`: FedMIA-I's loss is derived from it (`scores.signed_measurement`); trainings stored
+# without it are retrained (`pipelines.pastel.trained`).
+_MEASUREMENTS = ('loss', 'cos', 'diff', 'grad_sq', 'margin')
 # Rows the internal-gap diagnostic (jsd_last_round) reads per client (memory on big models).
 _JSD_ROWS = 512
 
@@ -251,7 +253,8 @@ def record(apply_fn, params, clients, key, strength: float, *, factory, optimize
 
   Returns:
     Arrays for the artifact store: white-box features `global/<group>` and `local/<group>`
-    [rows, S, d]; FedMIA's `fm_loss`, `fm_cos`, `fm_diff` [R, K, Q], `fm_grad_sq` [R, Q],
+    [rows, S, d]; FedMIA's `fm_loss`, `fm_cos`, `fm_diff`, `fm_margin` [R, K, Q],
+    `fm_grad_sq` [R, Q],
     `fm_rounds`; `test_accuracy_rounds` [R]; the final model's test, member and per-client
     local counts; the internal gap `jsd_last_round`; `clip_fraction`, `upload_norm_median`.
   """
@@ -338,7 +341,9 @@ def fedmia_scores(arrays: dict, rows: dict, members: Sequence[np.ndarray],
   evaluation-half members and test share are kept, so FedMIA scores the same rows as the
   other attacks. With `with_rows`, also each score's local row (index into `rows['local']`).
   """
-  recording = {n: arrays[f'fm_{n}'] for n in _MEASUREMENTS}
+  # A training stored before margins were recorded has no `fm_margin`: FedMIA-I refuses it
+  # (`lira.phi`), FedMIA-II does not read it.
+  recording = {n: arrays[f'fm_{n}'] for n in _MEASUREMENTS if f'fm_{n}' in arrays}
   recording['rounds'] = arrays['fm_rounds']
   g = rows['global']
   owner = np.where(g['labels'] == 1, g['client'], -1)

@@ -65,8 +65,10 @@ def loss_from_margin(margin) -> np.ndarray:
 
 
 def recording_loss(recording: dict[str, np.ndarray]) -> np.ndarray:
-  """-log Pr(x | theta) of every (round, client, query) of a recording, from its `margin`
-  (`loss_from_margin`; `lira.phi` refuses a recording without margins)."""
+  """-log Pr(x | theta), the cross-entropy, of every (round, client, query) of a recording,
+  from its `margin` in float64 (`loss_from_margin`): what every loss-reading attack scores
+  (`scores.signed_measurement`), never the recorded float32 loss; `lira.phi` refuses a
+  recording without margins."""
   return loss_from_margin(lira.phi(recording))
 
 

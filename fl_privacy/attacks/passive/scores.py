@@ -10,7 +10,7 @@ Attacks (`ATTACKS`; higher score = member; query q, round t, target k):
 
 | attack | score |
 |---|---|
-| `blackbox_loss` | -loss[t, k, q] at one round (Yeom et al.'s loss attack) |
+| `blackbox_loss` | -loss[t, k, q] at one round (Yeom et al.'s loss attack); every `loss` here is softplus(-margin), see below |
 | `grad_cosine` | cos[t, k, q] (Eq. 7) at one round (Li et al.) |
 | `grad_diff` | diff[t, k, q] at one round (Li et al.) |
 | `grad_norm` | -grad_sq[t, q] at one round (Nasr et al.; not target-specific) |
@@ -25,10 +25,18 @@ Attacks (`ATTACKS`; higher score = member; query q, round t, target k):
 | `lira_online_fixed` | the same with the paper's global s_in,t and s_out,t: one IN and one OUT variance per round, each pooled over the queries (LiRA's fixed variance) |
 | `rmia` | (1/R) sum_t Pr_z[LR_t(x, z) >= gamma] over the population z = the test rows, the other clients as reference models, Pr(x \| theta) = sigmoid(margin) (offline RMIA, `rmia`; `rmia_gamma`, `rmia_a`) |
 
+The loss-reading attacks (Blackbox-Loss, Loss-Series, FedMIA-I) read the cross-entropy
+derived from the recorded logit margin m = z_y - logsumexp_{j != y} z_j: -log p_y =
+log(1 + exp(-m)) = softplus(-m) (p_y = sigmoid(m)), in float64 (`rmia.loss_from_margin`). The
+recorded float32 loss (optax's softmax cross-entropy) rounds to exactly 0 from a margin of
+about 14.5 (13.4 with logits near 20; 10 classes, measured), so on a confident model the members
+it should rank tie at 0; the derived loss keeps the margin's own float32 precision down to
+exp(-745), where float64 underflows.
+
 `fedmia_*` use an outlier filter (`fedmia.FILTERS`): without a suffix the paper's (`paper`,
 Eqs. 8-9; `DEFAULT_FILTER`), `fedmia_ii@leave_one_out` our leave-one-out filter,
-`fedmia_ii@none` none. LiRA and RMIA (`REFERENCE`) use no filter and read the recording's
-logit margins (`margin`; a recording without them is refused). Online LiRA (`ONLINE`) needs a
+`fedmia_ii@none` none. LiRA and RMIA (`REFERENCE`) use no filter; they, like the loss-reading
+attacks, read the recording's logit margins (`margin`; a recording without them is refused). Online LiRA (`ONLINE`) needs a
 recording with `margin_in` (IN measurements, `fl.recording`'s `in_models`) and refuses one
 without.
 
@@ -143,15 +151,16 @@ def signed_measurement(recording: dict[str, np.ndarray], name: str) -> np.ndarra
   """The measurement oriented so that higher = member, [R, K, Q] ([R, 1, Q] for grad_sq).
 
   'phi' is LiRA's statistic, the logit margin of the true label (`lira.phi`); 'log_p' is
-  RMIA's log Pr(x | theta) = log sigmoid(margin) (`rmia.recording_loss`), both from the
-  recording's `margin`, never from the float32 loss.
+  RMIA's log Pr(x | theta) = log sigmoid(margin) and 'loss' the cross-entropy -log p_y =
+  softplus(-margin) (`rmia.recording_loss`), all from the recording's `margin` in float64,
+  never from the float32 loss, which rounds to exactly 0 from a margin of about 14.5 (module
+  docstring) and ties every confident member. A recording without margins is refused
+  (`lira.phi`).
   """
   if name == 'phi':
     return lira.phi(recording)
-  if name == 'log_p':
+  if name in ('log_p', 'loss'):
     return -rmia.recording_loss(recording)
-  if name == 'loss':
-    return -np.asarray(recording['loss'], np.float64)
   if name == 'grad_sq':
     return -np.asarray(recording['grad_sq'], np.float64)[:, None, :]
   return np.asarray(recording[name], np.float64)
