@@ -109,7 +109,15 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
       `_boot_` fields are NaN). 1,000.
     outlier_filter: FedMIA's filter when the name gives none: 'paper' (default: the paper's
       Eqs. 8-9, which cannot fire with <= 10 shadows), 'leave_one_out' (ours), 'none'. Tables
-      label each FedMIA row with its filter.
+      label each FedMIA row with its filter. It applies to FedMIA-I and FedMIA-II in every
+      setting, as the paper states Eqs. 8-9 for any measurement with no condition on the data.
+      The authors' public code (`mia_attack_auto.py`, `lira_attack_ldh_cosine` and `main`)
+      filters the cosine (FedMIA-II) only, and only in non-IID runs (run folders without
+      'iid$1'); it keeps a shadow when it is strictly below mean + 3 sd, and a column that
+      would lose every shadow keeps only its smallest value. Its scope is reachable with the
+      named variants: 'fedmia_i@none' always, 'fedmia_ii@none' on IID data and
+      'fedmia_ii@paper' on non-IID data (with K <= 11, the code's K = 10, 'paper' never
+      fires, so the scopes differ only with more clients: the leaky K = 20).
     nonmember_scoring: scorings of the main setting: 'aligned' (each query keeps its identity),
       'public_code' (non-members redrawn per client and round, as the authors' code) and/or
       'public_code_2024' (the authors' Feb 2024 code: the non-members of a target are only the
