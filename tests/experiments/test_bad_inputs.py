@@ -1,4 +1,4 @@
-"""Every bad input of BUILD.md's table: one line naming the field or file, exit 2, nothing written.
+"""Every bad input of docs/inputs.md's table: one line naming the field or file, exit 2, nothing written.
 
 Each row runs the real command in a subprocess (the exit status and the absence of a traceback
 are properties of the whole program, not of one function), with a `--workdir` that must not
@@ -428,9 +428,9 @@ def test_every_experiment_prints_only_the_error_line(tmp_path, experiment):
   assert not (tmp_path / 'never').exists()
 
 
-def test_every_row_is_in_build_md():
-  # The table in BUILD.md quotes each message; keep it true.
-  text = (REPO / 'BUILD.md').read_text()
+def test_every_row_is_in_docs_inputs_md():
+  # The table in docs/inputs.md (moved there from BUILD.md) quotes each message; keep it true.
+  text = (REPO / 'docs' / 'inputs.md').read_text()
   for row, _, _, needle in ROWS:
     assert row in text, row
     assert needle.replace('|', r'\|') in text, row
