@@ -259,7 +259,7 @@ def _weighted_medians(v: np.ndarray, g: np.ndarray, counts: np.ndarray) -> np.nd
   order = np.argsort(v, kind='stable')
   v, g = v[order], g[order]
   resamples, clusters = counts.shape
-  blocks = int(min(v.size, max(1, math.isqrt(v.size) * 4)))
+  blocks = max(1, math.isqrt(v.size))   # fastest of the widths tried at 1,000 x 8 and x 64
   edges = np.linspace(0, v.size, blocks + 1).round().astype(np.int64)
   block = np.repeat(np.arange(blocks), np.diff(edges))
   per_block = np.bincount(g * blocks + block, minlength=clusters * blocks).reshape(
