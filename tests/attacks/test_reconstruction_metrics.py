@@ -93,6 +93,30 @@ def test_clustered_rate_degenerate_and_independent_cases():
     metrics.clustered_rate([3], 2)
 
 
+def test_clustered_rate_is_korn_graubard_as_r_survey_computes_it():
+  """R survey's svyciprop(method='beta') for a one-stage cluster sample drawn with replacement
+  (svydesign(ids=~client)): n.eff = p(1-p)/vcov, times (qt(a/2, N-1)/qt(a/2, T-1))^2, capped
+  at N (the NCHS cap), then qbeta(a/2, n.eff p, n.eff (1-p) + 1) and its upper twin."""
+  from scipy import stats as sp_stats  # pylint: disable=g-import-not-at-top
+  k = np.array([8, 8, 6, 7, 8, 3, 8, 8])
+  m = np.array([8, 8, 8, 8, 8, 4, 8, 8])
+  t, n = len(k), m.sum()
+  p = k.sum() / n
+  # svymean of the 0/1 outcome: the ratio estimator's linearised variance between clusters.
+  resid = (k - p * m) / n
+  vcov = t / (t - 1) * np.sum(resid ** 2)
+  n_eff = min(n, p * (1 - p) / vcov * (sp_stats.t.ppf(0.025, n - 1)
+                                        / sp_stats.t.ppf(0.025, t - 1)) ** 2)
+  want = (sp_stats.beta.ppf(0.025, n_eff * p, n_eff * (1 - p) + 1),
+          sp_stats.beta.ppf(0.975, n_eff * p + 1, n_eff * (1 - p)))
+  rate, lo, hi, got_n = metrics.clustered_rate(k, m)
+  assert rate == pytest.approx(p) and got_n == pytest.approx(n_eff)
+  assert (lo, hi) == pytest.approx(want, rel=1e-12)
+  assert metrics.clustered_rate(k, m, confidence=0.5)[2] < hi   # a narrower interval at 50%
+  # No spread between clients at an interior rate: as many as the examples, no fewer.
+  assert metrics.clustered_rate([6, 6, 6], 8)[3] == 24.0
+
+
 def _coverage(draw, truth, trials, n, sims=400):
   rng = np.random.default_rng(0)
   clustered = example = 0

@@ -172,8 +172,9 @@ def clustered_rate(successes, sizes, confidence: float = 0.95) -> tuple[float, f
   ("Confidence intervals for proportions with small expected number of positive counts
   estimated from survey data", Survey Methodology 24(2), 1998): Clopper-Pearson at the
   effective sample size n* = p(1 - p) / v, with v the ratio estimator's variance between
-  clusters (with-replacement, T / (T - 1) correction), n* at most the number of examples, and
-  scaled by (t_{N-1} / t_{T-1})^2 for the T - 1 degrees of freedom that v rests on. Chosen
+  clusters (with-replacement, T / (T - 1) correction), scaled by (t_{N-1} / t_{T-1})^2 for the
+  T - 1 degrees of freedom that v rests on, and then at most the N examples (as R survey's
+  `svyciprop(method='beta')` with the NCHS cap: clustering never adds information). Chosen
   over a bootstrap or Student's t over per-client rates because those collapse to a zero-width
   interval when every client scores the same (a rate of 0 or 1 is common here), and keep the
   interval inside [0, 1]. Where every client succeeds (or fails) completely, v = 0 and n* is
@@ -196,9 +197,9 @@ def clustered_rate(successes, sizes, confidence: float = 0.95) -> tuple[float, f
   if clusters < 2:
     return p, 0.0, 1.0, 0.0
   v = clusters / (clusters - 1) * float(np.sum((k - p * m) ** 2)) / total ** 2
-  n_eff = total if v == 0 else min(total, p * (1 - p) / v)
-  n_eff *= (sp_stats.t.ppf(1 - alpha / 2, total - 1)
-            / sp_stats.t.ppf(1 - alpha / 2, clusters - 1)) ** 2
+  df_scale = (sp_stats.t.ppf(1 - alpha / 2, total - 1)
+              / sp_stats.t.ppf(1 - alpha / 2, clusters - 1)) ** 2
+  n_eff = total if v == 0 else min(total, p * (1 - p) / v * df_scale)
   low, high = _beta_interval(p * n_eff, n_eff, alpha)
   return p, low, high, float(n_eff)
 
