@@ -44,6 +44,27 @@ def test_gaussian_ssim_is_wang_et_al_s_and_scikit_image_s():
   assert metrics.ssim_gaussian(a, a) == pytest.approx(1.0)
 
 
+def test_uniform_ssim_and_psnr_are_scikit_image_s_defaults():
+  # The uniform 7x7 SSIM is kept for comparison with earlier runs; the metrics report Wang's.
+  rng = np.random.default_rng(7)
+  for shape in ((8, 8), (9, 13, 2)):
+    a = rng.random(shape)
+    b = np.clip(a + rng.normal(0, 0.1, shape), 0, 1)
+    channel = -1 if len(shape) == 3 else None
+    assert metrics.ssim(b, a) == pytest.approx(sk_metrics.structural_similarity(
+        a, b, data_range=1.0, channel_axis=channel), rel=1e-9)
+    assert metrics.psnr(b, a, 2.0) == pytest.approx(
+        sk_metrics.peak_signal_noise_ratio(a, b, data_range=2.0), rel=1e-12)
+  assert metrics.ssim(b, a, win_size=3) == pytest.approx(sk_metrics.structural_similarity(
+      a, b, data_range=1.0, channel_axis=-1, win_size=3), rel=1e-9)
+  assert metrics.psnr(a, a) == math.inf
+  for bad in ((np.zeros((6, 6)), np.zeros((6, 6))), (np.zeros((8, 8)), np.zeros((8, 9)))):
+    with pytest.raises(ValueError):
+      metrics.ssim(*bad)
+  with pytest.raises(ValueError, match='shapes differ'):
+    metrics.psnr(np.zeros(3), np.zeros(4))
+
+
 def test_gaussian_ssim_refuses_images_its_window_does_not_fit():
   assert metrics.ssim_window_fits((11, 11)) and metrics.ssim_window_fits((11, 40, 3))
   assert not metrics.ssim_window_fits((10, 11)) and not metrics.ssim_window_fits((8, 8, 1))
