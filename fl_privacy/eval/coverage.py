@@ -22,7 +22,13 @@ Ch. 5). Intervals: `conditional_one` (the query-cluster bootstrap of one trainin
 `eval.paired` / `eval.bootstrap` as they are), `conditional_pooled` (the same on all R
 trainings' entries pooled, queries of different trainings distinct), and `eval.replicated`'s
 `t`, `hierarchical_bootstrap` and `reported` intervals; for TPR also `clopper_pearson` (the
-pooled counts).
+pooled counts), and for the paired TPR difference the same as for the AUC difference.
+
+The training effect is fitted, not assumed: `variance_ratio` pools, over measured points, the
+variance of the per-replicate values against the within-training variance of one training's
+conditional interval (total / within, 1 = no training effect, with a chi-square interval);
+`simulated_ratio` is the same quantity in this model, and `fit_training_sd` picks the
+`training_sd` that matches a measured ratio (moment matching over a grid).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
+from scipy import stats as sps
 
 from fl_privacy.eval import bootstrap
 from fl_privacy.eval import paired
@@ -178,17 +185,24 @@ def _query_bootstrap_auc(scores, labels, groups, rng, num_resamples, confidence)
 def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
                num_resamples: int = 200, fpr: float | None = None,
                confidence: float = 0.95, hierarchical: bool = True, auc: bool = True,
-               conditional: Sequence[str] = ('conditional_one', 'conditional_pooled')
+               conditional: Sequence[str] = ('conditional_one', 'conditional_pooled'),
+               tpr_diff: bool = False, resample: bool = True
                ) -> dict[str, dict[str, tuple[float, float]]]:
   """One simulated experiment of `num_trainings` trainings: quantity -> method -> interval.
 
-  Quantities `auc_a`, `auc_diff` (unless `auc=False`) and, with `fpr`, `tpr_a`.
-  `hierarchical=False` leaves out `eval.replicated`'s bootstrap (its t-interval needs none),
-  and `conditional` names the conditional intervals computed, for quick checks. The
+  Quantities `auc_a`, `auc_diff` (unless `auc=False`) and, with `fpr`, `tpr_a` and, with
+  `tpr_diff`, `tpr_diff` (A's TPR at `fpr` minus B's, each threshold on its own entries: the
+  paired difference every 0.1%-FPR claim reports).
+  `hierarchical=False` leaves out `eval.replicated` (its t-interval, computed here, needs
+  none), `resample=False` only its hierarchical bootstrap (keeping Clopper-Pearson and the
+  reported union for a TPR), and `conditional` names the conditional intervals computed, for
+  quick checks. The
   t-interval is left out for one training (it has none).
   """
   if not auc and fpr is None:
     raise ValueError('nothing to measure: auc=False needs an fpr')
+  if tpr_diff and fpr is None:
+    raise ValueError('tpr_diff needs an fpr')
   sim = simulate(design, num_trainings, rng)
   reps_a, reps_b = replicates(sim, 'a'), replicates(sim, 'b')
   n = design.num_entries
@@ -219,22 +233,42 @@ def experiment(design: Design, num_trainings: int, *, rng: np.random.Generator,
           data['scores_a'], data['labels'], data['groups'], fpr, rng=rng,
           num_resamples=num_resamples, confidence=confidence)
       out.setdefault('tpr_a', {})[name] = (low, high)
+      if tpr_diff:
+        diff = paired.compare(data['scores_a'], data['scores_b'], data['labels'],
+                              data['groups'], rng=rng, num_resamples=num_resamples,
+                              confidence=confidence, fpr=fpr)
+        out.setdefault('tpr_diff', {})[name] = (diff['tpr_diff_low'], diff['tpr_diff_high'])
   fprs = {'tpr': fpr} if fpr is not None else {}
+  resample = resample or num_trainings == 1  # one training: the bootstrap is all it has
   methods = ((('t', '_t'),) if num_trainings > 1 else ()) + (
-      ('hierarchical_bootstrap', '_boot'), ('reported', ''))
+      (('hierarchical_bootstrap', '_boot'),) if resample else ()) + (('reported', ''),)
   if hierarchical:
+    # The bootstrap is computed even where `interval_method` reports t, to be compared.
     level = replicated.metrics(reps_a, rng=rng, num_resamples=num_resamples, fprs=fprs,
-                               confidence=confidence)
-    if auc:
+                               confidence=confidence, resample=resample)
+    if auc or tpr_diff:
       diff = replicated.compare(reps_a, reps_b, rng=rng, num_resamples=num_resamples,
-                                confidence=confidence, fpr=fpr if fpr is not None else 1e-3)
+                                confidence=confidence, fpr=fpr if fpr is not None else 1e-3,
+                                resample=resample)
+    if auc:
       for quantity, key, res in (('auc_a', 'auc', level), ('auc_diff', 'auc_diff', diff)):
         for method, suffix in methods:
           out[quantity][method] = (res[f'{key}{suffix}_low'], res[f'{key}{suffix}_high'])
     if fpr is not None:
       for method, suffix in methods + (('clopper_pearson', '_cp'),):
         out['tpr_a'][method] = (level[f'tpr{suffix}_low'], level[f'tpr{suffix}_high'])
-  elif auc:
+      if tpr_diff:
+        for method, suffix in methods:
+          out['tpr_diff'][method] = (diff[f'tpr_diff{suffix}_low'],
+                                     diff[f'tpr_diff{suffix}_high'])
+  elif tpr_diff:
+    ta = row_tpr_at_fpr(sim['scores_a'], sim['labels'], fpr)
+    tb = row_tpr_at_fpr(sim['scores_b'], sim['labels'], fpr)
+    out.setdefault('tpr_a', {})['t'] = tuple(replicated.t_interval(
+        [float(x) for x in ta], confidence, (0.0, 1.0))[1:])
+    out.setdefault('tpr_diff', {})['t'] = tuple(replicated.t_interval(
+        [float(x) for x in ta - tb], confidence, (-1.0, 1.0))[1:])
+  if not hierarchical and auc:
     auc_a = row_auc(sim['scores_a'], sim['labels'])
     aucs = [float(x) for x in auc_a]
     diffs = [float(x) for x in auc_a - row_auc(sim['scores_b'], sim['labels'])]
@@ -247,7 +281,8 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
              rng: np.random.Generator, num_experiments: int, num_resamples: int = 200,
              fpr: float | None = None, confidence: float = 0.95, hierarchical: bool = True,
              auc: bool = True,
-             conditional: Sequence[str] = ('conditional_one', 'conditional_pooled')
+             conditional: Sequence[str] = ('conditional_one', 'conditional_pooled'),
+             tpr_diff: bool = False, resample: bool = True
              ) -> dict[tuple[str, str], dict[str, Any]]:
   """Empirical coverage of every interval of `experiment` over `num_experiments` experiments.
 
@@ -260,12 +295,14 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     num_resamples: B of every bootstrap.
     fpr: also the TPR at this FPR (the estimand must hold `tpr_a`).
     confidence: nominal two-sided level.
-    hierarchical, auc, conditional: as in `experiment`.
+    hierarchical, auc, conditional, tpr_diff, resample: as in `experiment`.
 
   Returns:
     (quantity, method) -> `covered` (count), `num_experiments`, `coverage`, `coverage_low`
     / `coverage_high` (Clopper-Pearson at 95% on the count), `mean_width`, `missed_low` /
-    `missed_high` (intervals entirely below / above the estimand).
+    `missed_high` (intervals entirely below / above the estimand), `not_estimable` (intervals
+    of zero width or with a NaN limit: `paired.verdict` gives them no verdict; they count as
+    not covering unless the estimand sits exactly on them).
   """
   if num_experiments < 1:
     raise ValueError(f'num_experiments must be positive (got {num_experiments})')
@@ -274,7 +311,8 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
     for quantity, methods in experiment(design, num_trainings, rng=rng,
                                         num_resamples=num_resamples, fpr=fpr,
                                         confidence=confidence, hierarchical=hierarchical,
-                                        auc=auc, conditional=conditional).items():
+                                        auc=auc, conditional=conditional,
+                                        tpr_diff=tpr_diff, resample=resample).items():
       for method, interval in methods.items():
         tallies.setdefault((quantity, method), []).append(interval)
   out = {}
@@ -288,5 +326,96 @@ def coverage(design: Design, num_trainings: int, truth: dict[str, float], *,
         covered=covered, num_experiments=int(low.size), coverage=covered / low.size,
         coverage_low=cp[0], coverage_high=cp[1],
         mean_width=float((high - low)[finite].mean()) if finite.any() else float('nan'),
-        missed_low=int((high < value).sum()), missed_high=int((low > value).sum()))
+        missed_low=int((high < value).sum()), missed_high=int((low > value).sum()),
+        not_estimable=int(sum(paired.verdict(float(a), float(b)) == paired.NOT_ESTIMABLE
+                              for a, b in zip(low, high))))
   return out
+
+
+def variance_ratio(replicate_var, within_var, df, confidence: float = 0.95
+                   ) -> dict[str, float]:
+  """Total over within-training variance of a statistic, pooled over measured points.
+
+  Point i was measured on R_i replicated trainings: s_i^2 is the sample variance of its R_i
+  per-replicate values (df_i = R_i - 1 degrees of freedom) and w_i the variance of one
+  training's value over its queries (from that training's conditional interval, e.g.
+  ((high - low) / (2 x 1.96))^2). With a between-training variance of (ratio - 1) w_i and
+  normal values, df_i s_i^2 / w_i ~ ratio x chi2(df_i), so sum_i df_i s_i^2 / w_i ~ ratio x
+  chi2(sum_i df_i): the estimate is that sum over sum_i df_i, with the exact chi-square
+  interval (w_i taken as known). A ratio near 1 is no training effect; the simulation's
+  invented design had 3.3 (AUC) and 5.7 (A - B).
+
+  Args:
+    replicate_var: [P] s_i^2.
+    within_var: [P] w_i (positive).
+    df: [P] R_i - 1 (positive).
+    confidence: two-sided level of the interval.
+
+  Returns:
+    `ratio`, `low`, `high`, `df` (sum of df_i), `points` (P).
+  """
+  s2 = np.asarray(replicate_var, np.float64).reshape(-1)
+  w = np.asarray(within_var, np.float64).reshape(-1)
+  d = np.asarray(df, np.float64).reshape(-1)
+  if not s2.size == w.size == d.size > 0:
+    raise ValueError(f'replicate_var, within_var and df need one equal, non-zero length '
+                     f'(got {s2.size}, {w.size}, {d.size})')
+  if (w <= 0).any() or (d <= 0).any() or (s2 < 0).any():
+    raise ValueError('within_var and df must be positive, replicate_var non-negative')
+  if not 0.0 < confidence < 1.0:
+    raise ValueError(f'confidence must be in (0, 1) (got {confidence})')
+  total = float((d * s2 / w).sum())
+  dof = float(d.sum())
+  tail = (1.0 - confidence) / 2.0
+  return dict(ratio=total / dof, low=total / float(sps.chi2.ppf(1.0 - tail, dof)),
+              high=total / float(sps.chi2.ppf(tail, dof)), df=dof, points=int(s2.size))
+
+
+def simulated_ratio(design: Design, *, rng: np.random.Generator, fpr: float | None = None,
+                    num_trainings: int = 4000, num_within: int = 60,
+                    num_resamples: int = 300) -> dict[str, float]:
+  """`variance_ratio`'s quantity in the generative model: the variance over trainings of a
+  training's statistic (`num_trainings` of them) over the mean variance of its query-cluster
+  bootstrap (the conditional interval's, `num_within` trainings of `num_resamples` each).
+
+  Returns:
+    `auc_a`, `auc_diff` and, with `fpr`, `tpr_a`, `tpr_diff` (TPR at `fpr`).
+  """
+  sim = simulate(design, num_trainings, rng)
+  a = row_auc(sim['scores_a'], sim['labels'])
+  b = row_auc(sim['scores_b'], sim['labels'])
+  total = dict(auc_a=a, auc_diff=a - b)
+  if fpr is not None:
+    ta = row_tpr_at_fpr(sim['scores_a'], sim['labels'], fpr)
+    tb = row_tpr_at_fpr(sim['scores_b'], sim['labels'], fpr)
+    total.update(tpr_a=ta, tpr_diff=ta - tb)
+  within: dict[str, list[float]] = {k: [] for k in total}
+  for r in range(min(num_within, num_trainings)):
+    counts = bootstrap.resample_counts(design.num_queries, num_resamples, rng)
+    y, g = sim['labels'][r], sim['groups']
+    ra = paired.resampled_auc(sim['scores_a'][r], y, g, counts)
+    rb = paired.resampled_auc(sim['scores_b'][r], y, g, counts)
+    within['auc_a'].append(np.nanvar(ra, ddof=1))
+    within['auc_diff'].append(np.nanvar(ra - rb, ddof=1))
+    if fpr is not None:
+      qa = bootstrap.resampled_tpr_at_fpr(sim['scores_a'][r], y, g, fpr, counts)
+      qb = bootstrap.resampled_tpr_at_fpr(sim['scores_b'][r], y, g, fpr, counts)
+      within['tpr_a'].append(np.nanvar(qa, ddof=1))
+      within['tpr_diff'].append(np.nanvar(qa - qb, ddof=1))
+  return {k: float(np.var(v, ddof=1) / np.mean(within[k])) for k, v in total.items()}
+
+
+def fit_training_sd(design: Design, target: float, grid: Sequence[float], *,
+                    rng: np.random.Generator, quantity: str = 'auc_diff',
+                    fpr: float | None = None, **kwargs) -> tuple[float, dict[float, float]]:
+  """The `training_sd` of `grid` whose `simulated_ratio` of `quantity` is nearest `target`
+  (a measured `variance_ratio`): the training effect fitted by matching that moment.
+
+  Returns:
+    (fitted training_sd, {training_sd: simulated ratio} over the grid).
+  """
+  ratios = {float(sd): simulated_ratio(dataclasses.replace(design, training_sd=float(sd)),
+                                       rng=rng, fpr=fpr, **kwargs)[quantity]
+            for sd in grid}
+  best = min(ratios, key=lambda sd: abs(ratios[sd] - target))
+  return best, ratios

@@ -560,3 +560,75 @@ def test_holm_family_adjusts_every_claim_together():
   assert out[0]['auc_p_holm'] == pytest.approx(0.04)  # 4 x 0.01: m is still 4
   bad = dict(auc_diff=-0.2, auc_diff_p=0.001, tpr_diff=0.0, tpr_diff_p=0.9)
   assert replicated.holm_family([bad])[0]['auc_verdict_holm'].startswith('B better')
+
+
+def test_variance_ratio_pools_chi_square_by_hand():
+  # Two points: s^2 / w = 0.5 (df 2) and 2.0 (df 4): (2 x 0.5 + 4 x 2) / 6 = 1.5.
+  out = coverage.variance_ratio([0.5, 8.0], [1.0, 4.0], [2, 4])
+  assert out['ratio'] == pytest.approx(1.5) and (out['df'], out['points']) == (6.0, 2)
+  assert out['low'] == pytest.approx(9.0 / sps.chi2.ppf(0.975, 6))
+  assert out['high'] == pytest.approx(9.0 / sps.chi2.ppf(0.025, 6))
+  assert out['low'] < 1.5 < out['high']
+  # Replicates drawn with a known ratio: the 95% interval holds it in most of 200 draws.
+  rng = np.random.default_rng(23)
+  held = 0
+  for _ in range(200):
+    w = rng.uniform(0.5, 2.0, size=8)
+    s2 = [np.var(rng.normal(0, np.sqrt(2.0 * wi), size=3), ddof=1) for wi in w]
+    o = coverage.variance_ratio(s2, w, [2] * 8)
+    held += o['low'] <= 2.0 <= o['high']
+  assert sps.binom.cdf(held, 200, 0.95) > 0.001  # not fewer than a 95% interval would hold
+  for bad in (([1.0], [0.0], [2]), ([1.0], [1.0], [0]), ([1.0, 2.0], [1.0], [2]),
+              ([-1.0], [1.0], [2])):
+    with pytest.raises(ValueError):
+      coverage.variance_ratio(*bad)
+
+
+def test_simulated_ratio_is_near_one_without_and_grows_with_a_training_effect():
+  design = coverage.Design(num_clients=4, num_queries=30)
+  rng = np.random.default_rng(24)
+  kw = dict(num_trainings=1500, num_within=40, num_resamples=150)
+  none = coverage.simulated_ratio(dataclasses.replace(design, training_sd=0.0), rng=rng, **kw)
+  strong = coverage.simulated_ratio(dataclasses.replace(design, training_sd=0.8), rng=rng, **kw)
+  assert 0.6 < none['auc_a'] < 1.5 and 0.6 < none['auc_diff'] < 1.5
+  assert strong['auc_a'] > 2.5 * none['auc_a'] and strong['auc_diff'] > 2.5 * none['auc_diff']
+  sd, ratios = coverage.fit_training_sd(design, strong['auc_a'], (0.0, 0.8), rng=rng,
+                                        quantity='auc_a', **kw)
+  assert sd == 0.8 and set(ratios) == {0.0, 0.8}
+  assert coverage.fit_training_sd(design, 0.3, (0.0, 0.8), rng=rng, quantity='auc_a',
+                                  **kw)[0] == 0.0
+
+
+def test_the_paired_tpr_difference_is_simulated_and_intervalled():
+  design = coverage.Design(num_clients=4, num_queries=60, training_sd=0.0)
+  rng = np.random.default_rng(25)
+  out = coverage.experiment(design, 3, rng=rng, num_resamples=30, fpr=0.05, auc=False,
+                            tpr_diff=True, resample=False, conditional=('conditional_one',))
+  assert set(out) == {'tpr_a', 'tpr_diff'}
+  assert set(out['tpr_diff']) == {'conditional_one', 't', 'reported'}
+  assert set(out['tpr_a']) == {'conditional_one', 't', 'reported', 'clopper_pearson'}
+  # The t-interval of tpr_diff is replicated.compare's on the same draws (its own check).
+  assert out['tpr_diff']['t'] == out['tpr_diff']['reported']
+  truth = coverage.estimand(design, rng=rng, num_trainings=500, fpr=0.05)
+  assert {'tpr_a', 'tpr_diff', 'tpr_a_se', 'tpr_diff_se'} <= set(truth)
+  res = coverage.coverage(design, 3, truth, rng=rng, num_experiments=4, num_resamples=20,
+                          fpr=0.05, auc=False, tpr_diff=True, hierarchical=False)
+  assert res[('tpr_diff', 't')]['num_experiments'] == 4
+  assert 0 <= res[('tpr_diff', 't')]['not_estimable'] <= 4
+  with pytest.raises(ValueError, match='tpr_diff needs an fpr'):
+    coverage.experiment(design, 3, rng=rng, tpr_diff=True)
+
+
+def test_zero_width_intervals_are_counted_as_not_estimable(monkeypatch):
+  design = coverage.Design(num_clients=4, num_queries=20)
+  calls = iter(range(1000))
+
+  def fake(*args, **kwargs):
+    del args, kwargs
+    i = next(calls)
+    return {'auc_a': {'t': (0.5, 0.5) if i % 2 else (0.0, 1.0)}}
+
+  monkeypatch.setattr(coverage, 'experiment', fake)
+  res = coverage.coverage(design, 3, {'auc_a': 0.7}, rng=np.random.default_rng(0),
+                          num_experiments=6)
+  assert res[('auc_a', 't')]['not_estimable'] == 3 and res[('auc_a', 't')]['covered'] == 3
