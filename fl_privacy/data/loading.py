@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from fl_privacy import memory
 from fl_privacy import validate
 from fl_privacy.data import local_sources, tfds_source
 from fl_privacy.data.dataset import Dataset
@@ -92,6 +93,12 @@ def _postprocess(ds: Dataset, image_size: int | None, max_examples: int | None) 
   if max_examples is not None and len(ds) > max_examples:
     ds = ds.subset(slice(0, max_examples))
   if image_size is not None and ds.is_image and ds.x.shape[1:3] != (image_size, image_size):
+    # The resized uint8 images and the float32 copy every experiment trains on: 5 bytes a
+    # pixel (a side of 10^5 aborted the process on its allocation).
+    pixels = len(ds) * int(image_size) ** 2 * int(ds.x.shape[-1])
+    memory.require_fits('data.image_size', image_size, 5 * pixels,
+                        f'the resized images ({len(ds):,} images x {image_size}^2 pixels x '
+                        f'{ds.x.shape[-1]} channels x 5 bytes: uint8 and float32)')
     ds = dataclasses.replace(ds, x=resize_images(ds.x, image_size))
   return ds
 

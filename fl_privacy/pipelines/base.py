@@ -19,7 +19,8 @@ A pipeline is a module (registered in `fl_privacy.catalog`) with:
   `experiments.common` refuses a command-line override of one (exit status 2, one line naming
   it) rather than record a value that did not run; `unused(pipeline, config)` reads it, with
   the `defense` section's fields the experiment's clients do not run (`defense_unused`: all
-  of them where `catalog` says the experiment is not `defended`).
+  of them where `catalog` says the experiment is not `defended`) and the `data` section's
+  dataset-specific fields another dataset does not read (`data_unused`).
 
 `sweep(pipeline, config, state, store, key)` runs the plan through `report.run_point`
 (a saved point is read back, not recomputed), then `figures`. The scaffolding of
@@ -82,8 +83,21 @@ def unused(pipeline, config) -> dict[str, str]:
   fn = getattr(pipeline, 'unused_fields', None)
   name = getattr(pipeline, 'NAME', None)
   out = defense_unused(config, name) if name in catalog.EXPERIMENTS else {}
+  out.update(data_unused(config))
   out.update(fn(config) if fn is not None else {})
   return out
+
+
+def data_unused(config) -> dict[str, str]:
+  """`unused_fields` entries of the `data` section: `attribute` (the CelebA label) on any other
+  dataset. {} without a section."""
+  data = config.get('data') if hasattr(config, 'get') else None
+  if data is None or not hasattr(data, 'keys') or 'attribute' not in data:
+    return {}
+  name = data.get('name')
+  if name == 'celeb_a':
+    return {}
+  return {'data.attribute': f"read only by data.name='celeb_a' (the data is {name!r})"}
 
 
 def defense_reads(section) -> set[str]:

@@ -33,6 +33,7 @@ from fl_privacy.eval import stats
 from fl_privacy.fl import client
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
+from fl_privacy.pipelines import reconstruction_checks
 from fl_privacy.pipelines import reconstruction_defenses
 from fl_privacy.pipelines import reconstruction_figures
 from fl_privacy.pipelines import reconstruction_runs as runs
@@ -107,6 +108,7 @@ def validate_config(config) -> None:
                      'first layer of flower_cnn is a convolution, which has none to craft '
                      'or read)', s.model)
   runner.validate_options(config)
+  reconstruction_checks.check_swept_values(config)
   defenses.configured.check_honoured(config.defense, NAME, defenses.NAMES,
                                      'the client of every base point runs it')
 
@@ -147,6 +149,10 @@ def unused_fields(config) -> dict[str, str]:
     out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs')})
   if not swept:
     out[f'{p}.defense_attacks'] = 'read only by the defense sweep (every defense is empty)'
+    if not multi:
+      why = ('read only by the J and E sweeps and the defense sweep, which no attack of '
+             'multi_step_attacks and no defense runs')
+      out.update({f'{p}.center.{f}': why for f in ('num_batches', 'epochs')})
   if 'dp_sgd' not in swept:
     out[f'{p}.dp_sgd_samplings'] = 'read only by dp_sgd, which the defense sweep leaves empty'
   if not swept & {'dp_sgd', 'update_dp'}:
@@ -228,6 +234,7 @@ def prepare(config) -> dict:
     raise validate.ConfigError(f'{PREFIX}.model', f'a model that takes '
                                f'{tuple(pool.x.shape[1:])} inputs (padding {s.padding!r})',
                                s.model) from e
+  reconstruction_checks.check_sizes(config, pool, points, model)
   x_public = data_lib.to_float(public.x)
   state = dict(pool=pool, test=public, points=points, sweep=sweep_points(config),
                x=jnp.asarray(data_lib.to_float(pool.x)), y=jnp.asarray(pool.y),

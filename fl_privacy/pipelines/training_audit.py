@@ -32,8 +32,6 @@ import math
 from typing import Any
 
 from absl import logging
-import jax
-from jax import flatten_util
 import ml_collections
 import numpy as np
 from scipy import stats as sps
@@ -41,6 +39,7 @@ from scipy import stats as sps
 from fl_privacy import accounting
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
+from fl_privacy import memory
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
@@ -92,6 +91,7 @@ def _seq(value) -> tuple:
 def validate_config(config) -> dict[str, Any]:
   """Checks every field the audit reads (nothing loaded or written)."""
   s = config.training_audit
+  data_lib.validate_data_config(config.data)
   chosen = validate.subset_of(config, 'training_audit.defenses', DEFENSES)
   validate.checked(config, 'training_audit.samplings', validate.Rule(
       'a section with the samplings of each defense (' + ', '.join(
@@ -162,7 +162,11 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'training_audit.record.batch_size', validate.Rule(
       f'at most record.per_client ({r.per_client}): the Poisson rate is B / N <= 1',
       lambda b: b <= r.per_client))
-  del c
+  # A minibatch larger than a client's rows trains on its rows alone: B would be recorded
+  # while min(B, rows) ran.
+  validate.checked(config, 'training_audit.client.batch_size', validate.Rule(
+      f"at most client.per_client ({c.per_client}): a client's minibatch is drawn from its "
+      'rows', lambda b: b <= c.per_client))
   if 'defense' in config:
     defenses.check_honoured(config.defense, NAME, ('none',), 'it audits every DP defense '
                             'itself (training_audit.defenses)')
@@ -197,6 +201,18 @@ def unused_fields(config) -> dict[str, str]:
     out['training_audit.direction'] = why
   out.update({f'training_audit.samplings.{d}': f'{d} is not in training_audit.defenses'
               for d in s.samplings.keys() if d not in chosen})
+  out.update({f'game.{f}': 'read only by the trial runner of the other games (the audit '
+              'chunks its trainings by training_audit.chunk)'
+              for f in ('chunk_size', 'batch_bytes')})
+  if not threats - {'side_channel'}:
+    why = ("read only by the canaries' trainings, which no threat of training_audit.threats "
+           'scores (the side channel plays its own game)')
+    # (The canaries' share of a shard or a round still sizes the claim's federation.)
+    out.update({f'training_audit.{f}': why for f in ('record_kinds', 'canary_norm', 'direction',
+                                                      'chunk')})
+    out.update({f'training_audit.record.{f}': why for f in ('twins', 'canaries',
+                                                            'input_canaries')})
+    out.update({f'training_audit.client.{f}': why for f in ('twins', 'canaries')})
   if 'side_channel' not in threats:
     out.update({f'training_audit.{f}': "read only by the side channel, which "
                 'training_audit.threats does not choose'
@@ -220,18 +236,25 @@ def prepare(config) -> dict[str, Any]:
     widths = tuple(fed.hidden)
     models[widths] = models_lib.make('mlp', train.num_classes, hidden=widths,
                                      field='training_audit.model')
-    params = models[widths].init(jax.random.key(0), x0)
-    dims[widths] = int(flatten_util.ravel_pytree(params)[0].shape[0])
+    # Shapes only: a model too large for memory is refused below, not allocated here.
+    dims[widths] = memory.num_parameters(models[widths], x0.shape[1:])
   state.update(train=train, test=test, models=models, dims=dims, trainings={})
   for tr in trainings(config, state):
     dim = dims[tuple(runs.federation(config, tr).hidden)]
     fed, f = runs.federation(config, tr), 'record' if tr['defense'] == 'dp_sgd' else 'client'
     need = int(fed.num_clients) * int(fed.per_client)
+    validate.require(int(fed.num_clients) <= len(train), f'training_audit.{f}.num_clients',
+                     f'at most {len(train)} (clients of at least one row of the train split)',
+                     fed.num_clients)
     validate.require(len(train) >= need, f'training_audit.{f}.per_client',
                      f'at most {len(train) // int(fed.num_clients)} (num_clients x per_client '
                      f'rows of the train split, which has {len(train)})', fed.per_client)
+    if tr['canary'] != 'side_channel':
+      _check_training_fits(config, tr, dim)
     _check_claim(config, state, tr)
     if tr['canary'] == 'side_channel':
+      decl = runs.claim(config, state, tr).declaration
+      _check_side_channel(config, tr, len(train), 'server' if decl is None else decl.adversary)
       continue
     m = runs.canaries_per_training(config, tr)
     if tr['canary'] == 'gradient' or (tr['canary'] == 'client'):
@@ -245,6 +268,40 @@ def prepare(config) -> dict[str, Any]:
                        f'at most {pool // int(fed.num_clients)} (the {pool} images no client '
                        'holds are the input canaries)', fed.input_per_client)
   return state
+
+
+def _check_training_fits(config, tr: dict, dim: int) -> None:
+  """Refuses a chunk of replicate trainings whose clients' updates cannot fit in memory (a
+  lower bound: one P-float update per client, real and canary, of every training of the
+  chunk, side by side under vmap)."""
+  s = config.training_audit
+  fed, f = runs.federation(config, tr), 'record' if tr['defense'] == 'dp_sgd' else 'client'
+  chunk = min(int(s.chunk), runs.replicates(config, tr))
+  clients = int(fed.num_clients) + (0 if f == 'record' else
+                                    runs.canaries_per_training(config, tr))
+  memory.require_fits(f'training_audit.{f}.hidden', tuple(fed.hidden),
+                      chunk * clients * dim * memory.FLOAT_BYTES,
+                      f"the clients' updates ({chunk} trainings a chunk (training_audit.chunk) "
+                      f'x {clients} clients x {dim:,} parameters x 4 bytes)')
+
+
+def _check_side_channel(config, tr: dict, pool: int, adversary: str) -> None:
+  """The side-channel game draws each trial's rows without replacement from the `pool` train
+  rows (the target's n + 2 candidates and n for each other client the aggregate's reader
+  sees beside it) and holds a permutation of them per trial (`side_channel.play`): both must
+  fit before any training runs."""
+  s, n = config.training_audit, runs.side_rows(config, tr)
+  others = 0 if adversary == 'server' else int(s.side_channel_others)
+  validate.require(n + 2 + others * n <= pool, 'training_audit.side_channel_others',
+                   f'at most {(pool - n - 2) // n} (each of the other clients holds {n} rows '
+                   f'drawn beside the target\'s {n + 2} candidates from the {pool} train rows)',
+                   s.side_channel_others)
+  # 5 words a row: 1.40 GB peak above the interpreter's for 50,000 trials of the 1,438 digits
+  # rows (19.5 bytes a row; /usr/bin/time -v, 2026-11-29).
+  memory.require_fits('training_audit.side_channel_trials', s.side_channel_trials,
+                      int(s.side_channel_trials) * pool * 5 * memory.FLOAT_BYTES,
+                      f'the per-trial draws ({s.side_channel_trials} trials x a permutation '
+                      f'of {pool} rows, sorted with its random keys: 5 words of 4 bytes a row)')
 
 
 def _check_claim(config, state, tr: dict) -> None:

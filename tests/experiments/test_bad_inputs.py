@@ -331,6 +331,81 @@ ROWS = [
                 '--config.defense.clip_norm=2.0'],
      "config.defense.clip_norm: must be left at its default: read only by other defenses "
      "(defense.name is 'update_noise', which reads sigma)"),
+    # A newcomer's inputs (issue 41): sizes that reached an allocation, values no point ran.
+    ('a client minibatch larger than its rows', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.training_audit.client.batch_size=10'],
+     "config.training_audit.client.batch_size: must be at most client.per_client (1)"),
+    ('more clients than rows', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.training_audit.record.num_clients=100000'],
+     "config.training_audit.record.num_clients: must be at most 1438"),
+    ('canary trainings larger than memory', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.training_audit.chunk=4096',
+                '--config.training_audit.record.canaries=1000000',
+                "--config.training_audit.record.hidden=(4096,4096)"],
+     "config.training_audit.record.hidden: must be small enough for the clients' updates "
+     "(4096 trainings a chunk (training_audit.chunk) x 10 clients x 17,088,522 parameters x 4 "
+     "bytes) to fit in memory"),
+    ('more side-channel clients than rows', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', "--config.training_audit.defenses=('central_dp',)",
+                '--config.training_audit.side_channel_others=1000',
+                '--config.training_audit.client.per_client=2',
+                '--config.training_audit.client.num_clients=10'],
+     "config.training_audit.side_channel_others: must be at most 717"),
+    ('the trial runner\'s fields in the training audit', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.game.chunk_size=4'],
+     "config.game.chunk_size: must be left at its default: read only by the trial runner of "
+     "the other games"),
+    ('canary counts without a canary threat', 'training_audit',
+     lambda t: ['--config=configs/digits.py:smoke', "--config.training_audit.threats=('side_channel',)",
+                '--config.training_audit.record.canaries=300'],
+     "config.training_audit.record.canaries: must be left at its default: read only by the "
+     "canaries' trainings, which no threat of training_audit.threats scores"),
+    ('an imprint layer larger than memory', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.reconstruction.imprint.num_bins=1000000000'],
+     "config.reconstruction.imprint.num_bins: must be small enough for the crafted layer (64 "
+     "inputs x 1,000,000,000 bins x 4 bytes) to fit in memory"),
+    ('more reconstruction trials than memory holds', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.trials=1000000000'],
+     "config.reconstruction.trials: must be small enough for a point's recovered rows "
+     "(1,000,000,000 trials x 256 rows of imprint x 64 inputs x 4 bytes) to fit in memory"),
+    ('more bootstrap resamples than memory holds', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke',
+                '--config.reconstruction.bootstrap_resamples=1000000000'],
+     "config.reconstruction.bootstrap_resamples: must be small enough for the bootstrap's "
+     "indices"),
+    ('an honest model larger than memory', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.hidden=(3000000000,)'],
+     "config.reconstruction.hidden: must be small enough for the honest model "
+     "(225,000,000,010 parameters x 4 bytes) to fit in memory"),
+    ('a batch size no attack runs', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.batch_sizes=(128,)'],
+     "config.reconstruction.batch_sizes: must be sizes some attack runs: each at most the "
+     "largest max_examples (64; a larger client runs at no point) (got (128,))"),
+    ('a J no multi-step attack runs', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.num_batches=(1000,)'],
+     "config.reconstruction.num_batches: must be J some multi-step attack runs"),
+    ('a PSNR threshold above the cap', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.psnr_threshold=1000.0'],
+     "config.reconstruction.psnr_threshold: must be below 200 dB (PSNRs are capped there"),
+    ('more grid images than any client holds', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.grid_images=1000'],
+     "config.reconstruction.grid_images: must be at most 64, the largest max_examples"),
+    ('centre sizes no sweep reads', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.defenses.update_dp=()',
+                '--config.reconstruction.multi_step_attacks=()',
+                '--config.reconstruction.center.num_batches=2'],
+     "config.reconstruction.center.num_batches: must be left at its default: read only by the "
+     "J and E sweeps and the defense sweep"),
+    ('a CelebA attribute on other data', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.data.attribute=Male'],
+     "config.data.attribute: must be left at its default: read only by data.name='celeb_a' "
+     "(the data is 'digits')"),
+    ('images resized beyond memory', 'ami',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.data.image_size=100000'],
+     "config.data.image_size: must be small enough for the resized images (1,438 images x "
+     "100000^2 pixels x 1 channels x 5 bytes: uint8 and float32) to fit in memory"),
     ('the same split twice', 'duplicates',
      lambda t: ['--config=configs/digits.py:smoke',
                 "--config.dishonest.duplicate_splits=('train','train')"],
@@ -473,3 +548,32 @@ def test_help_lists_the_flags_and_the_config_fields():
   for text in ('--config=FILE[:ARGS]', '--workdir=DIR', '--seed=N', '--config.ami.FIELD=VALUE',
                'configs/_ami.py', 'smoke[=True|False]'):
     assert text in proc.stdout, text
+
+
+def test_side_channel_trials_are_bounded_by_memory(monkeypatch):
+  # The bound depends on the machine's memory (the config caps trials at 10^6, within the
+  # memory of a large machine): checked with the memory pinned at 1 GiB.
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy import memory  # pylint: disable=g-import-not-at-top
+  from fl_privacy import validate  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import training_audit  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(memory, 'device_memory', lambda: (2**30, 'a 1 GiB test budget'))
+  config = digits.get_config('smoke')
+  s = config.training_audit
+  tr = dict(defense='central_dp', sampling='none', claimed_epsilon=2.0, canary='side_channel')
+  check = training_audit._check_side_channel  # pylint: disable=protected-access
+  # 1438 rows x 20 bytes a row: 1 GiB holds 37,338 trials.
+  s.side_channel_trials = 37_000
+  check(config, tr, 1438, 'aggregate')
+  s.side_channel_trials = 38_000
+  with pytest.raises(validate.ConfigError, match=r'config.training_audit.side_channel_trials: '
+                     r'must be small enough for the per-trial draws \(38000 trials x a '
+                     r'permutation of 1438 rows'):
+    check(config, tr, 1438, 'aggregate')
+  # The aggregate's reader sees the other clients' rows too: 1 + 2 + k x 1 <= 1438.
+  s.side_channel_trials, s.side_channel_others = 1000, 1435
+  check(config, tr, 1438, 'aggregate')
+  check(config, tr, 1438, 'server')   # the server sees the target alone
+  s.side_channel_others = 1436
+  with pytest.raises(validate.ConfigError, match='side_channel_others: must be at most 1435'):
+    check(config, tr, 1438, 'aggregate')
