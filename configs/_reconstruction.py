@@ -32,9 +32,12 @@ def _defenses(smoke: bool) -> ml_collections.ConfigDict:
   d.quantize = (16, 8, 4)                  # bits b: 2^b levels per tensor
   d.mixup = (0.2, 0.5, 1.0)                # alpha of Beta(alpha, alpha)
   d.augment = (1, 2, 4)                    # cumulative level (crop; + h-flip; + v-flip/rot.; + jitter)
-  # Input LDP (BitRand on the pixels, epsilon per example), e.g. (8.0, 4.0, 1.0): empty, it is
-  # not swept by default (each strength is a compilation, about 20 s here; see the docs).
-  d.bitrand = ()
+  # Input LDP (epsilon per release of one example, replace-one, against the server):
+  d.bitrand = (8.0, 4.0, 1.0)              # BitRand on the pixels' fixed-point bits
+  d.ome = (8.0, 4.0, 1.0)                  # OME on the same bits
+  d.gaussian = (8.0, 4.0, 1.0)             # nominal epsilon of N(0, sigma^2) on the pixels
+  # LDP-SGD on the client's whole upload (clipped to `dp_clip`): epsilon per report.
+  d.ldp_sgd = (8.0, 4.0, 1.0)
   return d
 
 
@@ -47,10 +50,12 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       `inversion` (Geiping et al., optimisation from the honest model's upload) run.
     model: the honest model (`fl_privacy.models.MODELS`); the analytic attack needs 'mlp' (a
       dense layer on the input). hidden: the MLP's hidden widths; padding: FlowerCNN's.
-    trials: trials (clients) per point; inversion_trials: the same for the inversion (each
-      trial is an optimisation).
+    trials: trials (clients) per point, run vmapped (`eval.runner.run_trials`; 1,000: the
+      issue's >= 1,000 within the 6-minute budget); inversion_trials: the same for the
+      inversion (each trial is an optimisation: 1,000 fit, about 25 s a point here).
     batch_sizes: B of the batch-size sweep (one local step: J = 1, E = 1).
-    num_batches: J of the multi-step sweep (N = J x B examples, B = center.<attack>).
+    num_batches: J of the multi-step sweep (N = J x B examples, B = center.<attack>; J = 8 at
+      B = 8 is breaching's FedAvg imprint example: 64 examples, 8 steps of 8).
     epochs: E of the multi-epoch sweep (J = 1).
     center: each attack's batch size B for the J and E sweeps and the defense sweep (imprint:
       8, the issue's client; analytic and inversion: 1, where they recover), and the J and E
@@ -58,6 +63,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     max_examples: attack -> the largest client (N) it runs at (the inversion's cost grows with
       N and it fails long before 64).
     optimizer, learning_rate: the client's (`fl.optimizers.OPTIMIZERS`).
+    learning_rates: every point of more than one step (J > 1 or E > 1) again at each of these
+      client rates: the rate drives how far the first steps move the imprint's units (and the
+      model) before the later ones, hence the multi-step loss (1e-4: breaching's FedAvg
+      imprint example; empty: only `learning_rate`). A traced operand: no compilation.
     psnr_threshold: an input counts as recovered above this PSNR (dB, images in [0, 1]).
     split: the split clients draw from; public_split: the split the server knows (the imprint
       thresholds), disjoint from the clients'.
@@ -66,21 +75,35 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     inversion: steps, learning_rate, tv_weight, restarts (`inversion.Settings`).
     multi_step_attacks: the attacks that run the J and E sweeps (the inversion's cost is its
       compilations: add it with `--config.reconstruction.multi_step_attacks=...`).
-    defenses: name -> strengths (each the defense's `strength` parameter, weakest first; an
-      empty tuple skips the defense),
-      swept at `center` for `defense_attacks` (default the imprint attack, B = 8: every
-      defense point is a compilation of its own, and the 6-minute budget holds about 30); only defenses that act against the server
-      reading uploads are taken (`central_dp` and `weak_dp` are refused).
+    defenses: name -> strengths (each the defense's `strength` parameter, or for the input
+      mechanisms their epsilon: BitRand, OME, the Gaussian input mechanism (nominal epsilon;
+      labelled with dp-accounting's) and LDP-SGD; weakest first; an empty tuple skips the
+      defense), swept at `center` for `defense_attacks` (default the imprint attack, B = 8:
+      the strengths of a defense share one compilation, about 10 s here); only defenses that
+      act against the server reading uploads are taken (`central_dp` and `weak_dp` are
+      refused).
+    adaptive: the adaptive server, beside the paper's fixed one at the centre imprint point
+      without a defense and at every swept defense point: restore_scales (`imprint.craft`'s
+      restore scale) x placements (`imprint.PLACEMENTS`: thresholds at the public quantiles or
+      evenly over the public range) x widths (`imprint.num_bins` and the `num_bins` given
+      here, each at least the client's N; empty by default: every other width is a
+      compilation per defense, about 10 s each here) is its grid, each candidate scored on `trials` public
+      clients (the public split, keys of their own) under the same defense; the best (most
+      examples above the PSNR threshold, then exact; ties: the fixed setting, tried first)
+      attacks the same private clients as the fixed server. restore_scales = () turns it off.
+      Restore scales and placements are traced operands: no compilation.
     dp_sgd_samplings: DP-SGD's batch samplings swept ('poisson', 'shuffle').
-    dp_clip, dp_delta: the DP defenses' clip norm and delta (epsilon labels).
+    dp_clip, dp_delta: the DP defenses' and LDP-SGD's clip norm, and the delta of the epsilon
+      labels (the Gaussian input mechanism's too).
     utility: rounds, examples, trials of the utility training (test accuracy of the honest
       model trained by one client under each defense).
     bootstrap_resamples: of every mean's interval.
     grid_images: true vs recovered images per attack in the figure.
 
   A field the run does not read (the other model's `hidden` / `padding`, an attack's fields
-  when it runs at no point, `num_batches` / `epochs` without a multi-step attack, the defense
-  sweep's fields without a swept defense; `pipelines.reconstruction.unused_fields`) is refused
+  when it runs at no point, `num_batches` / `epochs` / `learning_rates` without a multi-step
+  point, the adaptive server's fields when it is off, the defense sweep's fields without a
+  swept defense; `pipelines.reconstruction.unused_fields`) is refused
   if set on the command line (exit 2), not recorded as if it ran.
   """
   s = ml_collections.ConfigDict()
@@ -88,10 +111,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.model = 'mlp'
   s.hidden = (64,)
   s.padding = 'SAME'
-  s.trials = 32
-  s.inversion_trials = 16
+  s.trials = 1000
+  s.inversion_trials = 1000
   s.batch_sizes = (1, 2, 4, 8, 16, 32, 64)
-  s.num_batches = (1, 2, 4)
+  s.num_batches = (1, 2, 4, 8)
   s.epochs = (1, 2, 4)
   s.center = ml_collections.ConfigDict(dict(imprint=8, analytic=1, inversion=1, num_batches=1,
                                              epochs=1))
@@ -99,6 +122,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.multi_step_attacks = ('imprint', 'analytic')
   s.optimizer = 'sgd'
   s.learning_rate = 0.1
+  # The multi-step points again at these rates (breaching's FedAvg example: 1e-4).
+  s.learning_rates = (1e-2, 1e-3, 1e-4)
   s.psnr_threshold = 30.0
   s.split = 'train'
   s.public_split = 'test'
@@ -108,6 +133,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
                                                restarts=2))
   s.defenses = _defenses(smoke)
   s.defense_attacks = ('imprint',)
+  s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 320.0, 3200.0, 32000.0),
+                                              placements=('quantile', 'uniform'), num_bins=(),
+                                              trials=128))
   s.dp_sgd_samplings = ('poisson', 'shuffle')
   s.dp_clip = 1.0
   s.dp_delta = 1e-5
@@ -121,6 +149,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   if smoke:
     s.trials = 8
     s.inversion_trials = 2
+    s.learning_rates = ()
+    s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 3200.0),
+                                                placements=('quantile',), num_bins=(),
+                                                trials=8))
     s.batch_sizes = (1, 8)
     s.num_batches = (1,)
     s.epochs = (1,)

@@ -4,9 +4,12 @@
 runs `attacks.reconstruction.game` trials through `eval.runner.run_trials` (the client's round
 is `fl.local.client_update` with the defense's hooks) and scores them on the host
 (`attacks.reconstruction.metrics.point_metrics`). Points: the attacks' grid (batch size B at
-one local step; J minibatches; E epochs) under the `defense` section (default none), then, for
-each swept defense and strength, its utility (test accuracy of the honest model one client
-trains under it) and the `defense_attacks` at their centre. The sweep's defenses:
+one local step; J minibatches; E epochs, each multi-step point also at the `learning_rates`) under
+the `defense` section (default none), then, for each swept defense and strength, its utility
+(test accuracy of the honest model one client trains under it) and the `defense_attacks` at
+their centre: the paper's fixed server, and beside it for the imprint the adaptive server
+(`reconstruction_runs.tune`: restore scale and bin placement chosen on public clients under
+the same defense, then run on the private clients). The sweep's defenses:
 `pipelines.reconstruction_defenses`; the compiled programs (shared across client sizes and
 across a defense's strengths): `pipelines.reconstruction_runs`; figures and the table:
 `pipelines.reconstruction_figures`.
@@ -57,9 +60,10 @@ point_key = runs.point_key
 SUMMARY = (
     summary.Table('Reconstruction (rates over examples: 95% Clopper-Pearson; PSNR: bootstrap '
                   'over trials)', (
-        summary.param('attack'), summary.param('defense'), summary.param('strength'),
-        summary.param('batch_size', 'B'), summary.param('num_batches', 'J'),
-        summary.param('epochs', 'E'), summary.rate('exact', 'exact'),
+        summary.param('attack'), summary.param('server'), summary.param('defense'),
+        summary.param('strength'), summary.param('batch_size', 'B'),
+        summary.param('num_batches', 'J'), summary.param('epochs', 'E'),
+        summary.param('learning_rate', 'lr'), summary.rate('exact', 'exact'),
         summary.rate('recovered', 'PSNR>thr'), summary.metric('psnr_mean', 'PSNR', digits=1),
         summary.metric('ssim_mean', 'SSIM', digits=2), summary.rate('label_acc', 'label'),
         summary.metric('dp_epsilon', 'eps', digits=3), summary.seconds()),
@@ -93,6 +97,17 @@ def validate_config(config) -> None:
   for field in ('learning_rate', 'psnr_threshold', 'imprint.scale', 'imprint.restore_scale',
                 'inversion.learning_rate', 'dp_clip'):
     validate.positive(config, f'{p}.{field}')
+  positives = validate.Rule('a tuple of finite numbers > 0 (empty: none)', lambda v: all(
+      isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float('inf')
+      for x in v))
+  for field in ('learning_rates', 'adaptive.restore_scales'):
+    validate.checked(config, f'{p}.{field}', positives)
+  validate.subset_of(config, f'{p}.adaptive.placements', imprint.PLACEMENTS)
+  validate.checked(config, f'{p}.adaptive.num_bins', validate.Rule(
+      'a tuple of integers >= 1 (other widths of the imprint layer; empty: the config\'s '
+      'only)', lambda v: all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 4096
+                             for w in v)))
+  validate.checked(config, f'{p}.adaptive.trials', validate.trials())
   validate.in_range(config, f'{p}.inversion.tv_weight', 0.0, float('inf'))
   validate.one_of(config, f'{p}.imprint.statistic', imprint.STATISTICS)
   validate.in_range(config, f'{p}.dp_delta', 0.0, 1.0, low_inclusive=False,
@@ -127,6 +142,7 @@ def unused_fields(config) -> dict[str, str]:
     attacks = set(s.attacks) | (set(s.defense_attacks) if swept else set())
     multi = set(s.multi_step_attacks) & set(s.attacks)
     model = str(s.model)
+    adaptive = len(tuple(s.adaptive.restore_scales)) > 0
   except (TypeError, AttributeError, KeyError):
     return {}
   out: dict[str, str] = {}
@@ -143,10 +159,19 @@ def unused_fields(config) -> dict[str, str]:
       fields += [f'{attack}.{f}' for f in s[attack].keys()]
     if attack == 'inversion':
       fields.append('inversion_trials')
+    if attack == 'imprint':
+      fields += [f'adaptive.{f}' for f in s.adaptive.keys()]
     out.update({f'{p}.{f}': why for f in fields})
+  if 'imprint' in attacks and not adaptive:
+    why = 'read only by the adaptive server, which adaptive.restore_scales = () turns off'
+    out.update({f'{p}.adaptive.{f}': why for f in ('placements', 'trials', 'num_bins')})
   if not multi:
     why = 'read only by the J and E sweeps, which no attack of multi_step_attacks runs'
-    out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs')})
+    out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs', 'learning_rates')})
+  elif max(list(s.num_batches) + [int(s.center.num_batches)]) * max(
+      list(s.epochs) + [int(s.center.epochs)]) <= 1:
+    out[f'{p}.learning_rates'] = ('read only by points of more than one step, which the J and '
+                                  'E sweeps (num_batches, epochs) do not reach')
   if not swept:
     out[f'{p}.defense_attacks'] = 'read only by the defense sweep (every defense is empty)'
     if not multi:
@@ -162,10 +187,12 @@ def unused_fields(config) -> dict[str, str]:
 
 
 def grid(config) -> list[dict]:
-  """The attacks' points {attack, batch_size, num_batches, epochs}, each once, in order: B at
-  one step, then J and E at the attack's centre batch (`center.<attack>`), within
-  `max_examples.<attack>`."""
+  """The attacks' points {attack, batch_size, num_batches, epochs, learning_rate}, each once,
+  in order: B at one step, then J and E at the attack's centre batch (`center.<attack>`),
+  within `max_examples.<attack>`, at the client's `learning_rate`; then every point of more
+  than one step again at each of `learning_rates` (the rate drives the drift between steps)."""
   s = config.reconstruction
+  lr0 = float(s.learning_rate)
   points = []
   for attack in s.attacks:
     b0, top = int(s.center[attack]), int(s.max_examples[attack])
@@ -173,10 +200,14 @@ def grid(config) -> list[dict]:
     if attack in s.multi_step_attacks:
       combos += ([(b0, int(j), int(s.center.epochs)) for j in s.num_batches] +
                  [(b0, int(s.center.num_batches), int(e)) for e in s.epochs])
+    mine = []
     for b, j, e in combos:
-      p = dict(attack=attack, batch_size=b, num_batches=j, epochs=e)
-      if b * j <= top and p not in points:
-        points.append(p)
+      p = dict(attack=attack, batch_size=b, num_batches=j, epochs=e, learning_rate=lr0)
+      if b * j <= top and p not in mine:
+        mine.append(p)
+    mine += [dict(p, learning_rate=float(lr)) for lr in s.learning_rates
+             if float(lr) != lr0 for p in list(mine) if p['num_batches'] * p['epochs'] > 1]
+    points += mine
   return points
 
 
@@ -224,6 +255,16 @@ def prepare(config) -> dict:
     validate.require(int(s.center.imprint) <= u <= len(pool), f'{PREFIX}.utility.examples',
                      f'in [center.imprint = {s.center.imprint} (its minibatch), {len(pool)} '
                      f'(the {s.split} split)]', u)
+  if 'imprint' in s.attacks + tuple(s.defense_attacks) and len(tuple(s.adaptive.restore_scales)):
+    validate.require(int(s.center.imprint) <= len(public), f'{PREFIX}.center.imprint',
+                     f'at most {len(public)} (the {s.public_split} split, from which the '
+                     'adaptive server draws its simulated clients)', s.center.imprint)
+    n0 = int(s.center.imprint) * int(s.center.num_batches)
+    validate.require(all(int(w) >= n0 for w in s.adaptive.num_bins),
+                     f'{PREFIX}.adaptive.num_bins', f'widths of at least {n0} bins (the '
+                     'clients the adaptive server attacks: center.imprint x '
+                     'center.num_batches examples, each needing a bin)',
+                     tuple(s.adaptive.num_bins))
   model = make_model(config, pool.num_classes)
   try:
     jax.eval_shape(model.init, jax.random.key(0),
@@ -236,11 +277,18 @@ def prepare(config) -> dict:
                                s.model) from e
   reconstruction_checks.check_sizes(config, pool, points, model)
   x_public = data_lib.to_float(public.x)
+  cuts = jnp.asarray(imprint.thresholds(x_public, int(s.imprint.num_bins), s.imprint.statistic),
+                     jnp.float32)
+  # Both pools padded to one length (real rows first; `game.draw` reads only those): the
+  # adaptive server's public clients run in the private clients' programs.
+  rows = max(len(pool), len(public))
+  pad = lambda a: jnp.asarray(np.concatenate([a, np.zeros((rows - len(a),) + a.shape[1:],
+                                                          a.dtype)]))
   state = dict(pool=pool, test=public, points=points, sweep=sweep_points(config),
-               x=jnp.asarray(data_lib.to_float(pool.x)), y=jnp.asarray(pool.y),
-               cuts=jnp.asarray(imprint.thresholds(x_public, int(s.imprint.num_bins),
-                                                   s.imprint.statistic), jnp.float32),
-               model=model)
+               x=pad(data_lib.to_float(pool.x)), y=pad(np.asarray(pool.y)),
+               x_public=pad(x_public), y_public=pad(np.asarray(public.y)),
+               pool_size=len(pool), public_size=len(public),
+               cuts=cuts, cuts_by={('quantile', int(s.imprint.num_bins)): cuts}, model=model)
   for p in points:
     base_defense(config, state, p)
   for d in state['sweep']:
@@ -252,13 +300,26 @@ def prepare(config) -> dict:
 
 def attack_point(config, state, store, key, p: dict, defense: defenses.Configured,
                  extra: dict, images: dict, group: tuple | None = None,
-                 branch: int = 0) -> base.Point:
-  """Attack point `p` under `defense` (strength `branch` of the swept `group`, if any)."""
+                 branch: int = 0, server: str = 'fixed') -> base.Point:
+  """Attack point `p` under `defense` (strength `branch` of the swept `group`, if any), by the
+  paper's fixed server or (`server='adaptive'`, imprint only) the server that first tunes its
+  restore scale and bin placement on public clients under the same defense (`runs.tune`) and
+  then attacks the same private clients as the fixed one."""
   s = config.reconstruction
-  params = dict(kind='attack', **p, **extra)
+  params = dict(kind='attack', server=server, **p, **extra)
 
   def compute():
-    out = runs.simulate(config, state, p, group or (defense.hooks,), branch, key)
+    hooks = group or (defense.hooks,)
+    chosen = {}
+    if server == 'adaptive':
+      chosen = runs.tune(config, state, p, hooks, branch, key)
+      out = runs.simulate(config, state, p, hooks, branch, key,
+                          knobs=runs.knobs_of(config, state, p, chosen['restore_scale']),
+                          cuts=runs.cuts_for(config, state, chosen['placement'],
+                                             chosen['num_bins']),
+                          num_bins=chosen['num_bins'])
+    else:
+      out = runs.simulate(config, state, p, hooks, branch, key)
     x, y = np.asarray(state['x']), np.asarray(state['y'])
     n = p['batch_size'] * p['num_batches']
     m = rec_metrics.point_metrics(out, x, y, n=n,
@@ -266,9 +327,19 @@ def attack_point(config, state, store, key, p: dict, defense: defenses.Configure
                                   psnr_threshold=float(s.psnr_threshold),
                                   resamples=int(s.bootstrap_resamples))
     m.update(defense.metrics)
+    if chosen:
+      m.update(adaptive_restore_scale=chosen['restore_scale'],
+               adaptive_placement=chosen['placement'],
+               adaptive_num_bins=chosen['num_bins'],
+               adaptive_public_recovered=chosen['recovered'] / chosen['examples'],
+               adaptive_public_exact=chosen['exact'] / chosen['examples'],
+               adaptive_public_examples=chosen['examples'],
+               adaptive_candidates=json.dumps(chosen['candidates']))
     label = reconstruction_figures.label(params)
-    images[label] = reconstruction_figures.example_images(out, x, int(s.grid_images), n)
-    atomic.atomic_write_text(os.path.join(store.workdir, IMAGES), json.dumps(images))
+    if server == 'fixed' and p['learning_rate'] == float(s.learning_rate):
+      # The grid shows the paper's server at the client's rate (one entry per label).
+      images[label] = reconstruction_figures.example_images(out, x, int(s.grid_images), n)
+      atomic.atomic_write_text(os.path.join(store.workdir, IMAGES), json.dumps(images))
     return m, int(m['n_trials'])
 
   return base.Point(params, compute, 'trials')
@@ -301,11 +372,15 @@ def plan(config, state, store, key) -> list[base.Point]:
   """The grid under the `defense` section, then each swept defense: utility, then attacks."""
   s = config.reconstruction
   images = atomic.read_json(os.path.join(store.workdir, IMAGES), {})
+  adaptive = len(tuple(s.adaptive.restore_scales)) > 0
   points = []
   for p in state['points']:
     d = base_defense(config, state, p)
     extra = {'strength': None, **d.params}
     points.append(attack_point(config, state, store, key, p, d, extra, images))
+    if adaptive and p == center_point(config, 'imprint'):
+      points.append(attack_point(config, state, store, key, p, d, extra, images,
+                                 server='adaptive'))
   if state['sweep']:
     none = {'defense': 'none', 'strength': None}
     points.append(utility_point(config, state, key, none, defenses.Configured(
@@ -318,11 +393,22 @@ def plan(config, state, store, key) -> list[base.Point]:
       points.append(utility_point(config, state, key, d, util[i],
                                   tuple(c.hooks for c in util), i))
       for attack in s.defense_attacks:
-        p = dict(attack=attack, batch_size=int(s.center[attack]),
-                 num_batches=int(s.center.num_batches), epochs=int(s.center.epochs))
+        p = center_point(config, attack)
+        hooks = tuple(c.hooks for c in confs[attack])
         points.append(attack_point(config, state, store, key, p, confs[attack][i], d, images,
-                                   tuple(c.hooks for c in confs[attack]), i))
+                                   hooks, i))
+        if adaptive and attack == 'imprint':
+          points.append(attack_point(config, state, store, key, p, confs[attack][i], d,
+                                     images, hooks, i, server='adaptive'))
   return points
+
+
+def center_point(config, attack: str) -> dict:
+  """The point the defense sweep attacks: the attack's centre B, J, E, the client's rate."""
+  s = config.reconstruction
+  return dict(attack=attack, batch_size=int(s.center[attack]),
+              num_batches=int(s.center.num_batches), epochs=int(s.center.epochs),
+              learning_rate=float(s.learning_rate))
 
 
 def figures(config, state, store, key) -> None:

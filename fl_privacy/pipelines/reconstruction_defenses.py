@@ -8,15 +8,20 @@ utility training (its rounds), so that the epsilon labels are those of the run t
 
 from __future__ import annotations
 
+import math
+
+from dp_accounting.pld import privacy_loss_distribution
+
 from fl_privacy import defenses
 from fl_privacy import validate
 
 NAME = PREFIX = 'reconstruction'
 
-
 # The parameter swept for the input and report mechanisms, which declare no `strength` in the
-# registry (FedMIA does not sweep them): their privacy parameter.
-SWEPT = {'bitrand': 'epsilon', 'ome': 'epsilon', 'gaussian': 'sigma', 'ldp_sgd': 'epsilon'}
+# registry (FedMIA does not sweep them): their privacy parameter. The Gaussian input mechanism
+# is swept by its nominal epsilon (sigma = sqrt(2 ln(1.25 / delta)) Delta / epsilon, the AMI
+# paper's calibration) and labelled with the epsilon dp-accounting gives for that sigma.
+SWEPT = {'bitrand': 'epsilon', 'ome': 'epsilon', 'gaussian': 'epsilon', 'ldp_sgd': 'epsilon'}
 
 
 def swept_param(name: str) -> str:
@@ -42,7 +47,8 @@ def validate_sweep(sweep) -> None:
     values = sweep[name]
     values = (values,) if isinstance(values, (int, float)) else tuple(values)
     d = defenses.DEFENSES[name]
-    rule = defenses.registry.FIELDS[d.params[swept_param(name)]].rule
+    param = swept_param(name)
+    rule = defenses.registry.FIELDS[d.params.get(param, param)].rule
     validate.require(all(rule.ok(v) for v in values), field,
                      f'each {rule.allowed} (empty: not swept)', sweep[name])
 
@@ -107,15 +113,42 @@ def swept_defense(config, state, d: dict, setting: defenses.Setting) -> defenses
     s = config.reconstruction
     fixed = {} if defenses.DEFENSES[d['defense']].strength else {
         swept_param(d['defense']): d['strength']}
-    if d['defense'] in defenses.DP_DEFENSES:
+    if d['defense'] in defenses.DP_DEFENSES or d['defense'] == 'ldp_sgd':
       fixed['clip_norm'] = float(s.dp_clip)
+    if d['defense'] == 'gaussian':
+      fixed.update(delta=float(s.dp_delta), sensitivity=input_diameter(setting))
     if 'dp_sgd_sampling' in d:
       fixed['sampling'] = d['dp_sgd_sampling']
     conf = defenses.configured.sweep_point(
         d['defense'], d['strength'], setting, experiment=NAME, prefix=f'{PREFIX}.defenses',
         fixed=fixed, delta=float(s.dp_delta))
-    if swept_param(d['defense']) == 'epsilon' and not conf.metrics:
-      # An input mechanism's epsilon is its guarantee per example (pure LDP, no accounting).
+    if d['defense'] == 'gaussian':
+      conf = conf._replace(metrics=gaussian_epsilon(d['strength'], setting, float(s.dp_delta)))
+    elif swept_param(d['defense']) == 'epsilon' and not conf.metrics:
+      # An input mechanism's epsilon is its guarantee per release of an example (pure LDP, no
+      # accounting; LDP-SGD's per release of the client's whole upload).
       conf = conf._replace(metrics={'ldp_epsilon': float(d['strength'])})
     cache[key] = conf
   return cache[key]
+
+
+def input_diameter(setting: defenses.Setting) -> float:
+  """The L2 distance between the two inputs furthest apart: sqrt(d) x the value range. The
+  Gaussian input mechanism's sensitivity for replace-one on any two inputs of the data's box
+  (not only on inputs within distance 1 of each other)."""
+  lo, hi = setting.value_range
+  return math.sqrt(math.prod(setting.image_shape)) * (hi - lo)
+
+
+def gaussian_epsilon(nominal: float, setting: defenses.Setting, delta: float) -> dict:
+  """The Gaussian input mechanism's labels: the nominal epsilon swept and the epsilon at
+  `delta` that dp-accounting's privacy-loss distribution gives for its sigma (one release of
+  one example, replace-one over the input box, against the server): the nominal calibration
+  is a guarantee only for epsilon < 1 (`mechanisms.gaussian.sigma_for`)."""
+  from fl_privacy.mechanisms import gaussian  # pylint: disable=g-import-not-at-top
+  diameter = input_diameter(setting)
+  sigma = gaussian.sigma_for(float(nominal), delta, diameter)
+  pld = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=sigma / diameter,
+                                                          sensitivity=1.0)
+  return {'ldp_epsilon': float(pld.get_epsilon_for_delta(delta)), 'ldp_delta': delta,
+          'ldp_epsilon_nominal': float(nominal), 'gaussian_sigma': float(sigma)}

@@ -111,15 +111,16 @@ def defense_figure(config, points: list[dict]):
     mine = [p for p in swept if same(p)]
     strengths = list(dict.fromkeys(p['params']['strength'] for p in mine))
     x = np.arange(len(strengths))
-    for attack in dict.fromkeys(p['params']['attack'] for p in mine):
+    for attack, server in dict.fromkeys((p['params']['attack'], server_of(p)) for p in mine):
       rows = [next(p for p in mine if p['params']['attack'] == attack and
-                   p['params']['strength'] == s) for s in strengths]
+                   server_of(p) == server and p['params']['strength'] == s)
+              for s in strengths]
       m = [r['metrics'] for r in rows]
       y = np.array([v['recovered'] for v in m])
       err = np.array([[v['recovered'] - v['recovered_ci_low'] for v in m],
                       [v['recovered_ci_high'] - v['recovered'] for v in m]])
-      ax.errorbar(x, y, yerr=err, marker='o', capsize=3,
-                  label=f'{attack} (B={rows[0]["params"]["batch_size"]})')
+      ax.errorbar(x, y, yerr=err, marker='o', capsize=3, ls='-' if server == 'fixed' else ':',
+                  label=f'{attack}, {server} server (B={rows[0]["params"]["batch_size"]})')
     util = [p for p in points if p['params'].get('kind') == 'utility' and same(p)]
     if util:
       by = {p['params']['strength']: p['metrics'] for p in util}
@@ -148,8 +149,10 @@ def defense_figure(config, points: list[dict]):
 def batch_figure(config, points: list[dict]):
   """Exact recovery vs B (J = E = 1), J and E, one line per attack, no defense."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  lr = float(config.reconstruction.learning_rate)
   base = [p for p in points if p['params'].get('kind') == 'attack' and
-          p['params'].get('strength') is None]
+          p['params'].get('strength') is None and server_of(p) == 'fixed' and
+          float(p['params'].get('learning_rate', lr)) == lr]
   if not base:
     return None
   fig, axes = plt.subplots(1, 3, figsize=(17, 3.6))
@@ -186,6 +189,11 @@ def batch_figure(config, points: list[dict]):
   return fig
 
 
+def server_of(p: dict) -> str:
+  """'fixed' (the paper's server) or 'adaptive' (`reconstruction_runs.tune`)."""
+  return p['params'].get('server', 'fixed')
+
+
 def _cell(m: dict, name: str, digits: int = 3) -> str:
   if name not in m:
     return '-'
@@ -220,11 +228,16 @@ def table_markdown(config, points: list[dict]) -> str:
            f'means, the median over pairs, and the median over the pairs not recovered exactly '
            f'(their count), each with a 95% bootstrap over trials. SSIM: Wang et al.\'s '
            f'(Gaussian 11x11, sigma 1.5), n/a where the images are smaller than its window. '
-           f'Recovered: PSNR > {thr:g} dB; exact: max abs error < 1/255.', '',
-           '| attack | defense | strength | eps | B | J | E | trials | exact | '
+           f'Recovered: PSNR > {thr:g} dB; exact: max abs error < 1/255. Server: fixed is '
+           f'the paper\'s (the config\'s restore scale, thresholds and width); adaptive chose '
+           f'its restore scale, bin placement and width on public clients under the same defense (its '
+           f'choice and public score: the last column), then attacked the same private '
+           f'clients. lr: the client\'s learning rate.', '',
+           '| attack | server | defense | strength | eps | B | J | E | lr | trials | exact | '
            'exact, CP examples | recovered | all exact (trials) | PSNR mean (dB) | '
-           'PSNR median | PSNR median, not exact (pairs) | SSIM | label acc. (B=1) |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           'PSNR median | PSNR median, not exact (pairs) | SSIM | label acc. (B=1) | '
+           'adaptive choice |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for p in points:
     q, m = p['params'], p['metrics']
     if q.get('kind') != 'attack':
@@ -233,13 +246,21 @@ def table_markdown(config, points: list[dict]) -> str:
                                     if q.get('dp_sgd_sampling') else '')
     s = '-' if q.get('strength') is None else f'{q["strength"]:g}'
     eps = _cell(m, 'dp_epsilon') if 'dp_epsilon' in m else _cell(m, 'ldp_epsilon')
-    lines.append(f'| {q["attack"]} | {d} | {s} | {eps} | '
-                 f'{q["batch_size"]} | {q["num_batches"]} | {q["epochs"]} | {m["n_trials"]} | '
+    choice = '-'
+    if 'adaptive_restore_scale' in m:
+      choice = (f'restore {float(m["adaptive_restore_scale"]):g}, {m["adaptive_placement"]}, '
+                f'{m.get("adaptive_num_bins", "-")} bins; public: '
+                f'{float(m["adaptive_public_recovered"]):.3f} recovered of '
+                f'{int(m["adaptive_public_examples"])}')
+    lr = '-' if q.get('learning_rate') is None else f'{float(q["learning_rate"]):g}'
+    lines.append(f'| {q["attack"]} | {server_of(p)} | {d} | {s} | {eps} | '
+                 f'{q["batch_size"]} | {q["num_batches"]} | {q["epochs"]} | {lr} | '
+                 f'{m["n_trials"]} | '
                  f'{_cell(m, "exact")} | {_interval(m, "exact_example")} | '
                  f'{_cell(m, "recovered")} | {_cell(m, "all_exact")} | '
                  f'{_cell(m, "psnr_mean", 1)} | {_cell(m, "psnr_median", 1)} | '
                  f'{_cell(m, "psnr_rest_median", 1)} ({m.get("psnr_rest_pairs", "-")}) | '
-                 f'{_ssim_cell(m)} | {_cell(m, "label_acc")} |')
+                 f'{_ssim_cell(m)} | {_cell(m, "label_acc")} | {choice} |')
   lines += ['', '## Utility (test accuracy of the honest model one client trains under the '
             'defense)', '', '| defense | strength | eps (utility run) | test accuracy |',
             '|---|---|---|---|']

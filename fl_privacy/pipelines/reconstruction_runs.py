@@ -1,10 +1,14 @@
 """The compiled programs of the reconstruction pipeline (`fl_privacy.pipelines.reconstruction`).
 
-Compilation, not running, is what a point costs on CPU (5-15 s here against well under a
-second of trials), so programs are shared: without a defense, clients of every size n share
+Trials run vmapped (`eval.runner.run_trials`, groups sized by `game.batch_bytes`), as the other
+games. Compilation is still a large share of a point on CPU (4-10 s against 1-2 s for 1,000
+imprint trials here), so programs are shared: without a defense, clients of every size n share
 one program per (attack, B, capacity, E) (n is an argument; clients padded to the capacity
 with a row mask); the strengths of one swept defense share one program (`game.make_trial` of
-several games, a `lax.switch`), and so do their utility trainings.
+several games, a `lax.switch`), and so do their utility trainings; the client's learning rate
+and the imprint's restore scale are traced operands (`game.Knobs`), and the thresholds an
+argument, so the learning-rate sweep and the adaptive server's tuning grid (`tune`) reuse the
+programs of the points they sit beside.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import numpy as np
 from fl_privacy import data as data_lib
 from fl_privacy import report
 from fl_privacy.attacks.reconstruction import game as game_lib
+from fl_privacy.attacks.reconstruction import imprint
 from fl_privacy.attacks.reconstruction import inversion
+from fl_privacy.attacks.reconstruction import metrics as rec_metrics
 from fl_privacy.eval import runner
 from fl_privacy.fl import client
 from fl_privacy.fl import local
@@ -36,24 +42,26 @@ def point_key(key, p: dict):
 
 
 def make_game(config, state, attack: str, batch_size: int, capacity: int, epochs: int,
-              hooks) -> game_lib.Game:
-  """The game of one program: the config's model, optimizer, imprint and inversion."""
+              hooks, num_bins: int | None = None) -> game_lib.Game:
+  """The game of one program: the config's model, optimizer, imprint (of `num_bins` units;
+  None: the config's) and inversion."""
   s = config.reconstruction
   inv = s.inversion
   return game_lib.Game(
       attack=attack, model=state['model'], batch_size=batch_size, capacity=capacity,
-      epochs=epochs, optimizer=optimizers_lib.make(s.optimizer, float(s.learning_rate),
-                                                   field=f'{PREFIX}.optimizer'),
+      epochs=epochs, optimizer=str(s.optimizer), learning_rate=float(s.learning_rate),
       output_layer=output_layer(config),
-      hooks=None if client.is_identity(hooks) else hooks, num_bins=int(s.imprint.num_bins),
+      hooks=None if client.is_identity(hooks) else hooks,
+      num_bins=int(s.imprint.num_bins if num_bins is None else num_bins),
       scale=float(s.imprint.scale), restore_scale=float(s.imprint.restore_scale),
       inversion=inversion.Settings(steps=int(inv.steps), learning_rate=float(inv.learning_rate),
                                    tv_weight=float(inv.tv_weight), restarts=int(inv.restarts)))
 
 
-def program(config, state, p: dict, group: tuple) -> tuple:
-  """(trial_fn, n) of point `p`: one compiled program per (attack, B, capacity, E, defense);
-  `group` is the hooks of the defense's strengths (one for an unswept defense).
+def program(config, state, p: dict, group: tuple, num_bins: int | None = None) -> tuple:
+  """(trial_fn, n) of point `p`: one compiled program per (attack, B, capacity, E, defense,
+  imprint width); `group` is the hooks of the defense's strengths (one for an unswept
+  defense); `num_bins` an adaptive server's other width (None: the config's).
 
   Without a defense the clients of a sweep share programs (compilation is what a point costs
   here): one-step points (J = E = 1) run as one minibatch of the attack's largest B with n real
@@ -70,34 +78,127 @@ def program(config, state, p: dict, group: tuple) -> tuple:
     jmax = max(q['num_batches'] for q in state['points']
                if q['attack'] == attack and q['batch_size'] == b)
     spec = (attack, b, b * jmax, e, None)
+  width = int(config.reconstruction.imprint.num_bins if num_bins is None else num_bins)
+  spec += (width,)
   cache = state.setdefault('programs', {})
   if spec not in cache:
-    cache[spec] = game_lib.make_trial(*(make_game(config, state, *spec[:4], h) for h in group))
+    cache[spec] = game_lib.make_trial(*(make_game(config, state, *spec[:4], h, width)
+                                        for h in group))
   return cache[spec], b * j
 
 
+# Trials per chunk unless `game.chunk_size` says otherwise: one chunk shape for every run of a
+# program (1,000 private trials in 8 chunks, the last padded; an adaptive server's 128 public
+# ones in one), so that the tuning compiles nothing new.
+CHUNK = 128
+
+
 def run_options(config) -> dict:
-  """`runner.options`, except that on CPU without a `game.batch_bytes` trials run one at a
-  time: a point runs its trials in well under a second and compiles for 5-10 s, and a
-  `lax.map` of single trials compiles about twice as fast as vmapped groups (measured here:
-  12 s vs 23 s for an imprint point). Chunking never changes a trial's outcome."""
+  """`runner.options`, chunks of `CHUNK` by default: vmapped groups of trials sized by
+  `game.batch_bytes` (1,000 imprint trials of B = 8 run in about 1.2 s here, against 32 one
+  at a time in about the same time before). Chunking never changes a trial's outcome
+  (`eval.runner`)."""
   opts = runner.options(config)
-  if opts['batch_bytes'] is None and jax.default_backend() == 'cpu':
-    opts['batch_bytes'] = 1
+  if opts['chunk_size'] is None:
+    opts['chunk_size'] = CHUNK
   return opts
 
 
-def simulate(config, state, p: dict, group: tuple, branch: int, key) -> dict:
-  """All trials of an attack point (strength `branch` of `group`), outcomes on the host."""
+def knobs_of(config, state, p: dict, restore_scale: float | None = None,
+             public: bool = False) -> game_lib.Knobs:
+  """The traced knobs of point `p`: its learning rate (the config's unless `p` sweeps one),
+  the restore scale (the config's unless an adaptive server chose another), and the size of
+  the pool its clients draw from (the clients' split, or the public one)."""
   s = config.reconstruction
-  trials = int(s.inversion_trials if p['attack'] == 'inversion' else s.trials)
+  return game_lib.knobs(float(s.imprint.restore_scale if restore_scale is None
+                              else restore_scale),
+                        float(p.get('learning_rate', s.learning_rate)),
+                        state['public_size' if public else 'pool_size'])
+
+
+def simulate(config, state, p: dict, group: tuple, branch: int, key, *,
+             knobs: game_lib.Knobs | None = None, cuts=None, public: bool = False,
+             trials: int | None = None, num_bins: int | None = None) -> dict:
+  """All trials of an attack point (strength `branch` of `group`), outcomes on the host.
+
+  `knobs` / `cuts` default to the point's (`knobs_of`) and the config's thresholds. `public`
+  draws the clients from the public split with other keys (the adaptive server's own
+  simulation, `tune`), never the clients' split. `num_bins`: the imprint's width (None: the
+  config's; another width is another program)."""
+  s = config.reconstruction
+  if trials is None:
+    trials = int(s.inversion_trials if p['attack'] == 'inversion' else s.trials)
   opts = run_options(config)
-  trial_fn, n = program(config, state, p, group)
+  trial_fn, n = program(config, state, p, group, num_bins)
+  run_key = point_key(key, p)
+  x, y = state['x'], state['y']
+  if public:
+    run_key = jax.random.fold_in(run_key, PUBLIC_STREAM)
+    x, y = state['x_public'], state['y_public']
   with jax.default_matmul_precision('highest'):
-    return runner.run_trials(trial_fn, point_key(key, p), trials, chunk_size=opts['chunk_size'],
+    return runner.run_trials(trial_fn, run_key, int(trials), chunk_size=opts['chunk_size'],
                              batch_bytes=opts['batch_bytes'],
-                             args=(state['x'], state['y'], state['cuts'], jnp.int32(n),
-                                   jnp.int32(branch)))
+                             args=(x, y, state['cuts'] if cuts is None else cuts, jnp.int32(n),
+                                   jnp.int32(branch), knobs_of(config, state, p, public=public)
+                                   if knobs is None else knobs))
+
+
+# The adaptive server's simulated clients draw from this stream of the point's key (the private
+# clients use the point's key itself): tuning never sees a private client's draw.
+PUBLIC_STREAM = 0x7075626C
+
+
+def candidates(config, n: int) -> list[tuple[float, str, int]]:
+  """The adaptive server's grid (restore scale, placement, width) for clients of n examples
+  (widths of fewer than n bins left out), the fixed attack's setting first (so that a tie
+  keeps the paper's)."""
+  s = config.reconstruction
+  a = s.adaptive
+  width = int(s.imprint.num_bins)
+  widths = [width] + [int(w) for w in a.num_bins if int(w) != width and int(w) >= n]
+  grid = [(float(r), str(q), w) for w in widths for q in a.placements
+          for r in a.restore_scales]
+  fixed = (float(s.imprint.restore_scale), 'quantile', width)
+  return [fixed] + [g for g in grid if g != fixed]
+
+
+def cuts_for(config, state, placement: str, num_bins: int) -> jax.Array:
+  """The thresholds of `placement` for a layer of `num_bins` units, from the public split."""
+  cache = state.setdefault('cuts_by', {})
+  if (placement, num_bins) not in cache:
+    s = config.reconstruction
+    cache[(placement, num_bins)] = jnp.asarray(imprint.thresholds(
+        np.asarray(state['x_public'])[:int(state['public_size'])], int(num_bins),
+        s.imprint.statistic, placement), jnp.float32)
+  return cache[(placement, num_bins)]
+
+
+def tune(config, state, p: dict, group: tuple, branch: int, key) -> dict:
+  """The adaptive server's choice for point `p` under strength `branch` of `group`.
+
+  The server knows the defense (it is announced; its strength too) and simulates it on public
+  clients: `adaptive.trials` clients of the point's size drawn from the public split (with
+  keys of their own), each candidate (`candidates`) scored by the examples recovered above the
+  PSNR threshold, then exactly (ties: the earlier candidate). The private clients are never
+  read. Returns the choice and every candidate's public counts."""
+  s = config.reconstruction
+  n = p['batch_size'] * p['num_batches']
+  x_public = np.asarray(state['x_public'])
+  scores = []
+  for restore, placement, width in candidates(config, n):
+    out = simulate(config, state, p, group, branch, key, public=True,
+                   trials=int(s.adaptive.trials), cuts=cuts_for(config, state, placement, width),
+                   knobs=knobs_of(config, state, p, restore, public=True), num_bins=width)
+    rec = exact = 0
+    for t in range(int(s.adaptive.trials)):
+      sc = rec_metrics.trial_scores(out['recovered'][t], out['valid'][t],
+                                    x_public[np.asarray(out['index'][t])[:n]],
+                                    psnr_threshold=float(s.psnr_threshold))
+      rec, exact = rec + int(sc['recovered']), exact + int(sc['exact'])
+    scores.append(dict(restore_scale=restore, placement=placement, num_bins=width,
+                       recovered=rec, exact=exact))
+  best = max(range(len(scores)), key=lambda i: (scores[i]['recovered'], scores[i]['exact'], -i))
+  return dict(scores[best], examples=int(s.adaptive.trials) * n, candidates=scores)
 
 
 def utility_trial(model, group: tuple, optimizer, rounds: int, examples: int,
@@ -139,11 +240,13 @@ def utility(config, state, key, group: tuple, branch: int) -> np.ndarray:
   spec = tuple(id(h) for h in group)
   if spec not in cache:
     fn = utility_trial(state['model'], group,
-                       optimizers_lib.make(s.optimizer, float(s.learning_rate)),
+                       optimizers_lib.make(s.optimizer, float(s.learning_rate),
+                                           field=f'{PREFIX}.optimizer'),
                        int(u.rounds), int(u.examples), int(s.center.imprint))
     cache[spec] = jax.jit(lambda keys, b, *a: jax.lax.map(lambda k: fn(k, b, *a), keys))
   keys = jax.random.split(report.point_key(key, {'utility': True}), int(u.trials))
   test = state['test']
   with jax.default_matmul_precision('highest'):
-    return np.asarray(cache[spec](keys, jnp.int32(branch), state['x'], state['y'],
+    real = int(state['pool_size'])
+    return np.asarray(cache[spec](keys, jnp.int32(branch), state['x'][:real], state['y'][:real],
                                   jnp.asarray(data_lib.to_float(test.x)), jnp.asarray(test.y)))

@@ -263,6 +263,12 @@ ROWS = [
      lambda t: _npz_flags(_npz(t, 'feat', x=_features(), y=_labels())),
      "config.data.name: must be an image dataset (reconstruction scores and draws images: "
      "PSNR, SSIM on pixels in [0, 1]) (got 'npz, feature vectors of (5,)')"),
+    ('an adaptive server without a restore scale to try', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.adaptive.restore_scales=(0.0,)'],
+     'config.reconstruction.adaptive.restore_scales: must be a tuple of finite numbers > 0 (empty: none) (got (0.0,))'),
+    ('a negative client learning rate in the sweep', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.num_batches=(1,2)', '--config.reconstruction.learning_rates=(-1.0,)'],
+     'config.reconstruction.learning_rates: must be a tuple of finite numbers > 0 (empty: none) (got (-1.0,))'),
     ('epsilons without an LDP mechanism', 'ami',
      lambda t: ['--config=configs/digits.py:smoke', "--config.ami.mechanisms=('none',)", '--config.ami.epsilons=(2.0,)'],
      'config.ami.epsilons: must be left at its default: read only under an LDP mechanism (bitrand, ome), which ami.mechanisms does not include'),

@@ -48,7 +48,25 @@ def test_every_attack_and_defense_point_is_there_with_its_intervals(smoke):
   assert 0.0 < none['metrics']['test_accuracy'] <= 1.0
   for name in ('table.md', 'images.json', 'reconstructions.png', 'defenses.png', 'batch.png'):
     assert (workdir / name).exists(), name
-  assert '| attack | defense | strength | eps |' in (workdir / 'table.md').read_text()
+  assert '| attack | server | defense | strength | eps |' in (workdir / 'table.md').read_text()
+
+
+def test_every_imprint_defense_point_has_the_adaptive_servers_beside_it(smoke):
+  _, results = smoke
+  s = results['config']['reconstruction']
+  fixed = _points(results, kind='attack', attack='imprint', server='fixed',
+                  batch_size=s['center']['imprint'], num_batches=1, epochs=1)
+  assert {p['params']['defense'] for p in fixed} == {'none', *s['defenses']}
+  for p in fixed:
+    twin = {k: v for k, v in p['params'].items() if k != 'server'}
+    (a,) = _points(results, server='adaptive', **twin)
+    m = a['metrics']
+    # The choice is one of the grid's, scored on public clients, and run on as many private
+    # clients as the fixed server's (the same ones: common keys).
+    assert m['adaptive_restore_scale'] in s['adaptive']['restore_scales']
+    assert m['adaptive_placement'] in s['adaptive']['placements']
+    assert m['adaptive_public_examples'] == s['adaptive']['trials'] * twin['batch_size']
+    assert m['n_trials'] == p['metrics']['n_trials']
 
 
 def test_the_figures_read_on_their_own(smoke, monkeypatch):
@@ -93,3 +111,21 @@ def test_unused_fields_follow_the_attacks_model_and_swept_defenses():
   s.defenses.update_dp = (1e-5,)
   unused = reconstruction.unused_fields(config)
   assert 'reconstruction.dp_clip' not in unused and 'reconstruction.dp_sgd_samplings' in unused
+
+
+def test_unused_fields_name_the_adaptive_server_and_the_learning_rates_where_nothing_reads_them():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  s = config.reconstruction
+  assert not {'reconstruction.adaptive.trials', 'reconstruction.learning_rates'} & set(
+      reconstruction.unused_fields(config))
+  s.adaptive.restore_scales = ()
+  unused = reconstruction.unused_fields(config)
+  assert {'reconstruction.adaptive.trials', 'reconstruction.adaptive.placements'} <= set(unused)
+  assert 'reconstruction.adaptive.restore_scales' not in unused
+  s.num_batches, s.epochs = (1,), (1,)
+  assert 'reconstruction.learning_rates' in reconstruction.unused_fields(config)
+  s.attacks, s.defense_attacks = ('analytic',), ('analytic',)
+  unused = reconstruction.unused_fields(config)
+  assert "'imprint' runs at no point" in unused['reconstruction.adaptive.restore_scales']

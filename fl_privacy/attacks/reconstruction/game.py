@@ -13,21 +13,22 @@ defense's hooks at every point, its upload hook last) and hands the upload to th
 - `inversion`: `inversion.invert` of the upload's direction (Geiping et al. 2020), N inputs,
   labels from iDLG where N = 1 and given otherwise (their batch experiments' assumption).
 
-`make_trial(*games)` is the `trial_fn(key, index, x_pool, y_pool, cuts, n, branch)` of
+`make_trial(*games)` is the `trial_fn(key, index, x_pool, y_pool, cuts, n, branch, knobs)` of
 `eval.runner.run_trials`: everything random comes from the trial's key by `fold_in`, so a
-trial's outcome depends only on it. Scores are computed on the host (`metrics`), from the
-returned pool indices of the client's examples.
+trial's outcome depends only on it. `knobs` (`Knobs`: the imprint's restore scale and the
+client's learning rate) are traced operands, not constants of the program, so that one
+compilation serves a learning-rate sweep and an adaptive server's tuning grid. Scores are
+computed on the host (`metrics`), from the returned pool indices of the client's examples.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from fl_privacy.attacks.reconstruction import analytic
 from fl_privacy.attacks.reconstruction import imprint
@@ -35,10 +36,38 @@ from fl_privacy.attacks.reconstruction import inversion
 from fl_privacy.fl import client
 from fl_privacy.fl import local
 from fl_privacy.fl import losses
+from fl_privacy.fl import optimizers as optimizers_lib
 
 ATTACKS = ('imprint', 'analytic', 'inversion')
 # Outputs of one trial.
 OUTCOME_FIELDS = ('index', 'recovered', 'valid', 'label')
+
+
+class Knobs(NamedTuple):
+  """What a trial reads as traced scalars (float32 arrays), not as program constants.
+
+  restore_scale: `imprint.craft`'s (the server's choice; an adaptive server tunes it).
+  learning_rate: the client's optimizer's rate (the driver of multi-step drift).
+  pool_size: the client draws from the first `pool_size` rows of the pool (int32), so that
+    pools of different sizes padded to one shape (the clients' split, the public split the
+    adaptive server simulates on) share a program.
+  """
+  restore_scale: jax.Array
+  learning_rate: jax.Array
+  pool_size: jax.Array
+
+
+def knobs(restore_scale: float, learning_rate: float, pool_size: int) -> Knobs:
+  """`Knobs` as scalars of one dtype and shape each (new values never recompile)."""
+  return Knobs(jnp.float32(restore_scale), jnp.float32(learning_rate), jnp.int32(pool_size))
+
+
+def draw(key: jax.Array, rows: int, pool_size, count: int) -> jax.Array:
+  """`count` distinct indices, uniformly without replacement, from the first `pool_size` of
+  `rows` (the `count` smallest of uniform keys, the padding's keys set above every real one)."""
+  u = jax.random.uniform(key, (rows,))
+  u = jnp.where(jnp.arange(rows) < pool_size, u, 2.0)
+  return jax.lax.top_k(-u, count)[1].astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +81,14 @@ class Game:
     capacity: the largest client (static); a trial's client holds n <= capacity real rows,
       trained in ceil(n / B) minibatches per epoch (the last one partial).
     epochs: E.
-    optimizer: the client's optax optimizer.
+    optimizer: the client's optimizer's name (`fl.optimizers.OPTIMIZERS`), built inside the
+      trial at the traced `Knobs.learning_rate`.
+    learning_rate: the client's rate when a trial is run without `Knobs`.
     input_layer: the honest model's dense layer on the flat input (the analytic attack's).
     output_layer: its classifier (iDLG reads its bias).
     hooks: the client's defense (`fl.client.ClientHooks`); None trains plain FedAvg.
     num_bins: the imprint layer's width n.
-    scale, restore_scale: `imprint.craft`'s.
+    scale, restore_scale: `imprint.craft`'s (restore_scale: the default of `Knobs`).
     inversion: `inversion.Settings`.
     value_range: the inputs' range (the inversion's box).
   """
@@ -66,8 +97,8 @@ class Game:
   batch_size: int
   capacity: int = 0
   epochs: int = 1
-  optimizer: optax.GradientTransformation = dataclasses.field(
-      default_factory=lambda: optax.sgd(0.1))
+  optimizer: str = 'sgd'
+  learning_rate: float = 0.1
   input_layer: str = 'fc1'
   output_layer: str = 'fc2'
   hooks: client.ClientHooks | None = None
@@ -91,6 +122,9 @@ class Game:
     """Rows of the `recovered` output: the capacity, or 1 for the analytic attack."""
     return 1 if self.attack == 'analytic' else self.capacity
 
+  def default_knobs(self, pool_size: int) -> Knobs:
+    return knobs(self.restore_scale, self.learning_rate, pool_size)
+
 
 def sent_model(game: Game) -> nn.Module:
   """The architecture the server sends: the imprint attack's block in front of the model."""
@@ -107,13 +141,16 @@ def _layer(params: Any, game: Game, name: str) -> Any:
   return params[imprint.BASE][name] if game.attack == 'imprint' else params[name]
 
 
-def server_params(game: Game, key: jax.Array, x_example: jax.Array, cuts: jax.Array) -> Any:
-  """The parameters the server sends: a random model, crafted for the imprint attack."""
+def server_params(game: Game, key: jax.Array, x_example: jax.Array, cuts: jax.Array,
+                  restore_scale: jax.Array | float | None = None) -> Any:
+  """The parameters the server sends: a random model, crafted for the imprint attack
+  (`restore_scale`, traced or not; None: the game's)."""
   k_init, k_craft = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
   params = sent_model(game).init(k_init, x_example[None])['params']
   if game.attack == 'imprint':
     params = imprint.craft(params, cuts, k_craft, scale=game.scale,
-                           restore_scale=game.restore_scale)
+                           restore_scale=game.restore_scale if restore_scale is None
+                           else restore_scale)
   return params
 
 
@@ -146,28 +183,32 @@ def attack(game: Game, key: jax.Array, params: Any, upload: Any, x_shape: tuple,
 
 
 def run(game: Game, key: jax.Array, x_pool: jax.Array, y_pool: jax.Array, cuts: jax.Array,
-        n: jax.Array) -> dict[str, jax.Array]:
-  """One trial of a client holding n examples (the first n of `index`; the rest padding).
+        n: jax.Array, knobs_: Knobs | None = None) -> dict[str, jax.Array]:
+  """One trial of a client holding n examples (the first n of `index`; the rest padding),
+  at `knobs_` (None: the game's restore scale and learning rate).
 
   Keys: `fold_in(key, 0)` the server's model, 1 the client's data, 2 the client's round
   (shuffling and the defense), 3 the attack (the inversion's restarts). The client's examples
-  are a prefix of one permutation of the pool and its minibatches depend only on its real
-  rows (`fl.local.masked_batch_order`), so a trial is the same in any program large enough.
+  are a prefix of one random order of the pool (`draw`) and its minibatches depend only on its
+  real rows (`fl.local.masked_batch_order`), so a trial is the same in any program large enough.
   """
   k_model, k_data, k_train, k_attack = (jax.random.fold_in(key, i) for i in range(4))
-  index = jax.random.permutation(k_data, x_pool.shape[0])[:game.capacity].astype(jnp.int32)
+  kn = game.default_knobs(x_pool.shape[0]) if knobs_ is None else knobs_
+  index = draw(k_data, x_pool.shape[0], kn.pool_size, game.capacity)
   mask = (jnp.arange(game.capacity) < n).astype(jnp.float32)
   x, y = x_pool[index], y_pool[index]
-  params = server_params(game, k_model, x[0], cuts)
+  params = server_params(game, k_model, x[0], cuts, kn.restore_scale)
+  optimizer = optimizers_lib.make(game.optimizer, kn.learning_rate)
   upload, _ = local.client_update(loss_fn_for(sent_model(game)), params, x, y, key=k_train,
-                                  hooks=game.hooks, mask=mask, optimizer=game.optimizer,
+                                  hooks=game.hooks, mask=mask, optimizer=optimizer,
                                   epochs=game.epochs, batch_size=game.batch_size)
   rec, valid, label = attack(game, k_attack, params, upload, x.shape, y, mask)
   return dict(index=index, recovered=rec, valid=valid, label=label)
 
 
 def make_trial(*games: Game):
-  """`trial_fn(key, index, x_pool, y_pool, cuts, n, branch)` for `eval.runner.run_trials`.
+  """`trial_fn(key, index, x_pool, y_pool, cuts, n, branch, knobs)` for
+  `eval.runner.run_trials` (`knobs`: a `Knobs` of traced scalars).
 
   With several games (one defense at several strengths: the same shapes, other constants in
   the hooks) the trial runs `games[branch]` (`lax.switch`): one program compiles them all,
@@ -177,10 +218,11 @@ def make_trial(*games: Game):
   if not games:
     raise ValueError('make_trial needs at least one game')
 
-  def trial_fn(key, index, x_pool, y_pool, cuts, n, branch):
+  def trial_fn(key, index, x_pool, y_pool, cuts, n, branch, knobs_):
     del index  # the key is already fold_in(run_key, index)
+    knobs_ = Knobs(*knobs_)
     if len(games) == 1:
-      return run(games[0], key, x_pool, y_pool, cuts, n)
-    return jax.lax.switch(branch, [lambda g=g: run(g, key, x_pool, y_pool, cuts, n)
+      return run(games[0], key, x_pool, y_pool, cuts, n, knobs_)
+    return jax.lax.switch(branch, [lambda g=g: run(g, key, x_pool, y_pool, cuts, n, knobs_)
                                    for g in games])
   return trial_fn

@@ -29,6 +29,10 @@ import numpy as np
 from fl_privacy.models import crafting
 
 STATISTICS = ('mean',)
+# Where the n thresholds go over the public statistic: at its quantiles k / n (the paper's
+# choice: each bin holds a 1/n share of the data), or evenly over its range (min + k (max -
+# min) / n; one of the adaptive server's alternatives, `pipelines.reconstruction_runs`).
+PLACEMENTS = ('quantile', 'uniform')
 # Parameter names of the block `inject` puts in front of a model.
 IMPRINT, RESTORE, BASE = 'imprint', 'restore', 'base'
 # Public statistics closer than this (relative to their scale) are one value to `thresholds`.
@@ -42,11 +46,14 @@ def statistic(x, name: str = 'mean'):
   return x.reshape(x.shape[0], -1).mean(axis=1)
 
 
-def thresholds(public: np.ndarray, num_bins: int, statistic: str = 'mean') -> np.ndarray:
+def thresholds(public: np.ndarray, num_bins: int, statistic: str = 'mean',
+               placement: str = 'quantile') -> np.ndarray:
   """The n bin thresholds t_0 <= ... <= t_{n-1}: the statistic's quantiles k / n (k = 0 ..
   n-1) over the inputs the server knows (`public` [N, ...]), so that each bin [t_k, t_{k+1})
   (the last one open above) holds a 1/n share of that distribution and almost nothing falls
   below t_0 (below every threshold an input fires no unit and cannot be recovered).
+  `placement='uniform'` puts them evenly over the public range instead (min + k (max - min)
+  / n: equal widths, unequal shares).
 
   Each quantile is then moved into the gap below the first distinct public value at or above
   it (values within 1e-6 of each other, relative, are one), half the smallest gap between
@@ -60,8 +67,13 @@ def thresholds(public: np.ndarray, num_bins: int, statistic: str = 'mean') -> np
     raise ValueError(f'statistic must be one of {STATISTICS} (got {statistic!r})')
   if num_bins < 1:
     raise ValueError(f'num_bins must be >= 1 (got {num_bins})')
+  if placement not in PLACEMENTS:
+    raise ValueError(f'placement must be one of {PLACEMENTS} (got {placement!r})')
   s = np.asarray(public, np.float64).reshape(len(public), -1).mean(axis=1)
-  q = np.quantile(s, np.arange(num_bins) / num_bins)
+  if placement == 'quantile':
+    q = np.quantile(s, np.arange(num_bins) / num_bins)
+  else:
+    q = s.min() + (s.max() - s.min()) * np.arange(num_bins) / num_bins
   # Distinct values: runs of sorted values closer than float32's resolution are one value
   # (8-bit pixels / 255 in float32 put each grid mean at many float64 values 1e-9 apart).
   srt = np.sort(s)

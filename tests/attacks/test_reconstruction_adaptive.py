@@ -1,0 +1,179 @@
+"""Reconstruction trials vmapped: chunk-free outcomes, traced knobs with the constants' numbers,
+one program for a learning-rate sweep and an adaptive server's grid, the public-only tuning,
+the clients' draw, and the Gaussian input mechanism's epsilon label (issue 41)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as sp_stats
+
+from fl_privacy import defenses
+from fl_privacy import models
+from fl_privacy.attacks.reconstruction import game
+from fl_privacy.attacks.reconstruction import imprint
+from fl_privacy.eval import runner
+from fl_privacy.pipelines import reconstruction_defenses
+
+_B, _BINS, _ROWS, _PUBLIC = 4, 32, 96, 40
+
+
+@functools.lru_cache(maxsize=1)
+def _setup():
+  """A small pool of 8x8 images on the 8-bit grid, a public split, thresholds, and one
+  compiled imprint trial (MLP of 16) shared by every test here."""
+  rng = np.random.default_rng(0)
+  x = (rng.integers(0, 256, size=(_ROWS, 8, 8, 1)) / 255.0).astype(np.float32)
+  y = rng.integers(0, 10, size=_ROWS).astype(np.int32)
+  cuts = jnp.asarray(imprint.thresholds(x[:_PUBLIC], _BINS), jnp.float32)
+  g = game.Game('imprint', models.MLP(hidden=(16,), num_classes=10), batch_size=_B,
+                num_bins=_BINS)
+  return jnp.asarray(x), jnp.asarray(y), cuts, g, game.make_trial(g)
+
+
+# Every run of the shared trial has this many trials in one vmapped group: one compilation.
+_TRIALS = 6
+
+
+def _run(trials, knobs, chunk_size=None, batch_bytes=None, key=3, trial_fn=None):
+  x, y, cuts, _, shared = _setup()
+  trial_fn = trial_fn or shared
+  return runner.run_trials(trial_fn, jax.random.key(key), trials, chunk_size=chunk_size,
+                           batch_bytes=batch_bytes, progress=False,
+                           args=(x, y, cuts, jnp.int32(_B), jnp.int32(0), knobs))
+
+
+def test_a_points_trials_do_not_depend_on_the_chunk_or_the_group_width():
+  kn = game.knobs(32.0, 0.1, _ROWS)
+  wide = _run(_TRIALS, kn)                                    # one vmapped group
+  narrow = _run(_TRIALS, kn, chunk_size=4, batch_bytes=1)     # one at a time, two chunks
+  np.testing.assert_array_equal(wide['index'], narrow['index'])
+  np.testing.assert_array_equal(wide['valid'], narrow['valid'])
+  np.testing.assert_allclose(wide['recovered'], narrow['recovered'], atol=1e-5)
+
+
+def test_traced_knobs_give_the_numbers_of_constants_and_compile_once():
+  _, _, _, g, _ = _setup()
+  # The constants' program: the same game with its restore scale and rate baked in.
+  baked = _run(_TRIALS, None, trial_fn=lambda k, i, x, y, c, n, b, kn: game.run(
+      g, k, x, y, c, n))
+  got = _run(_TRIALS, g.default_knobs(_ROWS))
+  # Decisions and draws identical; pixels to float rounding (XLA folds the constants in
+  # another order: 6e-7 measured), far inside the 1/255 of "exact".
+  for name in ('index', 'valid', 'label'):
+    np.testing.assert_array_equal(got[name], baked[name], name)
+  np.testing.assert_allclose(got['recovered'], baked['recovered'], atol=1e-5)
+  # Another restore scale and rate: no new compilation, other numbers.
+  size = runner._compiled.cache_info().misses  # pylint: disable=protected-access
+  other = _run(_TRIALS, game.knobs(3200.0, 0.01, _ROWS))
+  assert runner._compiled.cache_info().misses == size  # pylint: disable=protected-access
+  assert not np.allclose(other['recovered'], got['recovered'])
+
+
+def test_clients_are_drawn_without_replacement_from_the_real_rows_only():
+  keys = jax.random.split(jax.random.key(0), 400)
+  idx = np.asarray(jax.vmap(lambda k: game.draw(k, 50, jnp.int32(20), 6))(keys))
+  assert idx.max() < 20 and idx.min() >= 0
+  assert all(len(set(row)) == 6 for row in idx)
+  counts = np.bincount(idx.ravel(), minlength=20)
+  # Each of the 20 rows is in a client with probability 6/20: 120 of 400 expected, sd ~9.2.
+  assert counts.min() > 120 - 5 * 9.2 and counts.max() < 120 + 5 * 9.2, counts
+
+
+def test_under_update_noise_a_larger_restore_scale_recovers_more():
+  # The issue's probe: the imprint's signal is the server's choice, so noise that erases it at
+  # restore_scale 32 does not at 3,200. 32 clients of 4, the same clients for both.
+  noise = defenses.make('update_noise', sigma=1e-4)
+  x, y, cuts, g, _ = _setup()
+  noisy = game.make_trial(game.Game('imprint', g.model, batch_size=_B, num_bins=_BINS,
+                                    hooks=noise))
+  outs = [runner.run_trials(noisy, jax.random.key(1), 16, progress=False,
+                            args=(x, y, cuts, jnp.int32(_B), jnp.int32(0),
+                                  game.knobs(r, 0.1, _ROWS))) for r in (32.0, 3200.0)]
+  from fl_privacy.attacks.reconstruction import metrics  # pylint: disable=g-import-not-at-top
+  rec = [sum(metrics.trial_scores(o['recovered'][t], o['valid'][t],
+                                  np.asarray(x)[np.asarray(o['index'][t])])['recovered']
+             for t in range(16)) for o in outs]
+  # Clopper-Pearson intervals over the 64 examples do not overlap (taking examples as
+  # independent: clients of 4 in 32 bins rarely collide).
+  lo_hi = [sp_stats.binomtest(k, 64).proportion_ci() for k in rec]
+  assert lo_hi[0].high < lo_hi[1].low, rec
+
+
+def test_the_adaptive_server_tunes_on_public_clients_only(monkeypatch):
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction_runs as runs  # pylint: disable=g-import-not-at-top
+  x, y, cuts, g, trial_fn = _setup()
+  config = digits.get_config('smoke')
+  s = config.reconstruction
+  s.adaptive.restore_scales, s.adaptive.trials = (32.0, 3200.0), _TRIALS
+  s.psnr_threshold = 30.0
+  # The clients' pool is NaN: a tuning that read it would score nothing.
+  s.imprint.num_bins = _BINS
+  state = dict(x=jnp.full_like(x, jnp.nan), y=y, x_public=x, y_public=y, pool_size=_ROWS,
+               public_size=_PUBLIC, cuts=cuts)
+  monkeypatch.setattr(runs, 'program', lambda *a, **k: (trial_fn, _B))
+  p = dict(attack='imprint', batch_size=_B, num_batches=1, epochs=1, learning_rate=0.1)
+  chosen = runs.tune(config, state, p, (None,), 0, jax.random.key(0))
+  assert chosen['examples'] == _TRIALS * _B and len(chosen['candidates']) == 2
+  assert chosen['recovered'] > 0
+  assert chosen['restore_scale'] in (32.0, 3200.0)
+  # The thresholds come from the public rows alone.
+  np.testing.assert_array_equal(state['cuts_by'][('quantile', _BINS)], cuts)
+  # The public draws come from the public rows only and from a key stream of their own.
+  out = runs.simulate(config, state, p, (None,), 0, jax.random.key(0), public=True,
+                      trials=_TRIALS)
+  assert np.asarray(out['index']).max() < _PUBLIC
+  private = runs.simulate(config, dict(state, x=x), p, (None,), 0, jax.random.key(0),
+                          trials=_TRIALS)
+  assert not np.array_equal(np.asarray(out['index']), np.asarray(private['index']))
+  del reconstruction
+
+
+def test_the_learning_rate_sweep_repeats_only_multi_step_points():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  s = config.reconstruction
+  s.attacks, s.multi_step_attacks = ('imprint',), ('imprint',)
+  s.batch_sizes, s.num_batches, s.epochs = (8,), (1, 2), (1, 2)
+  s.learning_rates = (0.01, 0.1)
+  got = [(p['num_batches'], p['epochs'], p['learning_rate'])
+         for p in reconstruction.grid(config)]
+  assert got == [(1, 1, 0.1), (2, 1, 0.1), (1, 2, 0.1), (2, 1, 0.01), (1, 2, 0.01)]
+
+
+def test_the_gaussian_input_mechanisms_epsilon_is_its_exact_guarantee():
+  # Cross-check of dp-accounting's epsilon with the Gaussian mechanism's exact privacy profile
+  # (Balle & Wang 2018, Theorem 8): delta(eps) = Phi(D / 2s - eps s / D) - e^eps Phi(-D / 2s -
+  # eps s / D).
+  setting = defenses.Setting(num_classes=10, image_shape=(8, 8, 1), batch_size=8,
+                             num_examples=8, epochs=1, steps_per_epoch=1, rounds=1)
+  assert reconstruction_defenses.input_diameter(setting) == pytest.approx(8.0)
+  for nominal in (8.0, 1.0, 0.5):
+    m = reconstruction_defenses.gaussian_epsilon(nominal, setting, 1e-5)
+    d, s, e = 8.0, m['gaussian_sigma'], m['ldp_epsilon']
+    delta = (sp_stats.norm.cdf(d / (2 * s) - e * s / d) -
+             math.exp(e) * sp_stats.norm.cdf(-d / (2 * s) - e * s / d))
+    assert delta == pytest.approx(1e-5, rel=0.05), (nominal, m)
+    # The nominal calibration is loose: the exact epsilon is below it.
+    assert e < nominal
+
+
+def test_the_adaptive_grid_tries_the_fixed_setting_first_and_only_widths_that_fit():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction_runs as runs  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  a = config.reconstruction.adaptive
+  a.restore_scales, a.placements, a.num_bins = (3200.0, 32.0), ('uniform', 'quantile'), (64, 4)
+  got = runs.candidates(config, 8)
+  # A tie keeps the paper's server: its setting is tried first.
+  assert got[0] == (32.0, 'quantile', 256)
+  assert len(got) == len(set(got)) == 2 * 2 * 2      # 4 bins cannot hold 8 examples
+  assert {w for _, _, w in got} == {256, 64}
