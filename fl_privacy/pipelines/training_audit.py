@@ -201,6 +201,9 @@ def unused_fields(config) -> dict[str, str]:
     out['training_audit.direction'] = why
   out.update({f'training_audit.samplings.{d}': f'{d} is not in training_audit.defenses'
               for d in s.samplings.keys() if d not in chosen})
+  if chosen == {'ldp_sgd'}:
+    out['training_audit.accountant'] = ("read only by the noise defenses' accountants (ldp_sgd's "
+                                        'claim is a pure epsilon: no accountant composes it)')
   out.update({f'game.{f}': 'read only by the trial runner of the other games (the audit '
               'chunks its trainings by training_audit.chunk)'
               for f in ('chunk_size', 'batch_bytes')})

@@ -161,3 +161,26 @@ def test_defense_reads_covers_what_configure_records(name):
   section.target_epsilon = 4.0
   if name in defenses.DP_DEFENSES:
     assert 'noise_multiplier' not in base.defense_reads(section)
+
+
+def test_training_audit_declares_what_its_chosen_threats_and_defenses_do_not_read():
+  from fl_privacy.pipelines import training_audit  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  s = config.training_audit
+  unused = training_audit.unused_fields(config)
+  # The trainings are chunked by training_audit.chunk, never by the trial runner's fields.
+  assert {'game.chunk_size', 'game.batch_bytes'} <= set(unused)
+  assert not any(f.startswith('training_audit.') for f in unused)   # the default reads all
+  s.threats = ('side_channel',)
+  unused = training_audit.unused_fields(config)
+  assert {'training_audit.record.canaries', 'training_audit.client.twins',
+          'training_audit.chunk', 'training_audit.canary_norm'} <= set(unused)
+  # The canaries' shares still size the federation the claim is calibrated for.
+  assert 'training_audit.client.canary_share' not in unused
+  assert 'training_audit.record.canaries_per_client' not in unused
+  s.threats = ('all_iterates',)
+  s.defenses = ('ldp_sgd',)
+  unused = training_audit.unused_fields(config)
+  assert 'pure epsilon' in unused['training_audit.accountant']
+  s.defenses = ('ldp_sgd', 'update_dp')
+  assert 'training_audit.accountant' not in training_audit.unused_fields(config)
