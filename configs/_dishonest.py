@@ -34,8 +34,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       (run index even), half outside. Paper: 400.
     M: numbers of detected feature values (the detector has 2M+1 ReLU neurons). Each must be
       <= the feature dimension of the model's trunk and 2M <= the width of `fc1`.
-    optimizers: client optimizers, from `fl.optimizers.OPTIMIZERS`. 'sgd' is the paper's SGD
-      (lr `learning_rate`, momentum `momentum`), 'adam' Adam with defaults (lr
+    optimizers: client optimizers, from `fl.optimizers.OPTIMIZERS`. 'momentum' is the paper's
+      SGD (lr `learning_rate`, heavy-ball momentum `momentum`), 'sgd' plain SGD (no momentum),
+      'adam' Adam with defaults (lr
       `learning_rate`).
     num_batches: J, minibatches per epoch (client data N = J * batch_size). J * batch_size must
       be < the training split's size.
@@ -48,7 +49,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     epsilon: the detector's bias eps (paper: 1e-3).
     threshold: xi, member iff Delta >= xi (paper: 0.1).
     learning_rate: client learning rate (paper: 1e-3 for SGD; Adam's default 1e-3).
-    momentum: momentum of 'sgd' and 'momentum' (paper: 0.9); ignored by other optimizers.
+    momentum: momentum of 'momentum' (paper: 0.9); read by no other optimizer.
     padding: FlowerCNN convolution padding: 'SAME' for 8x8 digits (VALID would leave nothing
       after two 5x5 convolutions), 'VALID' otherwise (the Flower tutorial's CNN).
     split: the split runs draw client data and targets from (paper: 'train').
@@ -59,14 +60,14 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       classes); 0 disables near duplicates.
   The section serves two experiments: `experiments.duplicates` reads `duplicate_splits` and
   `near_threshold` only, `experiments.dishonest_mia` everything else (the centre only under
-  'one_at_a_time', the momentum only with 'sgd' or 'momentum'); a command-line override of a
+  'one_at_a_time', the momentum only with 'momentum'); a command-line override of a
   field the experiment run does not read is refused (exit 2).
   """
   num_batches, center_j = _NUM_BATCHES.get(dataset, (PAPER_NUM_BATCHES, 128))
   s = ml_collections.ConfigDict()
   s.runs = 400
   s.M = PAPER_M
-  s.optimizers = ('sgd', 'adam')
+  s.optimizers = ('momentum', 'adam')
   s.num_batches = num_batches
   s.epochs = PAPER_EPOCHS
   s.grid = 'one_at_a_time'
@@ -83,7 +84,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   if smoke:
     s.runs = 16
     s.M = (1, 4)
-    s.optimizers = ('sgd', 'adam')
+    s.optimizers = ('momentum', 'adam')
     s.num_batches = (2,)
     s.epochs = (1,)
     s.grid = 'product'

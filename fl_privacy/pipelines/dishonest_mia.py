@@ -100,7 +100,7 @@ def validate_config(config) -> None:
 def unused_fields(config) -> dict[str, str]:
   """The `dishonest` fields this run does not read (`base.unused`: a command-line override of
   one is refused rather than recorded as if it ran): `experiments.duplicates`' own fields,
-  the centre under the product grid, the momentum without 'sgd' or 'momentum'. {} for a config
+  the centre under the product grid, the momentum without 'momentum'. {} for a config
   validation refuses (it names the field itself)."""
   s = config.dishonest
   why = 'read only by experiments.duplicates'
@@ -112,9 +112,9 @@ def unused_fields(config) -> dict[str, str]:
   if s.grid == 'product':
     out.update({f'dishonest.center.{f}': "read only by grid 'one_at_a_time' (the grid is "
                 "'product')" for f in s.center.keys()})
-  if not {'sgd', 'momentum'} & set(optimizers):
-    out['dishonest.momentum'] = (f"read only by optimizers 'sgd' and 'momentum' (not in "
-                                 f'{optimizers})')
+  if 'momentum' not in optimizers:
+    out['dishonest.momentum'] = (f"read only by optimizer 'momentum' (not in {optimizers}; "
+                                 "'sgd' is plain SGD, without heavy-ball momentum)")
   return out
 
 
@@ -179,10 +179,11 @@ def prepare(config) -> dict:
 
 
 def make_optimizer(config, name: str):
-  """The client's optimizer; 'sgd' and 'momentum' use `dishonest.momentum` (paper: 0.9)."""
+  """The client's optimizer; 'momentum' (the paper's SGD) uses `dishonest.momentum` (paper:
+  0.9), 'sgd' is plain SGD."""
   s = config.dishonest
   kw = {}
-  if name in ('sgd', 'momentum') and s.momentum > 0:
+  if name == 'momentum':
     kw['momentum'] = float(s.momentum)
   return optimizers_lib.make(name, float(s.learning_rate), field='dishonest.optimizers', **kw)
 

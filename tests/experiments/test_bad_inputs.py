@@ -412,6 +412,11 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.data.image_size=100000'],
      "config.data.image_size: must be small enough for the resized images (1,438 images x "
      "100000^2 pixels x 1 channels x 5 bytes: uint8 and float32) to fit in memory"),
+    ("a momentum the dishonest client's plain SGD does not read", 'dishonest_mia',
+     lambda t: ['--config=configs/digits.py:smoke', "--config.dishonest.optimizers=('sgd',)",
+                '--config.dishonest.momentum=0.5'],
+     "config.dishonest.momentum: must be left at its default: read only by optimizer "
+     "'momentum' (not in ('sgd',); 'sgd' is plain SGD, without heavy-ball momentum)"),
     ('the same split twice', 'duplicates',
      lambda t: ['--config=configs/digits.py:smoke',
                 "--config.dishonest.duplicate_splits=('train','train')"],

@@ -16,7 +16,7 @@ from fl_privacy import validate
 from tests.experiments import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SMALL = ('--config.dishonest.M=(4,)', "--config.dishonest.optimizers=('sgd',)",
+SMALL = ('--config.dishonest.M=(4,)', "--config.dishonest.optimizers=('momentum',)",
          '--config.dishonest.runs=4')
 
 

@@ -25,7 +25,7 @@ def test_results_schema(smoke):
   runs = results['config']['dishonest']['runs']
   points = results['points']
   assert {(p['params']['M'], p['params']['optimizer']) for p in points} == {
-      (1, 'sgd'), (4, 'sgd'), (1, 'adam'), (4, 'adam')}
+      (1, 'momentum'), (4, 'momentum'), (1, 'adam'), (4, 'adam')}
   for p in points:
     assert set(p['params']) == {'M', 'optimizer', 'num_batches', 'epochs', 'defense'}
     assert p['params']['defense'] == 'none'

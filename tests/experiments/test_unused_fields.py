@@ -184,3 +184,38 @@ def test_training_audit_declares_what_its_chosen_threats_and_defenses_do_not_rea
   assert 'pure epsilon' in unused['training_audit.accountant']
   s.defenses = ('ldp_sgd', 'update_dp')
   assert 'training_audit.accountant' not in training_audit.unused_fields(config)
+
+
+def _two_updates(opt, lr):
+  """The updates of two steps on the same gradient, in units of -lr x gradient."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  params = {'w': jnp.zeros(3)}
+  grad = {'w': jnp.array([1.0, -2.0, 0.5])}
+  state = opt.init(params)
+  out = []
+  for _ in range(2):
+    upd, state = opt.update(grad, state, params)
+    out.append(float(upd['w'][0]) / (-lr))
+  return out
+
+
+def test_sgd_has_no_momentum_in_any_experiment():
+  # optimizer='sgd' is plain SGD wherever an experiment names its optimizer; heavy-ball
+  # momentum is 'momentum' (a second step of momentum 0.9 moves 1.9 x lr x the gradient).
+  from fl_privacy.fl import optimizers  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import fedmia  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import training_audit_runs  # pylint: disable=g-import-not-at-top
+  config = digits.get_config('smoke')
+  lr = float(config.dishonest.learning_rate)
+  assert _two_updates(dishonest_mia.make_optimizer(config, 'sgd'), lr) == pytest.approx([1, 1])
+  assert _two_updates(dishonest_mia.make_optimizer(config, 'momentum'), lr) == pytest.approx(
+      [1, 1.9])
+  config.dishonest.optimizers = ('sgd', 'adam')
+  assert 'plain SGD' in dishonest_mia.unused_fields(config)['dishonest.momentum']
+  config.fedmia.optimizer = 'sgd'
+  config.fedmia.weight_decay = 0.0
+  lr = float(config.fedmia.learning_rate)
+  assert _two_updates(fedmia.make_optimizer(config)(0), lr) == pytest.approx([1, 1])  # round 0
+  # The training audit's and the reconstruction client's optimizer: `optimizers.make(name, lr)`.
+  assert _two_updates(training_audit_runs.optimizer('sgd', 0.5), 0.5) == pytest.approx([1, 1])
+  assert _two_updates(optimizers.make('sgd', 0.1), 0.1) == pytest.approx([1, 1])
