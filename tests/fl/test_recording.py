@@ -18,6 +18,7 @@ from fl_privacy.fl import losses
 from fl_privacy.fl import queries
 from fl_privacy.fl import recording
 from fl_privacy.fl import rounds
+from tests import decisions
 
 MODEL = models.MLP(hidden=(8,), num_classes=3)
 OPT = optax.sgd(0.2, momentum=0.9)
@@ -71,8 +72,8 @@ def test_segments_equal_one_run():
     for name in ('loss', 'cos', 'diff'):
       np.testing.assert_allclose(got[name][i], getattr(want, name), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got['grad_sq'][i], want.grad_sq, rtol=1e-4)
-  final_correct = int(np.sum(np.argmax(MODEL.apply(p, qx), -1) == qy))
-  assert got['test_correct'][-1] == final_correct and int(got['num_test']) == 10
+  decisions.assert_correct_count(got['test_correct'][-1], MODEL.apply(p, qx), qy)
+  assert int(got['num_test']) == 10
   assert got['loss'].shape == (2, 3, 10) and list(got['rounds']) == [2, 5]
 
 
@@ -116,7 +117,7 @@ def test_test_split_progress_and_a_run_without_test_split():
     logits = MODEL.apply(p, qx)
     correct = int(np.sum(np.argmax(logits, -1) == ty))
     assert correct not in np.bincount(ty, minlength=3)
-    assert got['test_correct'][t] == correct
+    decisions.assert_correct_count(got['test_correct'][t], logits, ty)
     np.testing.assert_allclose(got['test_loss'][t], float(losses.cross_entropy(logits, ty)),
                                rtol=1e-5)
     assert seen[t][0] == t and seen[t][1]['round'] == t
@@ -199,7 +200,8 @@ def test_member_accuracy_is_the_final_global_models_on_the_given_rows():
                     num_rounds=2, optimizer=OPT, epochs=1, batch_size=3)
   correct = int(np.sum(np.argmax(MODEL.apply(p, mx), -1) == my))
   assert correct not in np.bincount(my, minlength=3)
-  assert int(got['member_correct']) == correct and int(got['num_member']) == 12
+  decisions.assert_correct_count(int(got['member_correct']), MODEL.apply(p, mx), my)
+  assert int(got['num_member']) == 12
   bare = recording.train_recorded(MODEL.apply, params, clients, qx, qy, **kw)
   assert 'member_correct' not in bare and 'num_member' not in bare
 

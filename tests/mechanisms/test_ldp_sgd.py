@@ -254,8 +254,16 @@ def test_randomize_is_the_documented_draw_from_three_keys():
                   1.0, -1.0)
   v = np.asarray(jax.random.normal(k_dir, (n, dim), jnp.float32))
   v = v / np.linalg.norm(v, axis=-1, keepdims=True)
-  side = np.where(np.sum(direction * v, axis=-1) >= 0, 1.0, -1.0) * pole
+  dot = np.sum(direction * v, axis=-1)
+  side = np.where(dot >= 0, 1.0, -1.0) * pole
   keep = np.asarray(jax.random.bernoulli(k_keep, 1 / (1 + np.exp(-eps)), (n,)))
   want = np.where(keep, side, -side)[:, None] * v
+  # Each draw is a comparison (a sign, a uniform below a probability) recomputed here outside
+  # the jitted program: none may sit within rounding of its boundary, or another CPU's
+  # rounding could flip it (the inputs are fixed: this checks they stay clear of it).
+  u_pole = np.asarray(jax.random.uniform(k_pole, (n,)))
+  u_keep = np.asarray(jax.random.uniform(k_keep, (n,)))
+  assert np.min(np.abs(dot)) > 1e-4 and np.min(np.abs(u_pole - p_pole)) > 1e-5
+  assert np.min(np.abs(u_keep - 1 / (1 + np.exp(-eps)))) > 1e-5
   np.testing.assert_allclose(ldp_sgd.randomize(key, jnp.asarray(g), eps, clip_norm), want,
                              rtol=1e-5, atol=1e-6)
