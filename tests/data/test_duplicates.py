@@ -45,7 +45,10 @@ def test_near_groups_agrees_with_scipy_connected_components():
   rng = np.random.default_rng(1)
   v = rng.normal(size=(120, 5)).astype(np.float32)
   threshold = 0.9
-  adj = cdist(v, v) <= threshold
+  d = cdist(v, v)
+  # No pair within rounding of the threshold: the library's distances round differently.
+  assert np.min(np.abs(d - threshold)) > 1e-5
+  adj = d <= threshold
   _, labels = connected_components(adj, directed=False)
   expected = sorted(sorted(np.flatnonzero(labels == c).tolist())
                     for c in np.unique(labels) if np.sum(labels == c) >= 2)
@@ -73,6 +76,7 @@ def test_cross_matches_exact_and_near():
   assert [(i, m.tolist()) for i, m in near] == [(0, [3, 10, 250]), (1, [150]), (2, [5])]
   # Agreement with brute-force distances from scipy.
   d = cdist(test.reshape(4, -1) / 255.0, train.reshape(300, -1) / 255.0)
+  assert np.min(np.abs(d - 0.04)) > 1e-6   # no pair within rounding of the threshold
   assert [(i, np.flatnonzero(d[i] <= 0.04).tolist()) for i in range(4)
           if np.any(d[i] <= 0.04)] == [(i, m.tolist()) for i, m in near]
 
