@@ -632,3 +632,30 @@ def test_zero_width_intervals_are_counted_as_not_estimable(monkeypatch):
   res = coverage.coverage(design, 3, {'auc_a': 0.7}, rng=np.random.default_rng(0),
                           num_experiments=6)
   assert res[('auc_a', 't')]['not_estimable'] == 3 and res[('auc_a', 't')]['covered'] == 3
+
+
+def test_all_equal_edges():
+  # From mutation survivors: one value agrees with itself, no values do not, the tolerance
+  # is relative to max(1, |value|) and inclusive (a spread of exactly EQUAL_TOL: 0 and 1e-11
+  # are exact doubles and their difference is exact).
+  assert replicated.all_equal([0.3]) and not replicated.all_equal([])
+  assert replicated.all_equal([0.0, replicated.EQUAL_TOL])
+  assert not replicated.all_equal([0.0, 1.5 * replicated.EQUAL_TOL])
+  assert replicated.all_equal([3.0, 3.0 + 2.5 * replicated.EQUAL_TOL])
+
+
+def test_holm_family_reads_a_missing_p_as_no_test_and_its_alpha():
+  # From mutation survivors. m = 4; sorted p 0.001, 0.004, 0.02, (missing): x 4, 3, 2 = 0.004,
+  # 0.012, 0.04.
+  rows = [dict(auc_diff=0.1, auc_diff_p=0.02, tpr_diff=0.05),  # a row written before p
+          dict(auc_diff=0.1, auc_diff_p=0.001, tpr_diff=0.05, tpr_diff_p=0.004)]
+  out = replicated.holm_family(rows)
+  assert np.isnan(out[0]['tpr_p_holm']) and out[0]['tpr_verdict_holm'].startswith('not estim')
+  assert [out[1]['auc_p_holm'], out[1]['tpr_p_holm'], out[0]['auc_p_holm']] == pytest.approx(
+      [0.004, 0.012, 0.04])
+  assert all(out[i][f'{q}_verdict_holm'].startswith('A better')
+             for i, q in ((1, 'auc'), (1, 'tpr'), (0, 'auc')))
+  strict = replicated.holm_family(rows, alpha=0.01)
+  assert strict[1]['auc_verdict_holm'].startswith('A better')
+  assert strict[1]['tpr_verdict_holm'].startswith('no difference')
+  assert strict[0]['auc_verdict_holm'].startswith('no difference')
