@@ -24,7 +24,7 @@ INDEX_BYTES = 8
 
 def check_swept_values(config) -> None:
   """Refuses swept values no point runs whatever attacks are chosen: a batch size above every
-  attack's `max_examples`, a J whose N = J x center.<attack> exceeds it for every multi-step
+  attack's `max_examples` (and batch sizes of which the chosen attacks run none), a J whose N = J x center.<attack> exceeds it for every multi-step
   attack, a centre J whose E sweep runs for none, a figure grid wider than any client, and a
   PSNR threshold above the cap no score reaches. (An attack's own cap dropping some sizes is the design: `max_examples`.)"""
   s, p = config.reconstruction, PREFIX
@@ -34,6 +34,11 @@ def check_swept_values(config) -> None:
     validate.require(int(b) <= top, f'{p}.batch_sizes', f'sizes some attack runs: each at most '
                      f'the largest max_examples ({top}; a larger client runs at no point)',
                      tuple(s.batch_sizes))
+  chosen = max(tops[a] for a in s.attacks)
+  validate.require(any(int(b) <= chosen for b in s.batch_sizes), f'{p}.batch_sizes',
+                   f'sizes the chosen attacks run (at least one <= {chosen}, the largest '
+                   'max_examples of reconstruction.attacks; else no batch-size point runs)',
+                   tuple(s.batch_sizes))
   multi = [a for a in s.multi_step_attacks if a in tops]
   if multi:
     for j in s.num_batches:

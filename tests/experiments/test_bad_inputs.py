@@ -389,6 +389,12 @@ ROWS = [
      lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.batch_sizes=(128,)'],
      "config.reconstruction.batch_sizes: must be sizes some attack runs: each at most the "
      "largest max_examples (64; a larger client runs at no point) (got (128,))"),
+    ('batch sizes the chosen attack never runs', 'reconstruction',
+     lambda t: ['--config=configs/digits.py:smoke', "--config.reconstruction.attacks=('inversion',)",
+                '--config.reconstruction.batch_sizes=(8,)'],
+     "config.reconstruction.batch_sizes: must be sizes the chosen attacks run (at least one <= "
+     "1, the largest max_examples of reconstruction.attacks; else no batch-size point runs) "
+     "(got (8,))"),
     ('a J no multi-step attack runs', 'reconstruction',
      lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.num_batches=(1000,)'],
      "config.reconstruction.num_batches: must be J some multi-step attack runs"),
