@@ -185,7 +185,9 @@ def test_refuse_unused_names_an_override_the_run_does_not_read():
   unused = base.unused(ldp_audit, config)
   assert 'ldp_audit.candidates' in unused and 'ldp_audit.int_bits' in unused
   assert 'ldp_audit.sensitivity' not in unused and 'ldp_audit.num_features' not in unused
-  assert base.unused(object(), config) == {}  # a pipeline that declares none
+  # A pipeline that declares none: only the data section's fields its dataset does not read.
+  assert base.unused(object(), config) == base.data_unused(config) == {
+      'data.attribute': "read only by data.name='celeb_a' (the data is 'digits')"}
 
 
 @pytest.mark.parametrize('text,needle', [
