@@ -133,10 +133,12 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
                                                restarts=2))
   s.defenses = _defenses(smoke)
   s.defense_attacks = ('imprint',)
-  s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 320.0, 3200.0, 32000.0),
+  s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 3200.0, 32000.0),
                                               placements=('quantile', 'uniform'), num_bins=(),
-                                              trials=128))
-  s.dp_sgd_samplings = ('poisson', 'shuffle')
+                                              trials=64))
+  # Poisson only by default: the shuffled sampling recovers the same (0 / 0 / 0 at z = 1e-3, 1e-2, 1
+  # and 0.178 for the adaptive server at 1e-3 in a run with both) and changes only the epsilon label.
+  s.dp_sgd_samplings = ('poisson',)
   s.dp_clip = 1.0
   s.dp_delta = 1e-5
   s.utility = ml_collections.ConfigDict(dict(rounds=10, examples=256, trials=2))

@@ -88,9 +88,9 @@ def program(config, state, p: dict, group: tuple, num_bins: int | None = None) -
 
 
 # Trials per chunk unless `game.chunk_size` says otherwise: one chunk shape for every run of a
-# program (1,000 private trials in 8 chunks, the last padded; an adaptive server's 128 public
+# program (1,000 private trials in 16 chunks, the last padded; an adaptive server's 64 public
 # ones in one), so that the tuning compiles nothing new.
-CHUNK = 128
+CHUNK = 64
 
 
 def run_options(config) -> dict:
