@@ -218,3 +218,28 @@ def test_p_verdict_reads_the_side_of_the_difference():
   assert paired.p_verdict(float('nan'), 0.01).startswith('not estimable')
   with pytest.raises(ValueError, match=r'alpha must be in \(0, 1\)'):
     paired.p_verdict(0.1, 0.01, alpha=0.0)
+
+
+def test_verdict_and_holm_edges():
+  # From mutation survivors. The zero-width scale is max(1, |limits|): tiny limits are judged
+  # on an absolute 1e-11, and a width above it (1.5e-11) is a width.
+  assert paired.verdict(-1e-13, 1e-13) == paired.NOT_ESTIMABLE
+  assert paired.verdict(0.0, 1.5e-11).startswith('no difference')
+  # An interval that touches 0 holds it.
+  assert paired.verdict(0.0, 0.5).startswith('no difference')
+  assert paired.verdict(-0.5, 0.0).startswith('no difference')
+  # p = 0 and p = 1 are p-values.
+  np.testing.assert_allclose(paired.holm([0.0, 0.5]), [0.0, 0.5])
+  np.testing.assert_allclose(paired.holm([1.0]), [1.0])
+  with pytest.raises(ValueError, match=r'got \[1\.2\]'):
+    paired.holm([0.0, 1.0, 1.2])
+  with pytest.raises(ValueError, match=r'got \[1\.2 1\.3 1\.4\]\)'):
+    paired.holm([1.2, 1.3, 1.4, 1.5])
+
+
+def test_p_verdict_edges():
+  assert paired.p_verdict(0.1, float('nan')) == (
+      'not estimable (zero-width or undefined interval: no test)')
+  assert paired.p_verdict(0.1, 0.05).startswith('no difference')  # p < alpha, strictly
+  with pytest.raises(ValueError, match='alpha'):
+    paired.p_verdict(0.1, 0.01, alpha=1.0)
