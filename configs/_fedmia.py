@@ -103,10 +103,10 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     rmia_a: RMIA's offline parameter a in [0, 1] (Pr(x) = ((1 + a) Pr_OUT(x) + 1 - a) / 2):
       0.33 on cifar10, 0.6 on cifar100 (the authors' configs), 1.0 elsewhere.
     bootstrap_resamples: resamples of the bootstraps: with one replicate the query-cluster
-      bootstrap of every TPR at low FPR (`_boot_low` / `_boot_high`), with R >= 2 replicates
-      the hierarchical bootstrap of `eval.replicated`, run only where it is the reported
-      interval (R > 30; below, the t-interval over the replicates is reported and the
-      `_boot_` fields are NaN). 1,000.
+      bootstrap of every TPR at low FPR (`_boot_low` / `_boot_high`); with R >= 2 replicates
+      the reported interval is Student's t over them at every R (`eval.replicated`: the
+      hierarchical bootstrap over-covers, benchmarks/README.md, "Coverage of the intervals")
+      and the `_boot_` fields are NaN. 1,000.
     outlier_filter: FedMIA's filter when the name gives none: 'paper' (default: the paper's
       Eqs. 8-9, which cannot fire with <= 10 shadows), 'leave_one_out' (ours), 'none'. Tables
       label each FedMIA row with its filter. It applies to FedMIA-I and FedMIA-II in every
@@ -137,9 +137,9 @@ def section(dataset: str, smoke: bool, setting: str = 'leaky') -> ml_collections
     replicates: R independent trainings of every setting (replicate r's key fold_in(run key,
       r) redraws the partition, w_0 and the clients' keys; a defense and the undefended run of
       the same replicate share them): every rate, AUC and paired claim is reported over the R
-      trainings (`eval.replicated`: the t-interval over replicates, or the hierarchical
-      bootstrap, as the result's `interval_method` says), each replicate stored and resumed on
-      its own. Default 3 (smoke: 2).
+      trainings (`eval.replicated`: Student's t over the replicates for R >= 2, one training's
+      conditional bootstrap for R = 1, as the result's `interval_method` says), each replicate
+      stored and resumed on its own. Default 3 (smoke: 2).
     chunk_size: queries per measurement chunk (memory ~ chunk x parameters, refused before
       the run when 2 x chunk x parameters floats cannot fit; results do not
       depend on it). Digits: 32 (measured on the 2-core machine, one leaky main training
