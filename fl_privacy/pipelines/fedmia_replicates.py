@@ -8,7 +8,9 @@ numbers) while the replicates are independent. A point's attack statistics (AUC,
 intervals include the training-to-training variation and the dependence of entries that share
 a training, a target client or a query; the single-training intervals (DeLong, Clopper-Pearson
 on entries taken as independent, the query-cluster bootstrap) are kept per replicate under
-`conditional`, and are what under-covers (`eval.coverage`, BUILD.md).
+`conditional`; they cover the queries of one training only, and under-cover when trainings
+differ (`eval.coverage`; benchmarks/README.md, "Coverage of the intervals", where the fit to
+the measured runs found no such difference on digits).
 """
 
 from __future__ import annotations
