@@ -185,3 +185,21 @@ def test_change_carries_the_t_test_and_change_lines_adjust_the_family():
   assert rows[1].split(' | ')[3].startswith('not estimable')
   assert rows[2] == '| old point | - | - | - | - | - | - |'
   assert pastel_replicates.change_lines([]) == []
+
+
+def test_change_lines_state_the_family_in_words():
+  # From mutation survivors: the text a reader gets, with m = 2 x 20 = 40 changes.
+  lines = pastel_replicates.change_lines([(f'p{i}', {}) for i in range(20)])
+  assert lines[:2] == ['## Paired changes against `none` as claims', '']
+  assert lines[2] == (
+      'The 40 changes below (AUC and TPR at 0.1% FPR of every defended point) form one '
+      'family. "verdict": from the interval alone, each at 95%, unadjusted (exploratory: with '
+      'no change anywhere about 2.0 would read "better" or "worse" by chance; A = the defended '
+      'training, B = `none`: "A better" means the attack does better against the defense). '
+      '"Holm": the family adjusted (Holm 1979, two-sided p-values of the per-replicate t '
+      'statistics, family-wise 95%). A zero-width interval (replicates that agree) supports no '
+      'verdict: "not estimable".')
+  assert lines[3:6] == [
+      '', '| point | AUC change [95%] | verdict (AUC) | Holm (AUC) | TPR@0.1% change [95%] | '
+      'verdict (TPR@0.1%) | Holm (TPR@0.1%) |', '|---|---|---|---|---|---|---|']
+  assert len(lines) == 6 + 20 + 1
