@@ -10,10 +10,11 @@ from __future__ import annotations
 import ml_collections
 
 ATTACKS = ('imprint', 'analytic', 'inversion')
-# Colour images (32x32x3 = 3,072 inputs): a wider MLP, more trials and a longer inversion, for
-# an accelerator (python -m experiments.reconstruction --config=configs/cifar10.py). Not run
-# on this machine (no CIFAR-10 offline); the digits numbers are docs/experiments/reconstruction.md.
-_COLOUR = dict(hidden=(256,), trials=128, inversion_trials=64, inversion_steps=1000)
+# Colour images (32x32x3 = 3,072 inputs): a wider MLP and a longer inversion (fewer inversion
+# trials: each is 1,000 steps on 3,072 inputs), for an accelerator (python -m
+# experiments.reconstruction --config=configs/cifar10.py). Not run on this machine (no CIFAR-10
+# offline); the digits numbers are docs/experiments/reconstruction.md.
+_COLOUR = dict(hidden=(256,), trials=1000, inversion_trials=128, inversion_steps=1000)
 
 
 def _defenses(smoke: bool) -> ml_collections.ConfigDict:
@@ -22,9 +23,10 @@ def _defenses(smoke: bool) -> ml_collections.ConfigDict:
   if smoke:
     d.update_dp = (1e-5,)
     return d
-  # The imprint's per-example signal in an upload is small (about 1e-4 per entry here), so
-  # noise erases it long before its epsilon means anything: each noise sweep spans the
-  # transition and ends at a noise with a usable epsilon (docs/experiments/reconstruction.md).
+  # The fixed server's imprint signal in an upload is small (about 1e-4 per entry at restore
+  # scale 32), so noise far from any meaningful epsilon erases it; the adaptive server raises
+  # it and still recovers there. Each noise sweep spans that transition and ends at a noise with
+  # a usable epsilon, which stops both (docs/experiments/reconstruction.md).
   d.dp_sgd = (1e-3, 1e-2, 1.0)             # noise multiplier z (clip `dp_clip` per example)
   d.update_dp = (1e-6, 1e-5, 0.1)          # noise multiplier z (the update clipped to `dp_clip`)
   d.update_noise = (1e-7, 1e-6, 1e-5)      # sigma of N(0, sigma^2) per parameter
@@ -50,9 +52,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       `inversion` (Geiping et al., optimisation from the honest model's upload) run.
     model: the honest model (`fl_privacy.models.MODELS`); the analytic attack needs 'mlp' (a
       dense layer on the input). hidden: the MLP's hidden widths; padding: FlowerCNN's.
-    trials: trials (clients) per point, run vmapped (`eval.runner.run_trials`; 1,000: the
-      issue's >= 1,000 within the 6-minute budget); inversion_trials: the same for the
-      inversion (each trial is an optimisation: 1,000 fit, about 25 s a point here).
+    trials: trials (clients) per point, run vmapped (`eval.runner.run_trials`; 1,000, issue
+      41's floor; the default's time: docs/experiments/reconstruction.md); inversion_trials:
+      the same for the inversion (each trial is an optimisation: 1,000 take 20-30 s a point
+      here).
     batch_sizes: B of the batch-size sweep (one local step: J = 1, E = 1).
     num_batches: J of the multi-step sweep (N = J x B examples, B = center.<attack>; J = 8 at
       B = 8 is breaching's FedAvg imprint example: 64 examples, 8 steps of 8).
