@@ -40,12 +40,27 @@ def _setup():
 _TRIALS = 6
 
 
-def _run(trials, knobs, chunk_size=None, batch_bytes=None, key=3, trial_fn=None):
-  x, y, cuts, _, shared = _setup()
-  trial_fn = trial_fn or shared
-  return runner.run_trials(trial_fn, jax.random.key(key), trials, chunk_size=chunk_size,
-                           batch_bytes=batch_bytes, progress=False,
-                           args=(x, y, cuts, jnp.int32(_B), jnp.int32(0), knobs))
+def _run(trials, knobs, chunk_size=None, batch_bytes=None, key=3):
+  x, y, cuts, _, trial_fn = _setup()
+  # The pipeline's precision (`reconstruction_runs.simulate`), so that its runs below reuse
+  # this program (the precision is part of a program's identity).
+  with jax.default_matmul_precision('highest'):
+    return runner.run_trials(trial_fn, jax.random.key(key), trials, chunk_size=chunk_size,
+                             batch_bytes=batch_bytes, progress=False,
+                             args=(x, y, cuts, jnp.int32(_B), jnp.int32(0), knobs))
+
+
+def _vmapped(g, trials, key=3):
+  """`(knobs) -> outcomes` of `trials` trials of game `g`, keyed as the runner keys them,
+  one vmapped program (knobs None: the game's constants)."""
+  x, y, cuts, _, _ = _setup()
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(key), i))(jnp.arange(trials))
+  fn = jax.jit(jax.vmap(lambda k, kn: game.run(g, k, x, y, cuts, jnp.int32(_B), kn),
+                        in_axes=(0, None)))
+  def run(kn):
+    with jax.default_matmul_precision('highest'):
+      return jax.tree.map(np.asarray, fn(keys, kn))
+  return run
 
 
 def test_a_points_trials_do_not_depend_on_the_chunk_or_the_group_width():
@@ -60,8 +75,7 @@ def test_a_points_trials_do_not_depend_on_the_chunk_or_the_group_width():
 def test_traced_knobs_give_the_numbers_of_constants_and_compile_once():
   _, _, _, g, _ = _setup()
   # The constants' program: the same game with its restore scale and rate baked in.
-  baked = _run(_TRIALS, None, trial_fn=lambda k, i, x, y, c, n, b, kn: game.run(
-      g, k, x, y, c, n))
+  baked = _vmapped(g, _TRIALS)(None)
   got = _run(_TRIALS, g.default_knobs(_ROWS))
   # Decisions and draws identical; pixels to float rounding (XLA folds the constants in
   # another order: 6e-7 measured), far inside the 1/255 of "exact".
@@ -89,12 +103,10 @@ def test_under_update_noise_a_larger_restore_scale_recovers_more():
   # The issue's probe: the imprint's signal is the server's choice, so noise that erases it at
   # restore_scale 32 does not at 3,200. 32 clients of 4, the same clients for both.
   noise = defenses.make('update_noise', sigma=1e-4)
-  x, y, cuts, g, _ = _setup()
-  noisy = game.make_trial(game.Game('imprint', g.model, batch_size=_B, num_bins=_BINS,
-                                    hooks=noise))
-  outs = [runner.run_trials(noisy, jax.random.key(1), 16, progress=False,
-                            args=(x, y, cuts, jnp.int32(_B), jnp.int32(0),
-                                  game.knobs(r, 0.1, _ROWS))) for r in (32.0, 3200.0)]
+  x, _, _, g, _ = _setup()
+  noisy = _vmapped(game.Game('imprint', g.model, batch_size=_B, num_bins=_BINS, hooks=noise),
+                   16, key=1)
+  outs = [noisy(game.knobs(r, 0.1, _ROWS)) for r in (32.0, 3200.0)]
   from fl_privacy.attacks.reconstruction import metrics  # pylint: disable=g-import-not-at-top
   rec = [sum(metrics.trial_scores(o['recovered'][t], o['valid'][t],
                                   np.asarray(x)[np.asarray(o['index'][t])])['recovered']
