@@ -133,11 +133,13 @@ def defense_figure(config, points: list[dict]):
     ax.set_xticks(x)
     ax.set_xticklabels([_tick(next(p for p in mine if p['params']['strength'] == s))
                         for s in strengths], fontsize=7)
-    figures.rate_limits(ax)
     ax.set_title(name + (f' ({sampling})' if sampling else ''), fontsize=9)
     ax.set_xlabel('strength (weakest first)')
     ax.set_ylabel(f'fraction (recovered: PSNR > {thr:g} dB)')
     figures.legend_outside(ax, fontsize=6)
+  # Once, after every panel has its data: the panels share y, and limits set from the first
+  # panel alone cut the others' points above its largest value.
+  figures.rate_limits(axes.flat[0])
   for ax in list(axes.flat)[len(groups):]:
     ax.axis('off')
   fig.suptitle('Inputs recovered vs defense strength (95% intervals: recovery over clients, '
