@@ -128,6 +128,13 @@ def swept_defense(config, state, d: dict, setting: defenses.Setting) -> defenses
       # An input mechanism's epsilon is its guarantee per release of an example (pure LDP, no
       # accounting; LDP-SGD's per release of the client's whole upload).
       conf = conf._replace(metrics={'ldp_epsilon': float(d['strength'])})
+    if 'ldp_epsilon' in conf.metrics:
+      # The epsilon above is per release; the run releases each example (an input mechanism:
+      # every epoch of every round) or the client's update (LDP-SGD: every round) this often,
+      # so by basic composition its guarantee is at most that many times the epsilon.
+      per_round = 1 if d['defense'] == 'ldp_sgd' else int(setting.epochs)
+      conf = conf._replace(metrics={**conf.metrics,
+                                    'ldp_releases': per_round * int(setting.rounds)})
     cache[key] = conf
   return cache[key]
 

@@ -189,3 +189,14 @@ def test_the_adaptive_grid_tries_the_fixed_setting_first_and_only_widths_that_fi
   assert got[0] == (32.0, 'quantile', 256)
   assert len(got) == len(set(got)) == 2 * 2 * 2      # 4 bins cannot hold 8 examples
   assert {w for _, _, w in got} == {256, 64}
+
+
+def test_an_ldp_epsilon_states_how_often_the_run_releases_each_example():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  ten_rounds = defenses.Setting(image_shape=(8, 8, 1), batch_size=8, num_examples=256, epochs=2,
+                                steps_per_epoch=32, rounds=10)
+  for name, releases in (('bitrand', 20), ('ldp_sgd', 10)):
+    conf = reconstruction_defenses.swept_defense(config, {}, dict(defense=name, strength=1.0),
+                                                 ten_rounds)
+    assert conf.metrics == {'ldp_epsilon': 1.0, 'ldp_releases': releases}, name
