@@ -361,4 +361,10 @@ def test_claim_lines_print_no_verdict_from_a_zero_width_interval():
   # Rows from before Holm (a claims.json written earlier) still print, saying so.
   old = {k: v for k, v in flat.items() if k != 'tpr_diff_p'}
   line = fedmia_replicates.claim_lines(config, [old])[-2]
-  assert 'not computed (run before Holm)' in line
+  assert line.endswith(' | not computed (run before Holm) |')
+  # From mutation survivors: an interval method without words is named as it is; the
+  # winner's label carries the run's filter (leave-one-out here), not the default.
+  config.fedmia.outlier_filter = 'leave_one_out'
+  lines = fedmia_replicates.claim_lines(config, [dict(old, interval_method='other')])
+  assert '95% interval (other; each training' in lines[2]
+  assert lines[-2].startswith('| FedMIA-II (leave-one-out filter) | Grad-Cosine |')
