@@ -659,3 +659,68 @@ def test_holm_family_reads_a_missing_p_as_no_test_and_its_alpha():
   assert strict[1]['auc_verdict_holm'].startswith('A better')
   assert strict[1]['tpr_verdict_holm'].startswith('no difference')
   assert strict[0]['auc_verdict_holm'].startswith('no difference')
+
+
+def test_simulated_ratio_equals_a_direct_computation_with_sklearn():
+  # From mutation survivors (the TPR branch, the variances' ddof): the same draws, the
+  # trainings' statistics by eval.metrics and the resamples' by sklearn's weighted AUC and
+  # metrics.tpr_at_fpr of the repeated entries.
+  design = coverage.Design(num_clients=3, num_queries=40, training_sd=0.3)
+  kw = dict(fpr=0.1, num_trainings=6, num_within=3, num_resamples=8)
+  out = coverage.simulated_ratio(design, rng=np.random.default_rng(26), **kw)
+  rng = np.random.default_rng(26)
+  sim = coverage.simulate(design, 6, rng)
+  y, g = sim['labels'], sim['groups']
+
+  def stats_of(r, w=None):
+    a, b = sim['scores_a'][r], sim['scores_b'][r]
+    if w is None:
+      ta, tb = (float(metrics.tpr_at_fpr(s, y[r], 0.1)) for s in (a, b))
+      return metrics.roc_auc(a, y[r]), metrics.roc_auc(b, y[r]), ta, tb
+    aa, ab = (skm.roc_auc_score(y[r], s, sample_weight=w) for s in (a, b))
+    ta, tb = (float(metrics.tpr_at_fpr(np.repeat(s, w), np.repeat(y[r], w), 0.1))
+              for s in (a, b))
+    return aa, ab, ta, tb
+
+  total = np.array([stats_of(r) for r in range(6)])
+  within = []
+  for r in range(3):
+    counts = bootstrap.resample_counts(design.num_queries, 8, rng)
+    per = np.array([stats_of(r, c[g]) for c in counts])
+    within.append([np.var(per[:, 0], ddof=1), np.var(per[:, 0] - per[:, 1], ddof=1),
+                   np.var(per[:, 2], ddof=1), np.var(per[:, 2] - per[:, 3], ddof=1)])
+  within = np.mean(within, axis=0)
+  want = [np.var(total[:, 0], ddof=1) / within[0],
+          np.var(total[:, 0] - total[:, 1], ddof=1) / within[1],
+          np.var(total[:, 2], ddof=1) / within[2],
+          np.var(total[:, 2] - total[:, 3], ddof=1) / within[3]]
+  got = [out[k] for k in ('auc_a', 'auc_diff', 'tpr_a', 'tpr_diff')]
+  np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_fit_training_sd_passes_its_options_and_sets_each_sd():
+  design = coverage.Design(num_clients=3, num_queries=30, training_sd=0.0)
+  kw = dict(num_trainings=40, num_within=4, num_resamples=10)
+  sd, ratios = coverage.fit_training_sd(design, 0.0, (0.8,), rng=np.random.default_rng(27),
+                                        fpr=0.1, quantity='tpr_diff', **kw)
+  want = coverage.simulated_ratio(dataclasses.replace(design, training_sd=0.8),
+                                  rng=np.random.default_rng(27), fpr=0.1, **kw)
+  assert sd == 0.8 and ratios == {0.8: pytest.approx(want['tpr_diff'], rel=1e-12)}
+  # The default quantity is the AUC difference.
+  _, ratios = coverage.fit_training_sd(design, 0.0, (0.8,), rng=np.random.default_rng(27),
+                                       **kw)
+  assert ratios[0.8] == pytest.approx(want['auc_diff'], rel=1e-12)
+
+
+def test_variance_ratio_edges():
+  # From mutation survivors: one point, R = 2 (df 1) and replicates that agree (s^2 = 0) are
+  # valid; no points, a confidence of 0 or 1 are not, each with its message.
+  assert coverage.variance_ratio([0.0], [1.0], [1])['ratio'] == 0.0
+  with pytest.raises(ValueError, match=r'one equal, non-zero length \(got 0, 0, 0\)'):
+    coverage.variance_ratio([], [], [])
+  with pytest.raises(ValueError, match='^within_var and df must be positive, replicate_var '
+                     'non-negative$'):
+    coverage.variance_ratio([1.0], [1.0], [0])
+  for bad in (0.0, 1.0):
+    with pytest.raises(ValueError, match=r'confidence must be in \(0, 1\)'):
+      coverage.variance_ratio([1.0], [1.0], [2], confidence=bad)
