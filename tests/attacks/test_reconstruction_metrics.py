@@ -233,9 +233,12 @@ def test_table_shows_client_level_and_example_intervals_medians_and_ssim_not_app
   m = metrics.point_metrics(out, x, np.zeros(8, np.int32), rng=rng, resamples=50)
   config = ml_collections.ConfigDict({'reconstruction': {'psnr_threshold': 30.0}})
   params = dict(kind='attack', attack='imprint', batch_size=4, num_batches=1, epochs=1)
-  row = reconstruction_figures.table_markdown(config, [dict(params=params, metrics=m)]).split(
-      '\n')[6]
-  cells = [c.strip() for c in row.split('|')[1:-1]]
-  assert cells[8] == f'0.875 [{m["exact_ci_low"]:.3f}, {m["exact_ci_high"]:.3f}]'
-  assert cells[9] == '[{:.3f}, {:.3f}]'.format(*stats.clopper_pearson(7, 8))
-  assert cells[14].endswith('(1)') and cells[15] == 'n/a (< 11x11)'
+  lines = reconstruction_figures.table_markdown(config, [dict(params=params, metrics=m)]).split(
+      '\n')
+  header = next(line for line in lines if line.startswith('| attack'))
+  cells = dict(zip([c.strip() for c in header.split('|')[1:-1]],
+                   [c.strip() for c in lines[lines.index(header) + 2].split('|')[1:-1]]))
+  assert cells['exact'] == f'0.875 [{m["exact_ci_low"]:.3f}, {m["exact_ci_high"]:.3f}]'
+  assert cells['exact, CP examples'] == '[{:.3f}, {:.3f}]'.format(*stats.clopper_pearson(7, 8))
+  assert cells['PSNR median, not exact (pairs)'] == '20.0 [20.0, 20.0] (1)'
+  assert cells['SSIM'] == 'n/a (< 11x11)'
