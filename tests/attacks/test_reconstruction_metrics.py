@@ -42,6 +42,22 @@ def test_gaussian_ssim_is_wang_et_al_s_and_scikit_image_s():
               if channel else _wang_direct(b, a))
     assert got == pytest.approx(direct, rel=1e-9)
   assert metrics.ssim_gaussian(a, a) == pytest.approx(1.0)
+  # Another data range (K1, K2 scale with it), colour, float32 inputs read in float64.
+  two = 2 * rng.random((13, 12, 3))
+  noisy = np.clip(two + rng.normal(0, 0.2, two.shape), 0, 2)
+  want = sk_metrics.structural_similarity(two, noisy, data_range=2.0, channel_axis=-1,
+                                          gaussian_weights=True, sigma=1.5,
+                                          use_sample_covariance=False)
+  assert metrics.ssim_gaussian(noisy, two, 2.0) == pytest.approx(want, rel=1e-9)
+  assert metrics.ssim_gaussian(noisy[..., 0], two[..., 0], 2.0) == pytest.approx(
+      _wang_direct(noisy[..., 0], two[..., 0], 2.0), rel=1e-9)
+  low, high = two[..., 0].astype(np.float32), noisy[..., 0].astype(np.float32)
+  assert metrics.ssim_gaussian(high, low, 2.0) == pytest.approx(
+      metrics.ssim_gaussian(high.astype(np.float64), low.astype(np.float64), 2.0), rel=1e-13)
+  assert metrics.ssim_gaussian(high.astype(np.float64), low, 2.0) == pytest.approx(
+      metrics.ssim_gaussian(high.astype(np.float64), low.astype(np.float64), 2.0), rel=1e-13)
+  with pytest.raises(ValueError, match='shapes differ'):
+    metrics.ssim_gaussian(two, noisy[:12])
 
 
 def test_uniform_ssim_and_psnr_are_scikit_image_s_defaults():
@@ -173,6 +189,7 @@ def test_cluster_bootstrap_pools_whole_trials():
   rng = np.random.default_rng(3)
   counts = metrics.resample_counts(7, rng, 300)
   assert counts.shape == (300, 7) and np.all(counts.sum(1) == 7)
+  assert metrics.resample_counts(3, rng).shape == (1000, 3)   # the default: 1,000 resamples
   # Every cluster is drawn alike: each holds 1/7 of the draws (binomial sd 0.0076).
   np.testing.assert_allclose(counts.sum(0) / counts.sum(), 1 / 7, atol=0.03)
   for size, ties in ((23, False), (500, False), (300, True)):
