@@ -368,3 +368,34 @@ def test_claim_lines_print_no_verdict_from_a_zero_width_interval():
   lines = fedmia_replicates.claim_lines(config, [dict(old, interval_method='other')])
   assert '95% interval (other; each training' in lines[2]
   assert lines[-2].startswith('| FedMIA-II (leave-one-out filter) | Grad-Cosine |')
+
+
+def test_the_ordering_lines_in_full():
+  # From fedmia_tables._ordering_lines' mutation survivors: each scoring's lines, the
+  # percentages, intervals that touch (no verdict), equal point estimates, and a missing
+  # attack that skips only its own line.
+  from configs import digits  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  from fl_privacy.pipelines import fedmia_tables  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  config = digits.get_config('smoke')
+  s = config.fedmia
+
+  def row(tpr, low, high):
+    return {'tpr_at_fpr_1e-3': tpr, 'tpr_at_fpr_1e-3_ci_low': low,
+            'tpr_at_fpr_1e-3_ci_high': high}
+
+  def key(attack, scoring):
+    return (s.models[0], attack, 'none', None, math.inf, int(s.num_clients),
+            int(s.local_epochs), scoring)
+
+  idx = {key('fedmia_ii@leave_one_out', 'aligned'): row(0.02, 0.01, 0.03),
+         key('avg_cosine', 'aligned'): row(0.02, 0.005, 0.01),  # touches from below
+         key('fedmia_ii', 'public_code'): row(0.3, 0.2, 0.4),
+         key('grad_cosine', 'public_code'): row(0.5, 0.4, 0.6),  # touches from above
+         key('avg_cosine', 'public_code'): row(0.1, 0.0, 0.15)}
+  assert fedmia_tables._ordering_lines(idx, config, s.models[0]) == [  # pylint: disable=protected-access
+      '- aligned: FedMIA-II (leave-one-out filter) 2.00% vs Avg-Cosine 2.00% at 0.1% FPR: not '
+      'shown (intervals overlap; not higher as a point estimate)',
+      '- public_code: FedMIA-II (paper filter) 30.00% vs Grad-Cosine 50.00% at 0.1% FPR: not '
+      'shown (intervals overlap; not higher as a point estimate)',
+      '- public_code: FedMIA-II (paper filter) 30.00% vs Avg-Cosine 10.00% at 0.1% FPR: holds '
+      '(intervals disjoint)']
