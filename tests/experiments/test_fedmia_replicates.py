@@ -392,7 +392,8 @@ def test_the_ordering_lines_in_full():
          key('fedmia_ii', 'public_code'): row(0.3, 0.2, 0.4),
          key('grad_cosine', 'public_code'): row(0.5, 0.4, 0.6),  # touches from above
          key('avg_cosine', 'public_code'): row(0.1, 0.0, 0.15)}
-  assert fedmia_tables._ordering_lines(idx, config, s.models[0]) == [  # pylint: disable=protected-access
+  lines = fedmia_tables._ordering_lines(idx, config, s.models[0])  # pylint: disable=protected-access
+  assert lines == [
       '- aligned: FedMIA-II (leave-one-out filter) 2.00% vs Avg-Cosine 2.00% at 0.1% FPR: not '
       'shown (intervals overlap; not higher as a point estimate)',
       '- public_code: FedMIA-II (paper filter) 30.00% vs Grad-Cosine 50.00% at 0.1% FPR: not '
