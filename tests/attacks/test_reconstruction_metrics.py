@@ -204,6 +204,21 @@ def test_cluster_bootstrap_pools_whole_trials():
       assert metrics.cluster_bootstrap(v, g, counts, statistic=statistic) == pytest.approx(
           tuple(np.quantile(s, [0.025, 0.975])), rel=1e-12)
   assert all(math.isnan(b) for b in metrics.cluster_bootstrap([], [], counts, statistic='mean'))
+  # Values only in client 0: resamples that miss it are dropped, without a 0/0 warning; one
+  # resample left gives its own value twice; none left gives NaN.
+  import warnings  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    for statistic in ('mean', 'median'):
+      one = metrics.cluster_bootstrap([3.0, 5.0], [0, 0], [[0, 2], [1, 1], [0, 2]],
+                                      statistic=statistic)
+      assert one == (4.0, 4.0)
+      assert all(math.isnan(b) for b in metrics.cluster_bootstrap(
+          [3.0, 5.0], [0, 0], [[0, 2], [0, 2]], statistic=statistic))
+  # float32 values are averaged in float64 (the median of two middle values too).
+  v32 = np.float32([0.1, 0.8132702, 0.91275555, 0.99])   # a float32 mean of the middle two rounds
+  got = metrics.cluster_bootstrap(v32, [0, 1, 2, 3], [[1, 1, 1, 1]], statistic='median')
+  assert got[0] == (float(v32[1]) + float(v32[2])) / 2 != float((v32[1] + v32[2]) / 2)
   with pytest.raises(ValueError, match="'mean' or 'median'"):
     metrics.cluster_bootstrap(v, g, counts, statistic='mode')
 
