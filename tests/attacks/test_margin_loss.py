@@ -106,3 +106,25 @@ def test_the_upload_loss_gap_reads_the_derived_loss():
   # Own rows' loss ~ e^-28, test rows' ~ e^-22: the gap is ~ e^-22 where float32 says 0.
   gap = evaluate.upload_loss_gap(rec)
   assert np.exp(-22.5) < gap < np.exp(-21.5)
+
+
+def test_signed_measurement_orients_every_measurement_from_its_own_field():
+  # Distinct values in every field, so a branch reading another field or sign shows.
+  rng = np.random.default_rng(4)
+  shape = (ROUNDS, CLIENTS, 5)
+  rec = dict(margin=rng.normal(size=shape).astype(np.float32),
+             loss=rng.uniform(1, 2, size=shape).astype(np.float32),
+             cos=rng.normal(size=shape).astype(np.float32),
+             grad_sq=rng.uniform(1, 2, size=(ROUNDS, 5)).astype(np.float32))
+  m = rec['margin'].astype(np.float64)
+  np.testing.assert_array_equal(scores.signed_measurement(rec, 'phi'), m)
+  derived = -np.logaddexp(0.0, -m)   # log sigmoid(m) = -softplus(-m), never the 'loss' field
+  for name in ('log_p', 'loss'):
+    got = scores.signed_measurement(rec, name)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, derived, rtol=1e-12)
+  grad = scores.signed_measurement(rec, 'grad_sq')
+  assert grad.shape == (ROUNDS, 1, 5)
+  np.testing.assert_array_equal(grad[:, 0], -rec['grad_sq'].astype(np.float64))
+  np.testing.assert_array_equal(scores.signed_measurement(rec, 'cos'),
+                                rec['cos'].astype(np.float64))
