@@ -124,7 +124,8 @@ def test_signed_measurement_orients_every_measurement_from_its_own_field():
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, derived, rtol=1e-12)
   grad = scores.signed_measurement(rec, 'grad_sq')
-  assert grad.shape == (ROUNDS, 1, 5)
+  assert grad.shape == (ROUNDS, 1, 5) and grad.dtype == np.float64
   np.testing.assert_array_equal(grad[:, 0], -rec['grad_sq'].astype(np.float64))
-  np.testing.assert_array_equal(scores.signed_measurement(rec, 'cos'),
-                                rec['cos'].astype(np.float64))
+  cos = scores.signed_measurement(rec, 'cos')
+  assert cos.dtype == np.float64
+  np.testing.assert_array_equal(cos, rec['cos'].astype(np.float64))
