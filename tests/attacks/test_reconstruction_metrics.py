@@ -126,8 +126,11 @@ def test_clustered_rate_degenerate_and_independent_cases():
   # Unequal client sizes: the pooled rate, not the mean of the clients' rates.
   assert metrics.clustered_rate([1, 4], [2, 4])[0] == pytest.approx(5 / 6)
   assert metrics.clustered_rate([1], 2) == (0.5, 0.0, 1.0, 0.0)
-  with pytest.raises(ValueError, match='0 <= successes <= sizes'):
-    metrics.clustered_rate([3], 2)
+  assert metrics.clustered_rate([], 8)[1:] == (0.0, 1.0, 0.0)   # no client: nothing known
+  assert math.isnan(metrics.clustered_rate([], 8)[0])
+  for k, m in (([3], 2), ([-1], 2), ([0], 0), ([[1]], 2)):
+    with pytest.raises(ValueError, match='^successes must be a 1-D array with 0 <= succ'):
+      metrics.clustered_rate(k, m)
 
 
 def test_clustered_rate_is_korn_graubard_as_r_survey_computes_it():
@@ -203,6 +206,10 @@ def test_cluster_bootstrap_pools_whole_trials():
       s = np.array([fn(p) for p in pools if p.size])
       assert metrics.cluster_bootstrap(v, g, counts, statistic=statistic) == pytest.approx(
           tuple(np.quantile(s, [0.025, 0.975])), rel=1e-12)
+  # Edge rows: nothing drawn (NaN), one value drawn, the largest value the median.
+  v, g = np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.array([0, 1, 2, 3, 4])
+  edge = np.array([[0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 3], [1, 0, 0, 0, 2]])
+  np.testing.assert_array_equal(metrics._weighted_medians(v, g, edge), [np.nan, 3.0, 5.0, 5.0])
   assert all(math.isnan(b) for b in metrics.cluster_bootstrap([], [], counts, statistic='mean'))
   # Values only in client 0: resamples that miss it are dropped, without a 0/0 warning; one
   # resample left gives its own value twice; none left gives NaN.
