@@ -4,6 +4,7 @@ process; the refusal's exit status and line are test_bad_inputs' rows)."""
 
 from __future__ import annotations
 
+import ml_collections
 import pytest
 
 from configs import digits
@@ -219,3 +220,27 @@ def test_sgd_has_no_momentum_in_any_experiment():
   # The training audit's and the reconstruction client's optimizer: `optimizers.make(name, lr)`.
   assert _two_updates(training_audit_runs.optimizer('sgd', 0.5), 0.5) == pytest.approx([1, 1])
   assert _two_updates(optimizers.make('sgd', 0.1), 0.1) == pytest.approx([1, 1])
+
+
+def test_data_unused_declares_only_a_present_attribute_off_celeb_a():
+  # From base.data_unused's mutation survivors: no section, a data that is no section, a
+  # section without the field, and CelebA each declare nothing.
+  config = digits.get_config('smoke')
+  assert base.data_unused(object()) == {}
+  assert base.data_unused({'data': ['attribute']}) == {}
+  assert set(base.data_unused(config)) == {'data.attribute'}
+  del config.data['attribute']
+  assert base.data_unused(config) == {}
+  config = digits.get_config('smoke')
+  config.data.name = 'celeb_a'
+  assert base.data_unused(config) == {}
+
+
+def test_defense_unused_declares_nothing_without_a_defense_section():
+  # From base.defense_unused's mutation survivors.
+  config = toy.get_config('smoke')
+  assert 'defense' not in config
+  assert base.defense_unused(config, 'toy_game') == {}
+  # a field, not a section: nothing to declare
+  assert base.defense_unused(ml_collections.ConfigDict({'defense': 'none'}),
+                             'reconstruction') == {}
