@@ -126,6 +126,8 @@ def test_clustered_rate_degenerate_and_independent_cases():
   # Unequal client sizes: the pooled rate, not the mean of the clients' rates.
   assert metrics.clustered_rate([1, 4], [2, 4])[0] == pytest.approx(5 / 6)
   assert metrics.clustered_rate([1], 2) == (0.5, 0.0, 1.0, 0.0)
+  _, lo, hi, n_eff = metrics.clustered_rate([2, 6], 8)   # two clients: wide, but estimated
+  assert 0 < lo < 0.5 < hi <= 1 and 0 < n_eff < 1
   assert metrics.clustered_rate([], 8)[1:] == (0.0, 1.0, 0.0)   # no client: nothing known
   assert math.isnan(metrics.clustered_rate([], 8)[0])
   for k, m in (([3], 2), ([-1], 2), ([0], 0), ([[1]], 2)):
