@@ -244,3 +244,33 @@ def test_defense_unused_declares_nothing_without_a_defense_section():
   # a field, not a section: nothing to declare
   assert base.defense_unused(ml_collections.ConfigDict({'defense': 'none'}),
                              'reconstruction') == {}
+
+
+def test_defense_unused_names_what_the_defense_reads_in_its_messages():
+  # From base.defense_unused's mutation survivors: the messages whole, the accountant's line
+  # only for a DP defense with a target epsilon, nothing for a name validation refuses.
+  config = digits.get_config('smoke')
+  d = config.defense
+  leaves = set(base.leaf_fields(d, 'defense')) - {'defense.name'}
+  assert base.defense_unused(config, 'pastel') == dict.fromkeys(
+      leaves, 'experiments.pastel runs no defense of the defense section (it sweeps or audits '
+      'its own, or none)')
+  d.name = 'none'
+  assert base.defense_unused(config, 'reconstruction') == dict.fromkeys(
+      leaves, "read only by other defenses (defense.name is 'none', which reads no field)")
+  d.name = 'dp_sgd'
+  why = ("read only by other defenses (defense.name is 'dp_sgd', which reads accountant, "
+         'clip_norm, delta, dp_sgd_sampling, noise_multiplier, participation, target_epsilon)')
+  read = {'defense.' + f for f in ('accountant', 'clip_norm', 'delta', 'dp_sgd_sampling',
+                                   'noise_multiplier', 'participation', 'target_epsilon')}
+  assert base.defense_unused(config, 'reconstruction') == dict.fromkeys(leaves - read, why)
+  d.target_epsilon = 4.0
+  unused = base.defense_unused(config, 'reconstruction')
+  assert unused.pop('defense.noise_multiplier') == (
+      'left to the accountant: defense.target_epsilon is set and the noise multiplier is '
+      'calibrated to it')
+  assert set(unused) == leaves - read
+  d.name = 'no_such_defense'
+  assert base.defense_unused(config, 'reconstruction') == {}
+  config = ml_collections.ConfigDict({'defense': {'name': 3, 'clip_norm': 1.0}})
+  assert base.defense_unused(config, 'reconstruction') == {}
