@@ -150,9 +150,11 @@ def _difference(a, b) -> float:
 
 
 def point(config, state, key, deployment: str) -> tuple[dict, int]:
-  """Per node and pooled: the fraction of its inputs recovered exactly (Clopper-Pearson over
-  examples) and above the PSNR threshold, PSNR and SSIM of the matched pairs (bootstrap over
-  nodes), and the largest difference between the Flower and native recoveries."""
+  """Per node and pooled: the fraction of its inputs recovered exactly and above the PSNR
+  threshold (pooled: an interval with the node as the unit, `metrics.clustered_rate`, and
+  Clopper-Pearson over examples as `*_example_ci_*`; per node: Clopper-Pearson), PSNR and
+  SSIM of the matched pairs (bootstrap over nodes), and the largest difference between the
+  Flower and native recoveries."""
   r = config.flower_audit.reconstruction
   run = deployments(config, state, key)
   scores = []
@@ -177,8 +179,16 @@ def point(config, state, key, deployment: str) -> tuple[dict, int]:
   intervals = [stats.clopper_pearson(int(s['exact']), int(s['n'])) for s in scores]
   metrics['node_exact_ci_low'] = [float(lo) for lo, _ in intervals]
   metrics['node_exact_ci_high'] = [float(hi) for _, hi in intervals]
-  metrics.update(stats.rate('exact', sum(metrics['node_exact']), total))
-  metrics.update(stats.rate('recovered', sum(metrics['node_recovered']), total))
+  # The node is the unit (its inputs fail together when they share a bin), as in the native
+  # experiment's headline; Clopper-Pearson over examples stays beside it.
+  for name in ('exact', 'recovered'):
+    counts = metrics[f'node_{name}']
+    rate, lo, hi, n_eff = rec_metrics.clustered_rate(counts, n)
+    metrics.update({name: rate, f'{name}_ci_low': lo, f'{name}_ci_high': hi,
+                    f'{name}_effective_n': n_eff})
+    example = stats.rate(name, sum(counts), total)
+    metrics[f'{name}_example_ci_low'] = example[f'{name}_ci_low']
+    metrics[f'{name}_example_ci_high'] = example[f'{name}_ci_high']
   metrics.update(stats.rate('all_exact', sum(e == m for e, m in zip(metrics['node_exact'], n)),
                             len(n)))
   rng = data_lib.rng_from_key(point_key(key, {'part': 'reconstruction', 'bootstrap': 1}))

@@ -177,7 +177,9 @@ def reconstruction_markdown(points: list[dict]) -> list[str]:
            '', f'{q["num_nodes"]} nodes of {q["per_client"]} digits, B = {q["batch_size"]}, '
            f'E = {q["epochs"]}, {q["num_bins"]} bins; each node gets a model crafted with its '
            'own key. Exact: max abs error < 1/255 (one-to-one matching); rates over examples '
-           'with Clopper-Pearson 95% intervals; PSNR: mean over nodes, bootstrap 95%.', '',
+           'with 95% intervals that take the node as the unit (Korn-Graubard; '
+           'Clopper-Pearson over examples in results.json); PSNR: mean over nodes, '
+           'bootstrap 95%; SSIM: Wang et al.\'s 11x11 window, NaN on images under 11x11.', '',
            '| deployment | exact [95% CI] | PSNR > thr [95% CI] | nodes all exact [95% CI] | '
            'PSNR dB [95% CI] | SSIM | examples | max abs flower - native |',
            '|---|---|---|---|---|---|---|---|']
