@@ -182,13 +182,7 @@ def point(config, state, key, deployment: str) -> tuple[dict, int]:
   # The node is the unit (its inputs fail together when they share a bin), as in the native
   # experiment's headline; Clopper-Pearson over examples stays beside it.
   for name in ('exact', 'recovered'):
-    counts = metrics[f'node_{name}']
-    rate, lo, hi, n_eff = rec_metrics.clustered_rate(counts, n)
-    metrics.update({name: rate, f'{name}_ci_low': lo, f'{name}_ci_high': hi,
-                    f'{name}_effective_n': n_eff})
-    example = stats.rate(name, sum(counts), total)
-    metrics[f'{name}_example_ci_low'] = example[f'{name}_ci_low']
-    metrics[f'{name}_example_ci_high'] = example[f'{name}_ci_high']
+    metrics.update(rec_metrics.rate_fields(name, metrics[f'node_{name}'], n))
   metrics.update(stats.rate('all_exact', sum(e == m for e, m in zip(metrics['node_exact'], n)),
                             len(n)))
   rng = data_lib.rng_from_key(point_key(key, {'part': 'reconstruction', 'bootstrap': 1}))

@@ -163,6 +163,19 @@ def bootstrap_mean(values, rng: np.random.Generator, resamples: int = 1000,
   return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
 
 
+def rate_fields(name: str, successes, sizes) -> dict[str, float]:
+  """`name`, `name_ci_low/high` and `name_effective_n` of `clustered_rate` (the client as the
+  unit), with Clopper-Pearson over the pooled examples as `name_example_ci_low/high`."""
+  from fl_privacy.eval import stats  # pylint: disable=g-import-not-at-top  (as point_metrics)
+  rate, low, high, n_eff = clustered_rate(successes, sizes)
+  k = np.asarray(successes)
+  total = int(np.broadcast_to(np.asarray(sizes), k.shape).sum())
+  example = stats.rate(name, int(k.sum()), total)
+  return {name: rate, f'{name}_ci_low': low, f'{name}_ci_high': high,
+          f'{name}_effective_n': n_eff, f'{name}_example_ci_low': example[f'{name}_ci_low'],
+          f'{name}_example_ci_high': example[f'{name}_ci_high']}
+
+
 def clustered_rate(successes, sizes, confidence: float = 0.95) -> tuple[float, float, float,
                                                                          float]:
   """A rate over clustered examples with an interval that takes the clusters as the unit.
@@ -355,12 +368,7 @@ def point_metrics(outcome: dict, x_pool: np.ndarray, y_pool: np.ndarray, *, n: i
                            'psnr_threshold': float(psnr_threshold)}
   for name in ('recovered', 'exact'):
     counts = np.array([s[name] for s in scores])
-    rate, low, high, n_eff = clustered_rate(counts, n)
-    out.update({name: rate, f'{name}_ci_low': low, f'{name}_ci_high': high,
-                f'{name}_effective_n': n_eff})
-    example = stats.rate(name, int(counts.sum()), trials * n)
-    out[f'{name}_example_ci_low'] = example[f'{name}_ci_low']
-    out[f'{name}_example_ci_high'] = example[f'{name}_ci_high']
+    out.update(rate_fields(name, counts, n))
     per_trial = counts / n
     out[f'{name}_trial_mean'] = float(np.mean(per_trial))
     lo, hi = bootstrap_mean(per_trial, rng, resamples)
