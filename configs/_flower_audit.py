@@ -91,6 +91,15 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   """The `flower_audit` section (digits: the embedded offline data).
 
   Fields:
+    engine: where the Flower deployments run: 'inprocess' (fl_privacy's own in-process
+      `Grid`, one process: the fast path), 'simulation' (Flower's Simulation Engine,
+      `flwr.simulation.run_simulation` with the Ray backend: ClientApps in Ray actor
+      processes) or 'deployment' (Flower's Deployment Engine on 127.0.0.1: one
+      `flower-superlink` and one `flower-supernode` process a node, started and stopped by
+      the run, each job submitted with `flwr run flower_app`). Same seed, same results on
+      the three (docs/experiments/flower_audit.md says where and why not). Read by the parts
+      fedmia, dishonest, training and reconstruction; the dp part deploys nothing.
+      Default 'inprocess'.
     parts: subset of ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction'); default
       the first four (`reconstruction` is opt-in).
     num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 when parts has
@@ -175,6 +184,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   """
   del dataset
   s = ml_collections.ConfigDict()
+  s.engine = 'inprocess'
   s.parts = DEFAULT_PARTS
   s.num_clients = 10
   s.per_client = 128

@@ -72,7 +72,6 @@ from __future__ import annotations
 import dataclasses
 import logging as py_logging
 import math
-import random
 import time
 from typing import Any
 
@@ -90,7 +89,7 @@ from flwr.supercore.privacy_accounting import SamplingMethod
 from fl_privacy.eval import auditing
 from fl_privacy.flower import client as client_lib
 from fl_privacy.flower import dp_audit
-from fl_privacy.flower import runner
+from fl_privacy.flower import jobs
 
 THREATS = ('all_iterates', 'last_iterate')
 # The one-run lower bounds `audit` reports per threat model, all counted in the verdict: the
@@ -191,14 +190,14 @@ def real_updates(key: jax.Array, design: Design) -> np.ndarray:
 
 
 def client_app(setting: dp_audit.Setting, design: Design, included: np.ndarray,
-               directions: np.ndarray, real: np.ndarray) -> ClientApp:
+               directions: np.ndarray, real: np.ndarray, seed: int = 0) -> ClientApp:
   """One `ClientApp` for every node (its `partition-id` says which): real node k < num_real
   replies w_t + real[t - 1, k]; canary i = k - num_real replies w_t + canary_norm C v_i when
   included, w_t + 1e-6 C v_i otherwise. It carries the setting's Flower mod."""
   mods = {'client_fixed': [fixedclipping_mod], 'client_adaptive': [adaptiveclipping_mod],
           'local_dp': [LocalDpMod(setting.clipping_norm, setting.sensitivity, setting.epsilon,
                                   setting.delta)]}.get(setting.wrapper, [])
-  app = ClientApp(mods=mods)
+  app = ClientApp(mods=[seeding_mod(seed)] + mods)
   c = float(setting.clipping_norm)
   num_real = int(design.num_real)
 
@@ -280,17 +279,40 @@ def build_strategy(setting: dp_audit.Setting, design: Design, canary_nodes: list
              accountant=_accountant(setting, n))
 
 
-def deploy(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str, Any]:
-  """Runs the deployment: {'included' [m], 'directions' [m, d], 'models' [T + 1, d] (the
-  global model before round 1 and after each round), 'clips' [T + 1] (the wrapper's clip
-  after each round, NaN without one), 'upload_projections' [T, m] (LocalDpMod: canary i's
-  upload minus the round's model, on v_i) or None,
-  'stated_flower' (the fixed wrappers' `privacy_spent().epsilon`, else NaN), 'seconds'}."""
-  included, directions = canary_draws(jax.random.fold_in(key, 0), design)
-  real = real_updates(jax.random.fold_in(key, 1), design)
-  seed = int(jax.random.bits(jax.random.fold_in(key, 2), dtype=np.uint32))
-  app = client_app(setting, design, included, directions, real)
-  grid = runner.InProcessGrid([app] * design.num_nodes, raise_client_errors=True)
+def _draws(args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  key = jax.random.wrap_key_data(np.asarray(args['key']))
+  included, directions = canary_draws(jax.random.fold_in(key, 0), args['design'])
+  return included, directions, real_updates(jax.random.fold_in(key, 1), args['design'])
+
+
+def _server_seed(key: jax.Array) -> int:
+  return int(jax.random.bits(jax.random.fold_in(key, 2), dtype=np.uint32))
+
+
+def seeding_mod(seed: int):
+  """A Flower mod (first in the ClientApp's list) that seeds numpy's global generator, where
+  LocalDpMod draws its noise, from (seed, server round, partition) for the message and
+  restores it after: the same noise whichever process or engine runs the node."""
+  def mod(msg: Message, context: Context, call_next) -> Message:
+    r = client_lib.server_round(msg.content) if msg.metadata.message_type == 'train' else 0
+    k = int(context.node_config['partition-id'])
+    with jobs.seeded(int(np.random.SeedSequence([int(seed), r, k]).generate_state(1)[0])):
+      return call_next(msg, context)
+  return mod
+
+
+def job_client(args) -> ClientApp:
+  """The nodes' ClientApp of a canary deployment (a `jobs.Job` of part 'training')."""
+  included, directions, real = _draws(args)
+  return client_app(args['setting'], args['design'], included, directions, real,
+                    seed=int(args['seed']))
+
+
+def job_server(args, grid) -> dict[str, Any]:
+  """Flower's FedAvg in the setting's DP wrapper over every node of `grid` for `num_rounds`
+  (`deploy`'s return, without the draws)."""
+  setting, design = args['setting'], args['design']
+  _, directions, _ = _draws(args)
   nodes = grid.get_node_ids()
   with dp_audit.quiet_flower():
     strategy = build_strategy(setting, design, nodes[int(design.num_real):], directions)
@@ -302,26 +324,42 @@ def deploy(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[st
     clips.append(float(getattr(strategy, 'clipping_norm', math.nan)))
 
   start = time.perf_counter()
-  np_state, py_state = np.random.get_state(), random.getstate()
-  try:
-    np.random.seed(seed)
-    random.seed(seed)
-    with dp_audit.quiet_flower(py_logging.ERROR):
-      runner.run(strategy, grid, ArrayRecord({ARRAY_NAME: Array(np.zeros(
-          int(design.dimension), np.float32))}), num_rounds=int(design.num_rounds),
-                 evaluate_fn=observe)
-  finally:
-    np.random.set_state(np_state)
-    random.setstate(py_state)
+  with dp_audit.quiet_flower(py_logging.ERROR):
+    strategy.start(grid, ArrayRecord({ARRAY_NAME: Array(np.zeros(
+        int(design.dimension), np.float32))}), num_rounds=int(design.num_rounds),
+                   evaluate_fn=observe)
   if len(models) != int(design.num_rounds) + 1:
     raise RuntimeError(f'{len(models) - 1} of {design.num_rounds} rounds released a model')
   spent = strategy.privacy_spent() if hasattr(strategy, 'privacy_spent') else None
-  return dict(included=included, directions=directions, models=np.stack(models),
-              clips=np.asarray(clips),
+  return dict(models=np.stack(models), clips=np.asarray(clips),
               upload_projections=(np.stack(strategy.projections)
                                   if isinstance(strategy, _Uploads) else None),
               stated_flower=(float(spent.epsilon) if spent is not None else math.nan),
-              seconds=time.perf_counter() - start, num_nodes=design.num_nodes)
+              seconds=time.perf_counter() - start)
+
+
+def deploy(setting: dp_audit.Setting, design: Design, key: jax.Array, *,
+           engine: str = 'inprocess', workdir: str | None = None) -> dict[str, Any]:
+  """Runs the deployment on `engine` (`engines.run_job`): {'included' [m], 'directions'
+  [m, d], 'models' [T + 1, d] (the global model before round 1 and after each round),
+  'clips' [T + 1] (the wrapper's clip after each round, NaN without one),
+  'upload_projections' [T, m] (LocalDpMod: canary i's upload minus the round's model, on v_i)
+  or None, 'stated_flower' (the fixed wrappers' `privacy_spent().epsilon`, else NaN),
+  'seconds', 'num_nodes'}. A lost reply (error, timeout) raises `jobs.EngineError`: the
+  audit's worlds need every canary's reply."""
+  from fl_privacy.flower import engines  # pylint: disable=import-outside-toplevel
+  seed = _server_seed(key)
+  args = dict(setting=setting, design=design, key=np.asarray(jax.random.key_data(key)),
+              seed=seed)
+  out = engines.run_job(engine, jobs.Job('training', design.num_nodes, args, seed=seed),
+                        workdir)
+  if out['losses']:
+    lost = sorted({(x['round'], x['partition']) for x in out['losses']})
+    raise jobs.EngineError(f'the canary deployment lost {len(lost)} replies (round, '
+                           f'partition): {lost[:5]}' + (' ...' if len(lost) > 5 else ''))
+  included, directions, _ = _draws(args)
+  return dict(out['result'], included=included, directions=directions,
+              num_nodes=design.num_nodes)
 
 
 def scores(setting: dp_audit.Setting, run: dict[str, Any],
@@ -440,7 +478,8 @@ def counted_bounds(setting: dp_audit.Setting, uploads_recorded: bool = True
                for bound in BOUNDS)
 
 
-def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str, Any]:
+def audit(setting: dp_audit.Setting, design: Design, key: jax.Array, *,
+          engine: str = 'inprocess', workdir: str | None = None) -> dict[str, Any]:
   """One deployment and its audit against Flower's stated epsilon.
 
   Every counted bound (`counted_bounds`, k of them: 4, or 2 for LocalDpMod without recorded
@@ -461,7 +500,7 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array) -> dict[str
     (an exact epsilon above the stated one), the clip trajectory (`clip_first`, `clip_last`,
     `clips`), `seconds`, `num_nodes`.
   """
-  run = deploy(setting, design, key)
+  run = deploy(setting, design, key, engine=engine, workdir=workdir)
   eps, delta, source = stated(setting, design, run)
   included = run['included']
   if not (included.any() and (~included).any()):

@@ -1,7 +1,7 @@
 """The `fedmia` and `dishonest` parts of `flower_audit` (split out of `pipeline`).
 
-`flower_deployment` trains a FedAvg deployment of Flower `ClientApp`s on the in-process grid
-(`runner.InProcessGrid`) wrapped in `RecordingStrategy` and measures the recorded rounds
+`flower_deployment` trains a FedAvg deployment of Flower `ClientApp`s on the engine of
+`flower_audit.engine` wrapped in `RecordingStrategy` and measures the recorded rounds
 (`strategies.recording_from_uploads`); `native_training` runs the same training in
 fl_privacy's own simulation (`fl.recording.record_shards`); `fedmia_point` scores one attack
 on one of them (`attacks.passive.evaluate.evaluate`, aligned scoring) and `dishonest_point`
@@ -15,15 +15,24 @@ metrics are `pipelines.fedmia_replicates.combine` of its replicates' (`eval.repl
 headline is the mean over replicates, `interval_method` names its interval, the
 single-deployment intervals sit under `conditional`). The dishonest part attacks replicate 0.
 Live trainings are cached in the pipeline's `state['cache']`.
+
+Engines (`flower_audit.engine`, `engines.run_job`): each deployment is a `jobs.Job` (part
+'fedmia': the recorded training of one replicate; 'dishonest': the crafted rounds from its
+final model), run in process, on Flower's Simulation Engine or on a local Deployment Engine;
+the nodes rebuild their model, shards and keys from the job (`job_client`), the server side is
+`job_server` / `dishonest_server`. A run that lost a reply (a node's error, a timeout, a node
+gone) raises `jobs.EngineError` naming the rounds and partitions (`check_complete`).
 """
 
 from __future__ import annotations
 
 import logging as py_logging
 import math
+import os
 from typing import Any
 
 from absl import logging
+import jax
 import numpy as np
 import optax
 
@@ -36,7 +45,8 @@ from fl_privacy.fl import recording as recording_lib
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
 from fl_privacy.flower import dp_audit
-from fl_privacy.flower import runner
+from fl_privacy.flower import engines
+from fl_privacy.flower import jobs
 from fl_privacy.flower import strategies
 from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.report import ArtifactStore
@@ -73,38 +83,114 @@ def _queries(state, parts):
                                  data_lib.to_float(test.x), test.y, parts)
 
 
-def flower_deployment(config, state, key, replicate: int = 0) -> dict[str, Any]:
-  """Trains replicate `replicate` of the Flower deployment once (key fold_in(key, replicate);
-  cached in `state`): the recording of the recorded rounds, the final model, the grid and the
-  shards."""
-  cache, name = state['cache'], ('flower', int(replicate))
-  if name in cache:
-    return cache[name]
+def engine(config) -> str:
+  """The Flower engine the deployments run on (`flower_audit.engine`)."""
+  return str(config.flower_audit.get('engine', 'inprocess'))
+
+
+def job_workdir(workdir: str | None, name: str) -> str | None:
+  """Where a deployment's job, result and process logs go (`<workdir>/flower_jobs/<name>`)."""
+  return None if workdir is None else os.path.join(workdir, 'flower_jobs', name)
+
+
+def _node_inputs(config, key, replicate: int, train=None, model=None) -> dict[str, Any]:
+  """What every process of replicate `replicate`'s deployment derives from the config and the
+  run key alone: the model, the shards' indices, w_0 and the nodes' training key."""
+  # pylint: disable=import-outside-toplevel
+  from fl_privacy.flower import pipeline
+  if train is None:
+    train = data_lib.load(config.data)['train']
+  if model is None:
+    model = pipeline.make_model(config, train)
   key = fedmia_replicates.key(key, replicate)
-  s = config.flower_audit
-  model, k = state['model'], int(s.num_clients)
-  parts = shards(config, state, key)
-  qx, qy, owner = _queries(state, parts)
+  parts = shards(config, {'train': train}, key)
   init_key, train_key = _keys(key)
-  init = model.init(init_key, qx[:1])
-  app = client_lib.make_client_app(
-      model, client_lib.shards_from_dataset(state['train'], parts), key=train_key,
-      optimizer=optimizer(config), epochs=int(s.local_epochs), batch_size=int(s.batch_size))
-  grid = runner.InProcessGrid([app] * k)
+  init = model.init(init_key, data_lib.to_float(train.x[:1]))
+  return dict(train=train, model=model, parts=parts, init=init, train_key=train_key)
+
+
+def _job_args(config, key, replicate: int, **extra) -> dict[str, Any]:
+  return dict(config=config, key=np.asarray(jax.random.key_data(key)), replicate=int(replicate),
+              **extra)
+
+
+def _unpack(args) -> tuple[Any, jax.Array, dict[str, Any]]:
+  key = jax.random.wrap_key_data(np.asarray(args['key']))
+  return args['config'], key, _node_inputs(args['config'], key, args['replicate'])
+
+
+def job_client(args):
+  """The nodes' ClientApp of a FedMIA deployment (a `jobs.Job` of part 'fedmia')."""
+  config, _, n = _unpack(args)
+  s = config.flower_audit
+  return client_lib.make_client_app(
+      n['model'], client_lib.shards_from_dataset(n['train'], n['parts']), key=n['train_key'],
+      optimizer=optimizer(config), epochs=int(s.local_epochs), batch_size=int(s.batch_size),
+      template=n['init'])
+
+
+dishonest_client = job_client
+
+
+def job_server(args, grid) -> dict[str, Any]:
+  """FedAvg over every node for `num_rounds`, wrapped in `RecordingStrategy`: the recorded
+  rounds (`RoundUploads`, every `record_every`-th) and the final model (numpy)."""
+  config, _, n = _unpack(args)
+  s = config.flower_audit
+  k = int(s.num_clients)
   every = int(s.record_every)
   log = strategies.UploadLog()
   kept = lambda r: log(r) if r.server_round % every == 0 else None  # noqa: E731
-  strategy = strategies.RecordingStrategy(_fedavg(k), init, observer=kept)
-  logging.info('flower_audit: Flower FedAvg, %d ClientApps, %d rounds', k, int(s.num_rounds))
+  strategy = strategies.RecordingStrategy(_fedavg(k), n['init'], observer=kept)
   with dp_audit.quiet_flower(py_logging.WARNING):
-    result = runner.run(strategy, grid, bridge.to_array_record(init),
-                        num_rounds=int(s.num_rounds))
-  rec = strategies.recording_from_uploads(model.apply, log.rounds, qx, qy,
+    result = strategy.start(grid, bridge.to_array_record(n['init']),
+                            num_rounds=int(s.num_rounds))
+  return dict(rounds=log.rounds, final=bridge.from_array_record(result.arrays, n['init']))
+
+
+def fedmia_job(config, key, replicate: int) -> jobs.Job:
+  s = config.flower_audit
+  return jobs.Job('fedmia', int(s.num_clients), _job_args(config, key, replicate),
+                  seed=_seed(key, replicate, 'fedmia'))
+
+
+def _seed(key, replicate: int, name: str) -> int:
+  return int(jax.random.bits(point_key(fedmia_replicates.key(key, replicate),
+                                       {'server_seed': name}), dtype=np.uint32))
+
+
+def flower_deployment(config, state, key, replicate: int = 0,
+                      workdir: str | None = None) -> dict[str, Any]:
+  """Trains replicate `replicate` of the Flower deployment once on `flower_audit.engine`
+  (key fold_in(key, replicate); cached in `state`): the recording of the recorded rounds (nodes
+  by partition), the final model, the shards and what the run lost."""
+  cache, name = state['cache'], ('flower', int(replicate))
+  if name in cache:
+    return cache[name]
+  s = config.flower_audit
+  n = _node_inputs(config, key, replicate, state['train'], state['model'])
+  qx, qy, owner = _queries(state, n['parts'])
+  logging.info('flower_audit: Flower FedAvg on engine %s, %d ClientApps, %d rounds',
+               engine(config), int(s.num_clients), int(s.num_rounds))
+  out = engines.run_job(engine(config), fedmia_job(config, key, replicate),
+                        job_workdir(workdir, f'fedmia_{int(replicate)}'))
+  check_complete(out, 'the FedMIA deployment')
+  rec = strategies.recording_from_uploads(state['model'].apply, out['result']['rounds'], qx, qy,
                                           chunk_size=int(s.chunk_size),
-                                          node_ids=grid.get_node_ids())
-  cache[name] = dict(recording=rec, owner=owner, final=result.arrays, grid=grid, parts=parts,
-                     init=init)
+                                          node_ids=out['node_ids'])
+  cache[name] = dict(recording=rec, owner=owner, final=out['result']['final'],
+                     parts=n['parts'], init=n['init'], losses=out['losses'])
   return cache[name]
+
+
+def check_complete(out: dict[str, Any], what: str) -> None:
+  """EngineError naming the rounds and nodes a run lost: the audit needs every reply."""
+  if out['losses']:
+    lost = ', '.join(f"round {x['round']} partition {x['partition']} ({x['reason']})"
+                     for x in out['losses'][:5])
+    more = len(out['losses']) - 5
+    raise jobs.EngineError(f'{what} lost {len(out["losses"])} replies: {lost}'
+                           + (f' and {more} more' if more > 0 else ''))
 
 
 def native_training(config, state, key, replicate: int = 0) -> dict[str, Any]:
@@ -133,10 +219,12 @@ def recording(config, state, key, deployment: str, replicate: int,
   replicate not stored (no `workdir`: trained, not stored)."""
   artifacts = None if workdir is None else ArtifactStore(workdir, RECORDINGS)
   params = {'deployment': deployment, 'replicate': int(replicate)}
+  if deployment == 'flower':  # another engine's recording is not this run's
+    params['engine'] = engine(config)
   arrays = None if artifacts is None else artifacts.load(params)
   if arrays is None:
-    train = flower_deployment if deployment == 'flower' else native_training
-    run = train(config, state, key, replicate)
+    run = (flower_deployment(config, state, key, replicate, workdir) if deployment == 'flower'
+           else native_training(config, state, key, replicate))
     arrays = dict(run['recording'], owner=run['owner'])
     if artifacts is not None:
       artifacts.save(params, arrays)
@@ -167,13 +255,32 @@ def fedmia_point(config, state, key, deployment: str, attack: str,
   return metrics, int(metrics.get('n_pos', 0)) + int(metrics.get('n_neg', 0))
 
 
-def dishonest_point(config, state, key) -> tuple[dict, int]:
-  """DishonestStrategy against the trained deployment (replicate 0), one crafted round per
-  target."""
+def dishonest_server(args, grid) -> list[list[tuple[int, bool, float]]]:
+  """One crafted round per target (`DishonestStrategy`, from the trained model `final`):
+  per target, (node id, decision, delta) of every node, in partition order."""
+  config, _, n = _unpack(args)
   s, d = config.flower_audit, config.flower_audit.dishonest
-  run = flower_deployment(config, state, key, 0)
-  grid, parts, model = run['grid'], run['parts'], state['model']
   nodes = grid.get_node_ids()
+  out = []
+  for x, y in args['targets']:
+    strategy = strategies.DishonestStrategy(
+        _fedavg(len(nodes)), n['model'], (x, y), nodes=nodes,
+        num_components=int(d.num_components), optimizer=optimizer(config),
+        batch_size=int(s.batch_size), epsilon=float(d.epsilon), threshold=float(d.threshold),
+        aggregate_targets=True, template=n['init'])
+    with dp_audit.quiet_flower(py_logging.WARNING):
+      strategy.start(grid, bridge.to_array_record(args['final']), num_rounds=1)
+    out.append([(int(dec.node_id), bool(dec.member), float(dec.delta))
+                for dec in strategy.decisions])
+  return out
+
+
+def dishonest_point(config, state, key, workdir: str | None = None) -> tuple[dict, int]:
+  """DishonestStrategy against the trained deployment (replicate 0), one crafted round per
+  target, on `flower_audit.engine` (a deployment of its own after the training's)."""
+  s, d = config.flower_audit, config.flower_audit.dishonest
+  run = flower_deployment(config, state, key, 0, workdir)
+  parts = run['parts']
   rng = data_lib.rng_from_key(point_key(key, {'part': 'dishonest', 'targets': 1}))
   train, test = state['train'], state['test']
   xf, test_x = data_lib.to_float(train.x), data_lib.to_float(test.x)
@@ -184,21 +291,20 @@ def dishonest_point(config, state, key) -> tuple[dict, int]:
     targets.append((xf[i], int(train.y[i]), int(k)))
   for i in rng.choice(len(test_x), int(d.targets_out), replace=False):
     targets.append((test_x[int(i)], int(test.y[int(i)]), -1))
+  job = jobs.Job('dishonest', int(s.num_clients), _job_args(
+      config, key, 0, targets=[(x, y) for x, y, _ in targets], final=run['final']),
+                 seed=_seed(key, 0, 'dishonest'))
+  out = engines.run_job(engine(config), job, job_workdir(workdir, 'dishonest'))
+  check_complete(out, 'the dishonest server\'s deployment')
   member, decided, in_target = [], [], []
   deltas = []
-  for x, y, owner in targets:
-    strategy = strategies.DishonestStrategy(
-        _fedavg(len(nodes)), model, (x, y), nodes=nodes, num_components=int(d.num_components),
-        optimizer=optimizer(config), batch_size=int(s.batch_size), epsilon=float(d.epsilon),
-        threshold=float(d.threshold), aggregate_targets=True, template=run['init'])
-    with dp_audit.quiet_flower(py_logging.WARNING):
-      runner.run(strategy, grid, run['final'], num_rounds=1)
-    for dec in strategy.decisions:
-      k = nodes.index(dec.node_id)
+  for (_, _, owner), decisions in zip(targets, out['result']):
+    for node, dec, delta in decisions:
+      k = out['partitions'][node]
       member.append(k == owner)
-      decided.append(bool(dec.member))
+      decided.append(dec)
       in_target.append(owner >= 0)
-      deltas.append(float(dec.delta))
+      deltas.append(delta)
   member, decided = np.asarray(member), np.asarray(decided)
   in_target = np.asarray(in_target)
   n_pos, n_neg = int(member.sum()), int((~member).sum())

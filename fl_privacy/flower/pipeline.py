@@ -49,6 +49,8 @@ from fl_privacy.attacks.passive import scores as scores_lib
 from fl_privacy.flower import canaries
 from fl_privacy.flower import config_checks
 from fl_privacy.flower import dp_audit
+from fl_privacy.flower import engines
+from fl_privacy.flower import fedmia_part
 from fl_privacy.flower import reconstruction_part
 from fl_privacy.flower import tables as tables_lib
 from fl_privacy.flower.fedmia_part import dishonest_point
@@ -150,6 +152,7 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.per_client', validate.Rule(
       f'a multiple of batch_size ({s.batch_size})', lambda n: int(n) % int(s.batch_size) == 0))
   validate.one_of(config, 'flower_audit.model', MODELS)
+  validate.one_of(config, 'flower_audit.engine', engines.ENGINES)
   if s.model == 'mlp':
     validate.checked(config, 'flower_audit.hidden', validate.items(
         validate.number(1, integer=True), 'two hidden widths >= 1', scalar=False))
@@ -201,6 +204,10 @@ def unused_fields(config) -> dict[str, str]:
                 'flower_audit.parts does not run' for f in ('attacks', 'outlier_filter')})
   if s.model != 'mlp':
     out['flower_audit.hidden'] = f"read only by model 'mlp' (the model is {s.model!r})"
+  if not parts & {'fedmia', 'dishonest', 'training', 'reconstruction'}:
+    out['flower_audit.engine'] = ("read only by the parts that deploy Flower (fedmia, "
+                                  "dishonest, training, reconstruction); the dp part's games "
+                                  "call Flower's wrappers directly")
   return out
 
 
@@ -250,9 +257,18 @@ def dp_point(config, setting: dp_audit.Setting, key) -> tuple[dict, int]:
   return metrics, int(d.num_trials)
 
 
-def training_point(setting: dp_audit.Setting, design: canaries.Design, key
-                   ) -> tuple[dict, int]:
-  return canaries.audit(setting, design, key), int(design.num_canaries)
+def training_point(config, setting: dp_audit.Setting, design: canaries.Design, key,
+                   workdir: str | None = None) -> tuple[dict, int]:
+  engine = fedmia_part.engine(config)
+  return (canaries.audit(setting, design, key, engine=engine, workdir=fedmia_part.job_workdir(
+      workdir, f'training_{setting.label}')), int(design.num_canaries))
+
+
+def engine_param(config, deployment: str) -> dict[str, str]:
+  """{'engine': flower_audit.engine} for a point a Flower engine runs ('flower'
+  deployments), {} for fl_privacy's own simulation ('native') and the DP games (no
+  deployment: they call Flower's wrappers on one round's updates)."""
+  return {'engine': fedmia_part.engine(config)} if deployment == 'flower' else {}
 
 
 def _report_violation(params, metrics) -> None:
@@ -280,15 +296,18 @@ def plan(config, state, store, key) -> list[base.Point]:
   if 'fedmia' in state['parts']:
     for attack in s.attacks:
       for dep in DEPLOYMENTS:
-        params = {'part': 'fedmia', 'deployment': dep, 'attack': attack}
+        params = {'part': 'fedmia', 'deployment': dep, 'attack': attack,
+                  **engine_param(config, dep)}
         points.append(base.Point(
             params, lambda dep=dep, a=attack: fedmia_point(config, state, key, dep, a,
                                                            store.workdir),
             unit='scores'))
   if 'dishonest' in state['parts']:
     params = {'part': 'dishonest', 'deployment': 'flower',
-              'num_components': int(s.dishonest.num_components)}
-    points.append(base.Point(params, lambda: dishonest_point(config, state, key),
+              'num_components': int(s.dishonest.num_components),
+              **engine_param(config, 'flower')}
+    points.append(base.Point(params, lambda: dishonest_point(config, state, key,
+                                                             store.workdir),
                              unit='decisions'))
   if 'dp' in state['parts']:
     for setting in state['settings']:
@@ -302,14 +321,19 @@ def plan(config, state, store, key) -> list[base.Point]:
       params = dict(part='training', **{k: v for k, v in setting.params().items()
                                         if k != 'num_sampled_clients'},
                     **{f: getattr(design, f) for f in TRAINING_PARAMS})
+      # The engine is a param (another engine's stored point is not reused) but not in the
+      # key: the same canaries and coins on every engine.
+      k = point_key(key, params)
+      params = {**params, **engine_param(config, 'flower')}
       points.append(base.Point(
-          params, lambda st=setting, k=point_key(key, params): training_point(st, design, k),
+          params, lambda st=setting, k=k: training_point(config, st, design, k, store.workdir),
           unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
   if 'reconstruction' in state['parts']:
     for dep in DEPLOYMENTS:
-      params = reconstruction_part.point_params(config, dep)
+      params = {**reconstruction_part.point_params(config, dep), **engine_param(config, dep)}
       points.append(base.Point(
-          params, lambda dep=dep: reconstruction_part.point(config, state, key, dep),
+          params, lambda dep=dep: reconstruction_part.point(config, state, key, dep,
+                                                            store.workdir),
           unit='examples'))
   return points
 

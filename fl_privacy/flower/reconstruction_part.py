@@ -39,7 +39,7 @@ from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
 from fl_privacy.flower import config_checks
 from fl_privacy.flower import dp_audit
-from fl_privacy.flower import runner
+from fl_privacy.flower import jobs
 from fl_privacy.flower import strategies
 from fl_privacy.report import point_key
 
@@ -90,52 +90,107 @@ def _native_trained(model, optimizer, epochs: int, batch_size: int):
   return trained
 
 
-def deployments(config, state, key) -> dict[str, Any]:
-  """Both deployments' recoveries (cached in `state['cache']`): per deployment a list of
-  (inputs, valid, bins) in node order, the nodes' true inputs and the node ids."""
-  cache = state['cache']
-  if 'reconstruction' in cache:
-    return cache['reconstruction']
+def _inputs(config, key, train=None, test=None, model=None) -> dict[str, Any]:
+  """What every process of the imprint deployment derives from the config and the run key:
+  shards, thresholds, the model with its imprint block, w_0 and the keys."""
+  # pylint: disable=import-outside-toplevel
+  from fl_privacy.flower import pipeline
+  if train is None or test is None:
+    splits = data_lib.load(config.data)
+    train, test = splits['train'], splits['test']
+  if model is None:
+    model = pipeline.make_model(config, train)
   r = config.flower_audit.reconstruction
-  train, test = state['train'], state['test']
   k, bins = int(r.num_nodes), int(r.num_bins)
   parts = data_lib.beta_partition(point_key(key, {'partition': 'reconstruction'}), train.y,
                                   k, math.inf, int(r.per_client))
   shards = client_lib.shards_from_dataset(train, parts)
-  cuts = imprint.thresholds(data_lib.to_float(test.x), bins, r.statistic)
-  model = imprint.inject(state['model'], bins)
+  model = imprint.inject(model, bins)
   init_key, train_key, craft_key = (point_key(key, {'reconstruction': name})
                                     for name in ('init', 'train', 'craft'))
-  variables = model.init(init_key, shards[0][0][:1])
-  optimizer = optax.sgd(float(r.learning_rate))
-  epochs, batch_size = int(r.local_epochs), int(r.batch_size)
+  return dict(shards=shards, model=model, variables=model.init(init_key, shards[0][0][:1]),
+              cuts=imprint.thresholds(data_lib.to_float(test.x), bins, r.statistic),
+              train_key=train_key, craft_key=craft_key,
+              optimizer=optax.sgd(float(r.learning_rate)))
+
+
+def _unpack(args) -> tuple[Any, dict[str, Any]]:
+  key = jax.random.wrap_key_data(np.asarray(args['key']))
+  return args['config'], _inputs(args['config'], key)
+
+
+def job_client(args):
+  """The nodes' ClientApp of the imprint deployment (a `jobs.Job` of part
+  'reconstruction')."""
+  config, n = _unpack(args)
+  r = config.flower_audit.reconstruction
   # 'highest': TF32 matmuls on a GPU would blur the one-bin differences the attack reads.
-  app = client_lib.make_client_app(model, shards, key=train_key, optimizer=optimizer,
-                                   epochs=epochs, batch_size=batch_size, template=variables,
-                                   matmul_precision='highest')
-  grid = runner.InProcessGrid([app] * k)
+  return client_lib.make_client_app(n['model'], n['shards'], key=n['train_key'],
+                                    optimizer=n['optimizer'], epochs=int(r.local_epochs),
+                                    batch_size=int(r.batch_size), template=n['variables'],
+                                    matmul_precision='highest')
+
+
+def job_server(args, grid) -> dict[str, Any]:
+  """One round of `ReconstructionStrategy` against every node (crafting keys by partition):
+  per partition the recovery (inputs, valid, bins; None when its reply failed) and the
+  crafted variables it was sent."""
+  config, n = _unpack(args)
+  r = config.flower_audit.reconstruction
   nodes = grid.get_node_ids()
   strategy = strategies.ReconstructionStrategy(
-      _fedavg(k), variables, cuts, key=craft_key, nodes=nodes, rounds=[ROUND],
-      scale=float(r.scale), restore_scale=float(r.restore_scale), aggregate_targets=True)
-  logging.info('flower_audit: imprint server, %d ClientApps of %d digits, B = %d, E = %d',
-               k, int(r.per_client), batch_size, epochs)
+      _fedavg(len(nodes)), n['variables'], n['cuts'], key=n['craft_key'], nodes=nodes,
+      rounds=[ROUND], scale=float(r.scale), restore_scale=float(r.restore_scale),
+      aggregate_targets=True, key_ids=grid.partitions)
   with dp_audit.quiet_flower(py_logging.WARNING):
-    runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
+    strategy.start(grid, bridge.to_array_record(n['variables']), num_rounds=1)
   by_node = {rec.node_id: rec for rec in strategy.recoveries}
-  flower = [(by_node[n].inputs, by_node[n].valid, by_node[n].bins) if n in by_node else None
-            for n in nodes]
-  trained_fn = _native_trained(model, optimizer, epochs, batch_size)
+  return dict(recoveries=[(by_node[v].inputs, by_node[v].valid, by_node[v].bins)
+                          if v in by_node else None for v in nodes],
+              sent=[strategy.sent.get((ROUND, v)) for v in nodes])
+
+
+def deployments(config, state, key, workdir: str | None = None) -> dict[str, Any]:
+  """Both deployments' recoveries (cached in `state['cache']`): per deployment a list of
+  (inputs, valid, bins) in partition order, the nodes' true inputs and the node ids. The
+  Flower deployment runs on `flower_audit.engine`."""
+  cache = state['cache']
+  if 'reconstruction' in cache:
+    return cache['reconstruction']
+  # pylint: disable=import-outside-toplevel
+  from fl_privacy.flower import engines
+  from fl_privacy.flower import fedmia_part
+  r = config.flower_audit.reconstruction
+  n = _inputs(config, key, state['train'], state['test'], state['model'])
+  k = int(r.num_nodes)
+  logging.info('flower_audit: imprint server on engine %s, %d ClientApps of %d digits, B = %d, '
+               'E = %d', fedmia_part.engine(config), k, int(r.per_client), int(r.batch_size),
+               int(r.local_epochs))
+  job = jobs.Job('reconstruction', k, dict(config=config, key=np.asarray(jax.random.key_data(
+      key))), seed=int(jax.random.bits(point_key(key, {'reconstruction': 'server_seed'}),
+                                       dtype=np.uint32)))
+  out = engines.run_job(fedmia_part.engine(config), job,
+                        fedmia_part.job_workdir(workdir, 'reconstruction'))
+  trained_fn = _native_trained(n['model'], n['optimizer'], int(r.local_epochs),
+                               int(r.batch_size))
   native = []
-  for i, node in enumerate(nodes):
-    sent = strategy.sent[(ROUND, node)]
-    x, y = shards[i]
+  for i, sent in enumerate(out['result']['sent']):
+    x, y = n['shards'][i]
     with jax.default_matmul_precision('highest'):
-      trained = trained_fn(sent, x, y, rounds.client_key(train_key, ROUND - 1, i))
-    native.append(strategy.recover(sent, jax.tree_util.tree_map(np.asarray, trained), len(x)))
-  cache['reconstruction'] = dict(flower=flower, native=native, true=[x for x, _ in shards],
-                                 nodes=nodes)
+      trained = trained_fn(sent, x, y, rounds.client_key(n['train_key'], ROUND - 1, i))
+    native.append(imprint_recover(n, r, sent, trained, len(x)))
+  cache['reconstruction'] = dict(flower=out['result']['recoveries'], native=native,
+                                 true=[x for x, _ in n['shards']], nodes=out['node_ids'],
+                                 losses=out['losses'])
   return cache['reconstruction']
+
+
+def imprint_recover(n, r, sent, trained, num_examples: int):
+  """What the server recovers from `trained` (the native twin of a node's reply)."""
+  strategy = strategies.ReconstructionStrategy(
+      _fedavg(1), n['variables'], n['cuts'], key=n['craft_key'], nodes=[0],
+      scale=float(r.scale), restore_scale=float(r.restore_scale))
+  return strategy.recover(sent, jax.tree_util.tree_map(np.asarray, trained), num_examples)
 
 
 def _difference(a, b) -> float:
@@ -149,14 +204,15 @@ def _difference(a, b) -> float:
   return worst
 
 
-def point(config, state, key, deployment: str) -> tuple[dict, int]:
+def point(config, state, key, deployment: str, workdir: str | None = None
+          ) -> tuple[dict, int]:
   """Per node and pooled: the fraction of its inputs recovered exactly and above the PSNR
   threshold (pooled: an interval with the node as the unit, `metrics.clustered_rate`, and
   Clopper-Pearson over examples as `*_example_ci_*`; per node: Clopper-Pearson), PSNR and
   SSIM of the matched pairs (bootstrap over nodes), and the largest difference between the
   Flower and native recoveries."""
   r = config.flower_audit.reconstruction
-  run = deployments(config, state, key)
+  run = deployments(config, state, key, workdir)
   scores = []
   for rec, true in zip(run[deployment], run['true']):
     if rec is None:  # the node's reply failed: nothing recovered

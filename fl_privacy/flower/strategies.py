@@ -39,7 +39,7 @@ import io
 import os
 import pathlib
 import re
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 import jax
@@ -134,12 +134,12 @@ class RoundUploads:
   Attributes:
     server_round: Flower's round number r (1-based); the round starts from w_t, t = r - 1.
     global_params: w_t, the arrays the strategy was handed in `configure_train`.
-    node_ids: int64 [K] the nodes whose reply carried an upload, in reply order.
+    node_ids: uint64 [K] the nodes whose reply carried an upload, in reply order.
     uploads: K pytrees, node k's uploaded arrays bit for bit.
     num_examples: float64 [K] each reply's weight (`num-examples`, or the inner strategy's
       `weighted_by_key`; NaN when absent).
     sent: node id -> the arrays it received, for nodes sent something other than w_t.
-    failures: int64 [F] nodes whose reply carried an error or no usable upload.
+    failures: uint64 [F] nodes whose reply carried an error or no usable upload.
   """
   server_round: int
   global_params: Any
@@ -148,7 +148,7 @@ class RoundUploads:
   num_examples: np.ndarray
   sent: dict[int, Any] = dataclasses.field(default_factory=dict)
   failures: np.ndarray = dataclasses.field(
-      default_factory=lambda: np.zeros(0, np.int64))
+      default_factory=lambda: np.zeros(0, np.uint64))
 
   def received(self, node_id: int) -> Any:
     """The arrays node `node_id` trained from: its entry of `sent`, else w_t."""
@@ -188,10 +188,10 @@ def _stack(trees: Sequence[Any], template: Any) -> dict[str, np.ndarray]:
 def round_arrays(uploads: RoundUploads, template: Any) -> dict[str, np.ndarray]:
   """The flat arrays `save_round` writes (names prefixed `global/`, `upload/`, `sent/`)."""
   arrays = {'server_round': np.asarray(uploads.server_round, np.int64),
-            'node_ids': np.asarray(uploads.node_ids, np.int64),
+            'node_ids': np.asarray(uploads.node_ids, np.uint64),
             'num_examples': np.asarray(uploads.num_examples, np.float64),
-            'failures': np.asarray(uploads.failures, np.int64),
-            'sent_node_ids': np.asarray(sorted(uploads.sent), np.int64)}
+            'failures': np.asarray(uploads.failures, np.uint64),
+            'sent_node_ids': np.asarray(sorted(uploads.sent), np.uint64)}
   names = bridge.param_names(template)
   for name, leaf in zip(names, jax.tree_util.tree_leaves(uploads.global_params)):
     arrays[f'global/{name}'] = np.asarray(leaf)
@@ -323,9 +323,9 @@ class RecordingStrategy(_Wrapper):
       uploads.append(upload)
       weights.append(_weight(msg.content, key))
     result = RoundUploads(server_round=server_round, global_params=global_params,
-                          node_ids=np.asarray(node_ids, np.int64), uploads=uploads,
+                          node_ids=np.asarray(node_ids, np.uint64), uploads=uploads,
                           num_examples=np.asarray(weights, np.float64), sent=sent,
-                          failures=np.asarray(failures, np.int64))
+                          failures=np.asarray(failures, np.uint64))
     if self.directory is not None:
       save_round(self.directory / ROUND_FILE.format(server_round), result, self.template)
     if self.observer is not None:
@@ -353,12 +353,12 @@ def recording_from_uploads(apply_fn: Callable, rounds: Sequence[RoundUploads], q
   Returns:
     `loss`, `cos`, `diff`, `margin` float32 [R, K, Q], `grad_sq` float32 [R, Q], `rounds` int32 [R]
     (0-based index t = server round - 1 of the model w_t each round measured at), and
-    `node_ids` int64 [K], `num_examples` float64 [R, K] (the replies' weights).
+    `node_ids` uint64 (Flower node ids are unsigned 64-bit) [K], `num_examples` float64 [R, K] (the replies' weights).
   """
   if not rounds:
     raise ValueError('recording_from_uploads needs at least one recorded round')
   order = (np.sort(rounds[0].node_ids) if node_ids is None
-           else np.asarray(node_ids, np.int64))
+           else np.asarray(node_ids, np.uint64))
   if order.size == 0:
     raise ValueError(f'round {rounds[0].server_round} holds no upload')
   out = {name: [] for name in ('loss', 'cos', 'diff', 'grad_sq', 'margin', 'num_examples')}
@@ -381,7 +381,7 @@ def recording_from_uploads(apply_fn: Callable, rounds: Sequence[RoundUploads], q
   result = {name: np.stack(values) for name, values in out.items()}
   result['num_examples'] = result['num_examples'].astype(np.float64)
   result['rounds'] = np.asarray([r.server_round - 1 for r in rounds], np.int32)
-  result['node_ids'] = order.astype(np.int64)
+  result['node_ids'] = order.astype(np.uint64)
   return result
 
 
@@ -629,6 +629,9 @@ class ReconstructionStrategy(_Wrapper):
       were trained from a crafted model).
     collection: The variables' collection holding the imprint block.
     observer: Called with each `Recovery`.
+    key_ids: node id -> the integer its crafting key folds in instead of the node id (e.g.
+      its partition: Flower's engines give nodes random ids, so crafting by partition
+      keeps a run comparable across engines).
 
   Attributes:
     recoveries: Every `Recovery`, in order.
@@ -641,8 +644,10 @@ class ReconstructionStrategy(_Wrapper):
                value_range: tuple[float, float] = (0.0, 1.0), aggregate_targets: bool = False,
                layer_name: str = imprint.IMPRINT, restore_name: str = imprint.RESTORE,
                collection: str = 'params',
-               observer: Callable[[Recovery], None] | None = None):
+               observer: Callable[[Recovery], None] | None = None,
+               key_ids: Mapping[int, int] | None = None):
     super().__init__(inner)
+    self.key_ids = {int(k): int(v) for k, v in (key_ids or {}).items()}
     self.nodes = frozenset(int(n) for n in nodes)
     if not self.nodes:
       raise ValueError('ReconstructionStrategy needs at least one target node')
@@ -689,7 +694,9 @@ class ReconstructionStrategy(_Wrapper):
     layer written into `variables` (the round's model), the rest unchanged."""
     variables = jax.tree_util.tree_map(jnp.asarray, variables)
     crafted = imprint.craft(variables[self.collection], self.cuts,
-                            _crafting_key(self.key, server_round, node_id), scale=self.scale,
+                            _crafting_key(self.key, server_round,
+                                          self.key_ids.get(int(node_id), int(node_id))),
+                            scale=self.scale,
                             restore_scale=self.restore_scale, layer_name=self.layer_name,
                             restore_name=self.restore_name)
     out = dict(variables)

@@ -1,0 +1,399 @@
+"""Flower's three engines behind one call: `run_job(engine, job, ...)`.
+
+A `jobs.Job` names what a Flower run executes (a `flower_audit` part's server side and the
+ClientApp its nodes run) by data only, so any process can rebuild it. `run_job` runs it on:
+
+- `inprocess`: `runner.InProcessGrid` (our own `Grid`, one process, function calls; the fast
+  path of the tests).
+- `simulation`: Flower's Simulation Engine, `flwr.simulation.run_simulation` with the Ray
+  backend (`flwr[simulation]`): the ServerApp in a thread of this process, each ClientApp call
+  in a Ray actor process with its own JAX runtime (`SIMULATION_BACKEND`: one CPU an actor, as
+  many actors as cores; no GPU).
+- `deployment`: Flower's Deployment Engine on loopback (`LocalDeployment`): one
+  `flower-superlink` and N `flower-supernode` processes on 127.0.0.1 with `--insecure` and free
+  ports, each node with `partition-id` / `num-partitions` in its `--node-config`; the job is
+  submitted with `flwr run <flower_app> <connection> --run-config job=<path>`; the SuperLink
+  starts the ServerApp (`flwr-serverapp`), each SuperNode one `flwr-clientapp` process a
+  message; messages travel as protobuf over Flower 1.42's HTTP Fleet API (gRPC before 1.42).
+  The ServerApp writes its result beside the job file; every process the run started is
+  stopped on every exit path (process groups; SIGTERM -> SIGKILL).
+
+Whatever the engine, the server side gets the Grid through `jobs.serve`, which first asks
+every node its `partition-id` (a `query` message) and hands the job an `OrderedGrid`: node ids
+listed by partition and replies sorted by partition, so that FedAvg samples and sums in the
+same order on every engine (Flower's own grids return replies in arrival order and its node
+ids are random), and that records what each round lost (error replies, no reply).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Iterator, Sequence
+
+os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
+
+# pylint: disable=wrong-import-position
+from fl_privacy.flower import jobs as jobs_lib
+from fl_privacy.flower import runner
+
+ENGINES = ('inprocess', 'simulation', 'deployment')
+# The repository's Flower App (pyproject.toml with [tool.flwr.app]); `flwr run` builds it.
+APP_DIR = pathlib.Path(__file__).resolve().parents[2] / 'flower_app'
+CONNECTION = 'fl-privacy-local'
+RESULT_FILE = 'result.pkl'
+
+
+def simulation_backend(num_cpus: int | None = None) -> dict[str, Any]:
+  """`backend_config` for `run_simulation` on this machine: Ray gets every core, each
+  ClientApp actor one CPU and no GPU (so as many actors as cores run at once)."""
+  cpus = int(num_cpus or os.cpu_count() or 1)
+  return {'init_args': {'num_cpus': cpus, 'num_gpus': 0, 'logging_level': 'error',
+                        'log_to_driver': False},
+          'client_resources': {'num_cpus': 1, 'num_gpus': 0}}
+
+
+def run_job(engine: str, job: jobs_lib.Job, workdir: str | os.PathLike | None = None, *,
+            startup_timeout: float = 120.0, run_timeout: float = 3600.0,
+            deployment: 'LocalDeployment | None' = None) -> Any:
+  """Runs `job` on `engine`; returns what the job's server side returned (`jobs.serve`).
+
+  Args:
+    engine: One of `ENGINES`.
+    job: The job (its `num_nodes` nodes have partitions 0..N-1).
+    workdir: Where the deployment keeps its job file, result and logs (deployment only;
+      default a temporary directory, removed after).
+    startup_timeout, run_timeout: Seconds the deployment may take to start, and to run.
+    deployment: A running `LocalDeployment` to submit to (its nodes must match the job's);
+      None starts one for this job and stops it after.
+  """
+  if engine not in ENGINES:
+    raise ValueError(f'engine must be one of {ENGINES} (got {engine!r})')
+  if engine == 'inprocess':
+    grid = runner.InProcessGrid([jobs_lib.client_app_for(job)] * job.num_nodes)
+    with runner.task_identity(grid.run.run_id, runner.SUPERLINK_NODE_ID):
+      return jobs_lib.serve(job, grid)
+  if engine == 'simulation':
+    return _simulate(job)
+  with contextlib.ExitStack() as stack:
+    if workdir is None:
+      workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='flwr-job-'))
+    if deployment is None:
+      deployment = stack.enter_context(LocalDeployment(
+          job.num_nodes, pathlib.Path(workdir) / 'deployment', startup_timeout=startup_timeout))
+    elif deployment.num_nodes != job.num_nodes:
+      raise ValueError(f'the deployment has {deployment.num_nodes} SuperNodes, the job needs '
+                       f'{job.num_nodes}')
+    return deployment.run(job, pathlib.Path(workdir), timeout=run_timeout)
+
+
+def _simulate(job: jobs_lib.Job) -> Any:
+  # pylint: disable=import-outside-toplevel
+  try:
+    import ray  # noqa: F401  (flwr exits the process without it; say so in one line instead)
+  except ImportError as e:
+    raise jobs_lib.EngineError(
+        "engine 'simulation' needs Flower's Ray backend: pip install -e '.[flower]'") from e
+  from flwr.simulation import run_simulation
+  sink: dict[str, Any] = {}
+  with tempfile.TemporaryDirectory(prefix='flwr-sim-') as tmp:
+    path = jobs_lib.save(job, pathlib.Path(tmp) / 'job.pkl')
+    try:
+      with _quiet_deprecation():
+        run_simulation(jobs_lib.server_app_for(job, sink), jobs_lib.client_app_for(str(path)),
+                       num_supernodes=job.num_nodes, backend_config=simulation_backend())
+    finally:
+      if ray.is_initialized():
+        ray.shutdown()
+  if 'error' in sink:
+    raise sink['error']
+  if 'result' not in sink:
+    raise jobs_lib.EngineError('the Simulation Engine stopped before the ServerApp returned')
+  return sink['result']
+
+
+@contextlib.contextmanager
+def _quiet_deprecation() -> Iterator[None]:
+  # `run_simulation` warns that it is deprecated (in favour of `flwr run`) on every call.
+  import logging  # pylint: disable=import-outside-toplevel
+  logger = logging.getLogger('flwr')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+# ------------------------------------------------------------------------ local deployment ---
+
+def free_ports(count: int) -> list[int]:
+  """`count` distinct TCP ports free on 127.0.0.1 now (bound together, then released)."""
+  socks = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind(('127.0.0.1', 0))
+      socks.append(s)
+    return [s.getsockname()[1] for s in socks]
+  finally:
+    for s in socks:
+      s.close()
+
+
+def _listening(port: int) -> bool:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.settimeout(0.5)
+    return s.connect_ex(('127.0.0.1', port)) == 0
+
+
+def _environment(flwr_home: pathlib.Path) -> dict[str, str]:
+  env = dict(os.environ)
+  # The SuperLink and SuperNodes start `flwr-serverapp` / `flwr-clientapp` by name: this
+  # interpreter's scripts first, whether or not its virtual environment is activated.
+  env['PATH'] = os.pathsep.join([os.path.dirname(sys.executable), env.get('PATH', '')])
+  env['FLWR_HOME'] = str(flwr_home)
+  env['FLWR_TELEMETRY_ENABLED'] = '0'
+  env.setdefault('FLWR_DISABLE_UPDATE_CHECK', '1')
+  return env
+
+
+def _flwr(*args: str) -> list[str]:
+  return [os.path.join(os.path.dirname(sys.executable), 'flwr'), *args]
+
+
+class LocalDeployment:
+  """Flower's Deployment Engine on loopback: one SuperLink and `num_nodes` SuperNodes.
+
+  A context manager: entering starts `flower-superlink --insecure` on a free port (its
+  Fleet, Control and Runtime APIs share it in Flower 1.42) and `num_nodes`
+  `flower-supernode --insecure` processes (node k: `--node-config "partition-id=k
+  num-partitions=N"`, its own free port for the ClientApp runtime), each in a process group
+  of its own, with a private `FLWR_HOME` whose `config.toml` names the SuperLink as the
+  connection `CONNECTION`; it returns when every node is registered. Leaving (also on an
+  exception, KeyboardInterrupt or SIGTERM) stops every process group (SIGTERM, then SIGKILL
+  after `grace` seconds). Logs: `<workdir>/superlink.log`, `supernode_<k>.log`.
+  Runtime dependency installation (`uv sync` of the app's dependencies) is disabled: the
+  apps run in this environment.
+  """
+
+  def __init__(self, num_nodes: int, workdir: str | os.PathLike, *,
+               node_configs: Sequence[dict] | None = None, startup_timeout: float = 120.0,
+               grace: float = 5.0):
+    if int(num_nodes) < 1:
+      raise ValueError(f'num_nodes must be >= 1 (got {num_nodes})')
+    self.num_nodes = int(num_nodes)
+    self.workdir = pathlib.Path(workdir)
+    self.node_configs = list(node_configs or [{}] * self.num_nodes)
+    if len(self.node_configs) != self.num_nodes:
+      raise ValueError(f'{len(self.node_configs)} node_configs for {self.num_nodes} nodes')
+    self.startup_timeout = float(startup_timeout)
+    self.grace = float(grace)
+    self.superlink: subprocess.Popen | None = None
+    self.supernodes: list[subprocess.Popen | None] = []
+    self.port: int | None = None
+    self.home = self.workdir / 'flwr_home'
+    self._logs: list[Any] = []
+    self._saved_sigterm = None
+
+  # --- lifecycle ------------------------------------------------------------------------------
+
+  def __enter__(self) -> 'LocalDeployment':
+    try:
+      self.start()
+    except BaseException:
+      self.stop()
+      raise
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+  def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    log = open(self.workdir / log_name, 'wb')  # pylint: disable=consider-using-with
+    self._logs.append(log)
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=self.env, start_new_session=True)
+
+  def start(self) -> None:
+    """Starts the SuperLink and the SuperNodes; returns when all nodes are registered."""
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.home.mkdir(parents=True, exist_ok=True)
+    self.env = _environment(self.home)
+    ports = free_ports(1 + self.num_nodes)
+    self.port = ports[0]
+    (self.home / 'config.toml').write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{self.port}"\ninsecure = true\n', encoding='utf-8')
+    if _is_main_thread():
+      self._saved_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    bin_dir = os.path.dirname(sys.executable)
+    self.superlink = self._spawn(
+        [os.path.join(bin_dir, 'flower-superlink'), '--insecure',
+         '--disable-runtime-dependency-installation', '--host', '127.0.0.1',
+         '--port', str(self.port)], 'superlink.log')
+    self._wait(lambda: _listening(self.port), 'the SuperLink to listen', self.superlink)
+    for k in range(self.num_nodes):
+      config = {'partition-id': k, 'num-partitions': self.num_nodes, **self.node_configs[k]}
+      node_config = ' '.join(f'{key}={_toml(v)}' for key, v in config.items())
+      self.supernodes.append(self._spawn(
+          [os.path.join(bin_dir, 'flower-supernode'), '--insecure',
+           '--superlink', f'127.0.0.1:{self.port}', '--host', '127.0.0.1',
+           '--port', str(ports[1 + k]), '--node-config', node_config],
+          f'supernode_{k}.log'))
+    self._wait(lambda: self._registered() >= self.num_nodes,
+               f'{self.num_nodes} SuperNodes to register', self.superlink)
+
+  def _registered(self) -> int:
+    text = (self.workdir / 'superlink.log').read_text(errors='replace')
+    return text.count('[Fleet.ActivateNode] Activated node_id=')
+
+  def _wait(self, ready, what: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + self.startup_timeout
+    while not ready():
+      dead = [p for p in [self.superlink, *self.supernodes] if p is not None and
+              p.poll() is not None]
+      if dead:
+        raise jobs_lib.EngineError(
+            f'waiting for {what}: process {dead[0].args[0]} exited with code '
+            f'{dead[0].returncode} (logs in {self.workdir})')
+      if time.monotonic() > deadline:
+        raise jobs_lib.EngineError(f'waiting for {what}: not ready after '
+                                   f'{self.startup_timeout:.0f} s (logs in {self.workdir})')
+      time.sleep(0.2)
+    del proc
+
+  def pids(self) -> list[int]:
+    """Process ids of the SuperLink and the SuperNodes still running."""
+    return [p.pid for p in [self.superlink, *self.supernodes]
+            if p is not None and p.poll() is None]
+
+  def kill_node(self, k: int, sig: int = signal.SIGKILL) -> None:
+    """Kills SuperNode k and its process group (its running ClientApp too)."""
+    proc = self.supernodes[k]
+    if proc is not None and proc.poll() is None:
+      _signal_group(proc, sig)
+      proc.wait(timeout=30)
+
+  def stop(self) -> None:
+    """Stops every process group this deployment started (idempotent)."""
+    procs = [p for p in [*self.supernodes, self.superlink] if p is not None]
+    for p in procs:
+      _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + self.grace
+    for p in procs:
+      try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        pass
+    for p in procs:
+      _signal_group(p, signal.SIGKILL)  # the group's children too, even if p exited
+      with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=10)
+    for log in self._logs:
+      log.close()
+    self._logs = []
+    if self._saved_sigterm is not None and _is_main_thread():
+      signal.signal(signal.SIGTERM, self._saved_sigterm)
+      self._saved_sigterm = None
+
+  # --- runs -----------------------------------------------------------------------------------
+
+  def submit(self, run_config: dict[str, Any], app_dir: str | os.PathLike = APP_DIR) -> int:
+    """`flwr run <app_dir> CONNECTION --run-config ...`: the run id."""
+    args = _flwr('run', str(app_dir), CONNECTION, '--format', 'json')
+    if run_config:
+      args += ['--run-config', ' '.join(f'{k}={_toml(v)}' for k, v in run_config.items())]
+    out = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    try:
+      payload = json.loads(out.stdout[out.stdout.index('{'):])
+      return int(payload['run-id'])
+    except (ValueError, KeyError, TypeError) as e:
+      raise jobs_lib.EngineError(f'flwr run failed (exit {out.returncode}): '
+                                 f'{(out.stdout + out.stderr).strip()[-400:]}') from e
+
+  def status(self, run_id: int) -> dict[str, Any]:
+    """The run's entry of `flwr ls --run-id <id> --format json`."""
+    out = subprocess.run(_flwr('ls', CONNECTION, '--run-id', str(run_id), '--format', 'json'),
+                         env=self.env, capture_output=True, text=True, timeout=60, check=False)
+    try:
+      runs = json.loads(out.stdout[out.stdout.index('{'):])['runs']
+      return next(r for r in runs if int(r['run-id']) == int(run_id))
+    except (ValueError, KeyError, StopIteration) as e:
+      raise jobs_lib.EngineError(f'flwr ls failed (exit {out.returncode}): '
+                                 f'{(out.stdout + out.stderr).strip()[-400:]}') from e
+
+  def wait(self, run_id: int, timeout: float, poll: float = 2.0) -> dict[str, Any]:
+    """Polls the run's status until it is finished; its entry. EngineError when the SuperLink
+    dies or `timeout` passes (the run is stopped with `flwr stop` first)."""
+    deadline = time.monotonic() + float(timeout)
+    while True:
+      if self.superlink is None or self.superlink.poll() is not None:
+        raise jobs_lib.EngineError(f'the SuperLink exited during run {run_id} (logs in '
+                                   f'{self.workdir})')
+      entry = self.status(run_id)
+      if str(entry.get('status', '')).startswith('finished'):
+        return entry
+      if time.monotonic() > deadline:
+        subprocess.run(_flwr('stop', str(run_id), CONNECTION), env=self.env,
+                       capture_output=True, timeout=60, check=False)
+        raise jobs_lib.EngineError(f'run {run_id} did not finish within {timeout:.0f} s '
+                                   '(stopped)')
+      time.sleep(poll)
+
+  def run(self, job: jobs_lib.Job, workdir: str | os.PathLike,
+          timeout: float = 3600.0) -> Any:
+    """Submits `job` (saved to `<workdir>/job_<hash>.pkl`), waits, and returns the result the
+    ServerApp wrote; EngineError (one line: the run's status details) when it failed."""
+    workdir = pathlib.Path(workdir)
+    path = jobs_lib.save(job, workdir / f'job_{jobs_lib.job_hash(job)[:12]}.pkl')
+    result_path = path.with_suffix('.result.pkl')
+    with contextlib.suppress(FileNotFoundError):
+      result_path.unlink()
+    run_id = self.submit({'job': str(path)})
+    entry = self.wait(run_id, timeout)
+    if result_path.exists():
+      with open(result_path, 'rb') as f:
+        out = pickle.load(f)
+      if isinstance(out, BaseException):
+        raise out
+      if entry.get('status') == 'finished:completed':
+        return out
+    details = str(entry.get('status-details', '')).strip().splitlines()
+    raise jobs_lib.EngineError(f"run {run_id} {entry.get('status')}: "
+                               f"{details[-1] if details else 'no result written'} "
+                               f'(logs in {self.workdir})')
+
+
+def _toml(value: Any) -> str:
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  if isinstance(value, (int, float)):
+    return repr(value)
+  return json.dumps(str(value))  # a TOML basic string
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+  with contextlib.suppress(ProcessLookupError, PermissionError):
+    os.killpg(proc.pid, sig)  # start_new_session: the group id is the leader's pid
+
+
+def _is_main_thread() -> bool:
+  import threading  # pylint: disable=import-outside-toplevel
+  return threading.current_thread() is threading.main_thread()
+
+
+def _raise_on_sigterm(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
+

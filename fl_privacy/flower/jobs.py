@@ -1,0 +1,309 @@
+"""What a Flower run executes, as data: a `Job`, its ClientApp and its server side.
+
+A `Job` names a `flower_audit` part (`PARTS`: the module holding the part's
+`job_client(args) -> ClientApp` and `job_server(args, grid) -> result`), its node count, its
+arguments (picklable: configs, numpy arrays, raw key data) and the seed of the server
+process's global generators (FedAvg samples nodes with Python's `random`; Flower's DP
+wrappers draw their noise from numpy's). Any process can rebuild a job from its pickle, so
+the same job runs on every engine (`engines.run_job`):
+
+- `client_app_for(ref)`: a thin `ClientApp` (pickled cheaply to Ray's actors) whose train and
+  evaluate build the part's ClientApp from the job on the node's first message (cached per
+  process and job) and hand it the message; its `query` replies the node's `partition-id`.
+  `ref` is the job, or the path of its pickle.
+- `serve(job, grid)`: the server side on any Flower `Grid`: asks every node its partition
+  (`partition_map`), seeds the server's generators, runs the part on an `OrderedGrid` and
+  returns {'result', 'partitions', 'node_ids' (by partition), 'losses'}.
+- `server_app_for(job, sink)`: a `ServerApp` running `serve` and leaving its return in `sink`
+  (the Simulation Engine runs the ServerApp in a thread of this process). The deployment's
+  ServerApp is `fl_privacy.flower.app.server_app`, reading the job's path from the run config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import logging
+import os
+import pathlib
+import pickle
+import random
+import tempfile
+import time
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import Run
+
+# Part name -> module defining job_client(args) and job_server(args, grid).
+PARTS = {'fedmia': 'fl_privacy.flower.fedmia_part',
+         'dishonest': 'fl_privacy.flower.fedmia_part',
+         'reconstruction': 'fl_privacy.flower.reconstruction_part',
+         'training': 'fl_privacy.flower.canaries'}
+PARTITION_KEY = 'partition-id'
+QUERY_KEY = 'fl-privacy'
+
+
+class EngineError(RuntimeError):
+  """A Flower engine did not run the job to the end (one line says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One Flower run, rebuildable in any process.
+
+  Attributes:
+    part: A key of `PARTS`.
+    num_nodes: N, the nodes' partitions are 0..N-1.
+    args: The part's arguments (picklable).
+    seed: Seeds Python's `random` and numpy's global generator in the server's process
+      during `serve` (restored after).
+    round_timeout: Seconds a round waits for replies (None: Flower's default, 3600).
+    wait_timeout: Seconds the server waits for N nodes to connect.
+  """
+  part: str
+  num_nodes: int
+  args: Any
+  seed: int
+  round_timeout: float | None = None
+  wait_timeout: float = 300.0
+
+  def __post_init__(self):
+    if self.part not in PARTS:
+      raise ValueError(f'part must be one of {tuple(PARTS)} (got {self.part!r})')
+    if int(self.num_nodes) < 1:
+      raise ValueError(f'num_nodes must be >= 1 (got {self.num_nodes})')
+
+
+def job_hash(job: Job) -> str:
+  return hashlib.sha256(pickle.dumps(job, protocol=4)).hexdigest()
+
+
+def save(job: Job, path: str | os.PathLike) -> pathlib.Path:
+  """Pickles `job` to `path` atomically; returns the path."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  write_pickle(job, path)
+  return path
+
+
+def write_pickle(obj: Any, path: str | os.PathLike) -> None:
+  path = pathlib.Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      pickle.dump(obj, f, protocol=4)
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+
+
+_LOADED: dict[str, Job] = {}
+_BUILT: dict[str, ClientApp] = {}
+
+
+def load(path: str | os.PathLike) -> Job:
+  """The job pickled at `path` (cached per process)."""
+  path = str(path)
+  if path not in _LOADED:
+    with open(path, 'rb') as f:
+      job = pickle.load(f)
+    if not isinstance(job, Job):
+      raise TypeError(f'{path} holds a {type(job).__name__}, not a Job')
+    _LOADED[path] = job
+  return _LOADED[path]
+
+
+def _module(job: Job):
+  return importlib.import_module(PARTS[job.part])
+
+
+def client_app(job: Job) -> ClientApp:
+  """The part's own ClientApp for `job` (built once per process and job)."""
+  h = job_hash(job)
+  if h not in _BUILT:
+    fn = getattr(_module(job), 'dishonest_client' if job.part == 'dishonest' else 'job_client')
+    _BUILT[h] = fn(job.args)
+  return _BUILT[h]
+
+
+def _resolve(ref: Job | str, context: Context) -> Job:
+  if isinstance(ref, Job):
+    return ref
+  path = ref or str(context.run_config.get('job', ''))
+  if not path:
+    raise ValueError("the run config has no 'job' (the path of a pickled "
+                     'fl_privacy.flower.jobs.Job); `python -m experiments.flower_audit` writes '
+                     'one, see docs/experiments/flower_audit.md')
+  return load(path)
+
+
+def client_app_for(ref: Job | str = '') -> ClientApp:
+  """A ClientApp running job `ref` (a Job, a pickle's path, or '' for the run config's
+  `job`): train and evaluate go to the part's ClientApp, query returns `partition-id`."""
+  app = ClientApp()
+
+  def forward(msg: Message, context: Context) -> Message:
+    return client_app(_resolve(ref, context))(msg, context)
+
+  app.train()(forward)
+  app.evaluate()(forward)
+
+  @app.query()
+  def query(msg: Message, context: Context) -> Message:
+    return Message(RecordDict({'node': ConfigRecord(
+        {PARTITION_KEY: int(context.node_config[PARTITION_KEY])})}), reply_to=msg)
+
+  del query
+  return app
+
+
+# ---------------------------------------------------------------------------- server side ---
+
+def partition_map(grid: Grid, num_nodes: int, timeout: float = 300.0) -> dict[int, int]:
+  """node id -> partition-id of the `num_nodes` nodes (waits up to `timeout` s for them to
+  connect, then one `query` message each). EngineError when a node does not answer or the
+  partitions are not 0..N-1."""
+  deadline = time.monotonic() + float(timeout)
+  while len(nodes := list(grid.get_node_ids())) < num_nodes:
+    if time.monotonic() > deadline:
+      raise EngineError(f'{len(nodes)} of {num_nodes} nodes connected after {timeout:.0f} s')
+    time.sleep(0.5)
+  messages = [Message(RecordDict({'config': ConfigRecord({QUERY_KEY: 'partition'})}),
+                      dst_node_id=int(n), message_type='query') for n in nodes]
+  replies = list(grid.send_and_receive(messages, timeout=float(timeout)))
+  out = {}
+  for reply in replies:
+    if reply.has_error():
+      raise EngineError(f'node {reply.metadata.src_node_id} did not say its partition: '
+                        f'{reply.error.reason.strip().splitlines()[-1:]}')
+    out[int(reply.metadata.src_node_id)] = int(reply.content['node'][PARTITION_KEY])
+  missing = sorted(set(map(int, nodes)) - set(out))
+  if missing:
+    raise EngineError(f'nodes {missing} did not say their partition within {timeout:.0f} s')
+  if sorted(out.values()) != list(range(num_nodes)) or len(out) != num_nodes:
+    raise EngineError(f'the nodes\' partitions are {sorted(out.values())}, not 0..'
+                      f'{num_nodes - 1} (one node per partition)')
+  return out
+
+
+def _round_of(msg: Message) -> int | None:
+  if not msg.has_content():
+    return None
+  for record in msg.content.config_records.values():
+    if 'server-round' in record:
+      return int(record['server-round'])
+  return None
+
+
+class OrderedGrid(Grid):
+  """A Flower `Grid` around another one: node ids listed by partition, replies returned by
+  partition (their arrival order is the engine's), and what each exchange lost.
+
+  Attributes:
+    losses: One dict per instruction without a usable reply: 'round' (its `server-round`,
+      None when it has none), 'node', 'partition', 'type' (message type), 'reason' ('error:
+      <code> <reason>' or 'no reply within the timeout').
+  """
+
+  def __init__(self, grid: Grid, partitions: Mapping[int, int],
+               round_timeout: float | None = None):
+    self.grid = grid
+    self.partitions = {int(k): int(v) for k, v in partitions.items()}
+    self.round_timeout = round_timeout
+    self.losses: list[dict[str, Any]] = []
+
+  def set_run(self, run: Run) -> None:
+    self.grid.set_run(run)
+
+  @property
+  def run(self) -> Run:
+    return self.grid.run
+
+  def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+    return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+  def get_node_ids(self) -> list[int]:
+    live = set(map(int, self.grid.get_node_ids()))
+    return sorted((n for n in self.partitions if n in live), key=self.partitions.__getitem__)
+
+  def _rank(self, msg: Message) -> tuple[int, int]:
+    node = int(msg.metadata.src_node_id)
+    return (self.partitions.get(node, len(self.partitions)), node)
+
+  def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+    return self.grid.push_messages(messages)
+
+  def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+    return sorted(self.grid.pull_messages(message_ids), key=self._rank)
+
+  def send_and_receive(self, messages: Iterable[Message], *,
+                       timeout: float | None = None) -> Iterable[Message]:
+    messages = list(messages)
+    if self.round_timeout is not None:
+      timeout = self.round_timeout
+    replies = sorted(self.grid.send_and_receive(messages, timeout=timeout), key=self._rank)
+    answered = {int(r.metadata.src_node_id): r for r in replies}
+    for msg in messages:
+      node = int(msg.metadata.dst_node_id)
+      reply = answered.get(node)
+      if reply is not None and not reply.has_error():
+        continue
+      reason = ('no reply within the timeout' if reply is None else
+                f'error: {reply.error.code} {str(reply.error.reason).strip().splitlines()[-1:]}')
+      self.losses.append({'round': _round_of(msg), 'node': node,
+                          'partition': self.partitions.get(node),
+                          'type': msg.metadata.message_type, 'reason': reason})
+      logging.getLogger('fl_privacy').warning(
+          'Flower round %s: node %d (partition %s) %s', _round_of(msg), node,
+          self.partitions.get(node), reason)
+    return replies
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+  """Python's `random` and numpy's global generator seeded with `seed`, restored after."""
+  state = random.getstate(), np.random.get_state()
+  random.seed(int(seed))
+  np.random.seed(int(seed) % 2**32)
+  try:
+    yield
+  finally:
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+
+
+def serve(job: Job, grid: Grid) -> dict[str, Any]:
+  """The job's server side on `grid` (module docstring)."""
+  partitions = partition_map(grid, job.num_nodes, job.wait_timeout)
+  ordered = OrderedGrid(grid, partitions, job.round_timeout)
+  with seeded(job.seed):
+    result = _module(job).__dict__[
+        'dishonest_server' if job.part == 'dishonest' else 'job_server'](job.args, ordered)
+  return {'result': result, 'partitions': partitions, 'node_ids': ordered.get_node_ids(),
+          'losses': list(ordered.losses)}
+
+
+def server_app_for(job: Job, sink: dict[str, Any]) -> ServerApp:
+  """A ServerApp running `serve(job, grid)`; its return (or exception) lands in `sink`."""
+  app = ServerApp()
+
+  @app.main()
+  def main(grid: Grid, context: Context) -> None:
+    del context
+    try:
+      sink['result'] = serve(job, grid)
+    except BaseException as e:  # pylint: disable=broad-except
+      sink['error'] = e
+      raise
+
+  del main
+  return app
