@@ -126,12 +126,18 @@ def _module(job: Job):
   return importlib.import_module(PARTS[job.part])
 
 
+def build_client_app(job: Job) -> ClientApp:
+  """The part's own ClientApp for `job`."""
+  fn = getattr(_module(job), 'dishonest_client' if job.part == 'dishonest' else 'job_client')
+  return fn(job.args)
+
+
 def client_app(job: Job) -> ClientApp:
-  """The part's own ClientApp for `job` (built once per process and job)."""
+  """`build_client_app(job)`, built once per process and job (a SuperNode's or Ray actor's
+  later messages reuse it)."""
   h = job_hash(job)
   if h not in _BUILT:
-    fn = getattr(_module(job), 'dishonest_client' if job.part == 'dishonest' else 'job_client')
-    _BUILT[h] = fn(job.args)
+    _BUILT[h] = build_client_app(job)
   return _BUILT[h]
 
 
@@ -150,8 +156,13 @@ def client_app_for(ref: Job | str = '') -> ClientApp:
   """A ClientApp running job `ref` (a Job, a pickle's path, or '' for the run config's
   `job`): train and evaluate go to the part's ClientApp, query returns `partition-id`."""
   app = ClientApp()
+  own: dict[str, ClientApp] = {}  # a Job given as an object: built for this app only
 
   def forward(msg: Message, context: Context) -> Message:
+    if isinstance(ref, Job):
+      if 'app' not in own:
+        own['app'] = build_client_app(ref)
+      return own['app'](msg, context)
     return client_app(_resolve(ref, context))(msg, context)
 
   app.train()(forward)

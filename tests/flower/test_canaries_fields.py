@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 
 from fl_privacy.eval import auditing
 from fl_privacy.flower import canaries
+from fl_privacy.flower import jobs
 from fl_privacy.flower import dp_audit
 from fl_privacy.flower import tables
 
@@ -90,7 +91,7 @@ def test_every_field_of_an_audit_by_hand(monkeypatch, wrapper, directions):
   clips = [0.1, 0.08, 0.07, 0.05] if wrapper == 'server_adaptive' else None
   setting = _setting(wrapper, noise_multiplier=0.7, epsilon=1.5, delta=2e-5)
   run = _run(design, KEY, clips=clips, stated_flower=3.0, local=wrapper == 'local_dp')
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   m = canaries.audit(setting, design, KEY)
   want = _hand_audit(setting, design, KEY, run)
   for name, value in want.items():
@@ -121,7 +122,7 @@ def test_a_threat_without_a_statistic_is_left_out_not_the_ones_after_it(monkeypa
   still audited."""
   setting = _setting('local_dp', epsilon=1.5)
   run = _run(DESIGN, KEY, local=False)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   m = canaries.audit(setting, DESIGN, KEY)
   assert not any(k.startswith('all_iterates/') for k in m)
   want = _hand_audit(setting, DESIGN, KEY, run)
@@ -139,7 +140,7 @@ def test_a_design_names_its_allowed_directions():
 def test_the_verdicts_flip_exactly_at_the_stated_epsilon(monkeypatch):
   setting = _setting('server_fixed', noise_multiplier=2.0)
   run = _run(DESIGN, KEY, signal=3.0)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   best = canaries.audit(setting, DESIGN, KEY)['best_bound']
   assert best > 0
   exact = canaries.exact_epsilons(setting, DESIGN, run, setting.delta)
@@ -158,7 +159,7 @@ def _check_bonferroni_levels(monkeypatch, wrapper, uploads, k):
   present, and the metrics name that family and those levels."""
   clips = [0.1, 0.08, 0.07, 0.05] if wrapper in dp_audit.ADAPTIVE else None
   run = _run(DESIGN, KEY, clips=clips, stated_flower=3.0, local=uploads)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, key: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, key, **_: run)
   seen = []
   real = auditing.audit_scores
 
@@ -199,7 +200,7 @@ def _check_verdict_against_the_family_wise_bound(monkeypatch):
   it and the largest of the same bounds each at c (what a per-bound verdict would read)."""
   setting = _setting('server_fixed', noise_multiplier=2.0)
   run = _run(DESIGN, KEY, signal=3.0)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   inc = run['included']
   statistic = canaries.scores(setting, run, run['directions'])
 
@@ -253,7 +254,7 @@ def test_the_training_table_states_the_levels_of_its_bounds_and_verdict(monkeypa
   `verdict_confidence`; a point stored before them is marked as bounds each at its
   `confidence`, a verdict that is not family-wise."""
   run = _run(DESIGN, KEY, local=True)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   m = canaries.audit(_setting('local_dp', epsilon=1.5), DESIGN, KEY)
   old = {k: v for k, v in m.items()
          if k not in ('verdict_confidence', 'bound_confidence', 'counted_bounds')}
@@ -273,7 +274,7 @@ def test_a_threat_missing_from_the_fixed_family_is_refused(monkeypatch):
   """The family (and k) is fixed before any score; statistics that do not match it stop the
   audit rather than change k after the fact."""
   run = _run(DESIGN, KEY)
-  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k: run)
+  monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, **_: run)
   scores = canaries.scores
   monkeypatch.setattr(canaries, 'scores', lambda *a: {
       k: v for k, v in scores(*a).items() if k != 'all_iterates'})
@@ -285,7 +286,7 @@ def test_an_audit_needs_canaries_in_both_worlds(monkeypatch):
   run = _run(DESIGN, KEY)
   for coins in (np.ones, np.zeros):
     run['included'] = coins(DESIGN.num_canaries, bool)
-    monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, r=run: r)
+    monkeypatch.setattr(canaries, 'deploy', lambda s, d, k, r=run, **_: r)
     with pytest.raises(ValueError, match='120 canaries gave no canary in one of the worlds'):
       canaries.audit(_setting('server_fixed'), DESIGN, KEY)
 
@@ -493,10 +494,10 @@ def test_a_deployment_reports_its_models_in_float64_its_nodes_and_its_time():
   assert run['num_nodes'] == 8 and 0 < run['seconds'] < 300
 
 
-def test_a_client_error_stops_the_deployment_with_the_clients_own_error(monkeypatch):
-  """Not a run that lost rounds: `raise_client_errors` surfaces the node's exception."""
-  def broken_app(*args):
-    del args
+def test_a_client_error_stops_the_audit_naming_what_the_deployment_lost(monkeypatch):
+  """Not a run that lost rounds scored as if complete: every lost reply is named."""
+  def broken_app(*args, **kwargs):
+    del args, kwargs
     app = ClientApp()
 
     @app.train()
@@ -506,20 +507,27 @@ def test_a_client_error_stops_the_deployment_with_the_clients_own_error(monkeypa
     return app
 
   monkeypatch.setattr(canaries, 'client_app', broken_app)
-  with pytest.raises(KeyError, match='canary node failed'):
+  with pytest.raises(jobs.EngineError, match=r'lost \d+ replies \(round, partition\): '
+                     r'\[\(1, 0\), \(1, 1\)'):
     canaries.deploy(_setting('server_fixed'), _TINY, KEY)
 
 
 def test_a_deployment_that_released_too_few_models_is_refused(monkeypatch):
-  real_run = canaries.runner.run
+  real_build = canaries.build_strategy
 
-  def two_rounds_released(strategy, grid, initial, *, num_rounds, evaluate_fn):
-    calls = []   # the initial model and round 1's reach the observer, not rounds 2 and 3
-    return real_run(strategy, grid, initial, num_rounds=num_rounds,
-                    evaluate_fn=lambda r, a: calls.append(r) or (
-                        evaluate_fn(r, a) if len(calls) <= 2 else None))
+  def two_rounds_released(*args):
+    strategy = real_build(*args)
+    real_start = strategy.start
 
-  monkeypatch.setattr(canaries.runner, 'run', two_rounds_released)
+    def start(grid, initial, *, num_rounds, evaluate_fn):
+      calls = []   # the initial model and round 1's reach the observer, not rounds 2 and 3
+      return real_start(grid, initial, num_rounds=num_rounds,
+                        evaluate_fn=lambda r, a: calls.append(r) or (
+                            evaluate_fn(r, a) if len(calls) <= 2 else None))
+    strategy.start = start
+    return strategy
+
+  monkeypatch.setattr(canaries, 'build_strategy', two_rounds_released)
   with pytest.raises(RuntimeError, match='^1 of 3 rounds released a model$'):
     canaries.deploy(_setting('server_fixed'), _TINY, KEY)
 
