@@ -62,6 +62,21 @@ def simulation_backend(num_cpus: int | None = None) -> dict[str, Any]:
           'client_resources': {'num_cpus': 1, 'num_gpus': 0}}
 
 
+_SHARED: list['LocalDeployment'] = []
+
+
+@contextlib.contextmanager
+def using(deployment: 'LocalDeployment') -> Iterator['LocalDeployment']:
+  """Inside the block, `run_job(engine='deployment', ...)` submits every job whose node
+  count matches to `deployment` (a running `LocalDeployment`) instead of starting one a job:
+  one SuperLink and one set of SuperNodes for several runs, as a deployment serves them."""
+  _SHARED.append(deployment)
+  try:
+    yield deployment
+  finally:
+    _SHARED.remove(deployment)
+
+
 def run_job(engine: str, job: jobs_lib.Job, workdir: str | os.PathLike | None = None, *,
             startup_timeout: float = 120.0, run_timeout: float = 3600.0,
             deployment: 'LocalDeployment | None' = None) -> Any:
@@ -74,7 +89,8 @@ def run_job(engine: str, job: jobs_lib.Job, workdir: str | os.PathLike | None = 
       default a temporary directory, removed after).
     startup_timeout, run_timeout: Seconds the deployment may take to start, and to run.
     deployment: A running `LocalDeployment` to submit to (its nodes must match the job's);
-      None starts one for this job and stops it after.
+      None: the one of an enclosing `using` block with as many nodes, else one started for
+      this job and stopped after.
   """
   if engine not in ENGINES:
     raise ValueError(f'engine must be one of {ENGINES} (got {engine!r})')
@@ -87,6 +103,8 @@ def run_job(engine: str, job: jobs_lib.Job, workdir: str | os.PathLike | None = 
   with contextlib.ExitStack() as stack:
     if workdir is None:
       workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='flwr-job-'))
+    if deployment is None:
+      deployment = next((d for d in reversed(_SHARED) if d.num_nodes == job.num_nodes), None)
     if deployment is None:
       deployment = stack.enter_context(LocalDeployment(
           job.num_nodes, pathlib.Path(workdir) / 'deployment', startup_timeout=startup_timeout))

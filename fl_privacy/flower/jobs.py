@@ -59,7 +59,9 @@ class Job:
   """One Flower run, rebuildable in any process.
 
   Attributes:
-    part: A key of `PARTS`.
+    part: A key of `PARTS`, or the dotted name of any importable module defining
+      `job_client(args)` and `job_server(args, grid)` (the tests' own parts; every process
+      of the run must be able to import it).
     num_nodes: N, the nodes' partitions are 0..N-1.
     args: The part's arguments (picklable).
     seed: Seeds Python's `random` and numpy's global generator in the server's process
@@ -75,8 +77,9 @@ class Job:
   wait_timeout: float = 300.0
 
   def __post_init__(self):
-    if self.part not in PARTS:
-      raise ValueError(f'part must be one of {tuple(PARTS)} (got {self.part!r})')
+    if self.part not in PARTS and '.' not in self.part:
+      raise ValueError(f'part must be one of {tuple(PARTS)} or a module\'s dotted name (got '
+                       f'{self.part!r})')
     if int(self.num_nodes) < 1:
       raise ValueError(f'num_nodes must be >= 1 (got {self.num_nodes})')
 
@@ -123,7 +126,7 @@ def load(path: str | os.PathLike) -> Job:
 
 
 def _module(job: Job):
-  return importlib.import_module(PARTS[job.part])
+  return importlib.import_module(PARTS.get(job.part, job.part))
 
 
 def build_client_app(job: Job) -> ClientApp:
@@ -137,8 +140,20 @@ def client_app(job: Job) -> ClientApp:
   later messages reuse it)."""
   h = job_hash(job)
   if h not in _BUILT:
+    if not _BUILT:
+      _compile_cache()
     _BUILT[h] = build_client_app(job)
   return _BUILT[h]
+
+
+def _compile_cache() -> None:
+  """JAX's persistent compilation cache in a node's process (a SuperNode starts one process a
+  message, each would compile the same step again), where `$FL_PRIVACY_COMPILE_CACHE` (or
+  the user cache directory) allows it."""
+  from fl_privacy.eval import compile_cache  # pylint: disable=import-outside-toplevel
+  directory = compile_cache.resolve(None)
+  if directory:
+    compile_cache.enable(directory)
 
 
 def _resolve(ref: Job | str, context: Context) -> Job:
@@ -195,7 +210,7 @@ def partition_map(grid: Grid, num_nodes: int, timeout: float = 300.0) -> dict[in
   for reply in replies:
     if reply.has_error():
       raise EngineError(f'node {reply.metadata.src_node_id} did not say its partition: '
-                        f'{reply.error.reason.strip().splitlines()[-1:]}')
+                        f'{last_line(reply.error.reason)}')
     out[int(reply.metadata.src_node_id)] = int(reply.content['node'][PARTITION_KEY])
   missing = sorted(set(map(int, nodes)) - set(out))
   if missing:
@@ -204,6 +219,12 @@ def partition_map(grid: Grid, num_nodes: int, timeout: float = 300.0) -> dict[in
     raise EngineError(f'the nodes\' partitions are {sorted(out.values())}, not 0..'
                       f'{num_nodes - 1} (one node per partition)')
   return out
+
+
+def last_line(text: Any) -> str:
+  """The last non-empty line of an error's text (a traceback's is the exception)."""
+  lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+  return lines[-1] if lines else ''
 
 
 def _round_of(msg: Message) -> int | None:
@@ -269,7 +290,7 @@ class OrderedGrid(Grid):
       if reply is not None and not reply.has_error():
         continue
       reason = ('no reply within the timeout' if reply is None else
-                f'error: {reply.error.code} {str(reply.error.reason).strip().splitlines()[-1:]}')
+                f'error: {reply.error.code} {last_line(reply.error.reason)}')
       self.losses.append({'round': _round_of(msg), 'node': node,
                           'partition': self.partitions.get(node),
                           'type': msg.metadata.message_type, 'reason': reason})

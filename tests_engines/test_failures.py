@@ -1,0 +1,146 @@
+"""Failures of a real deployment: a node that replies with an error, a round that times out, a
+SuperNode killed mid-round, and processes stopped on every exit path."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fl_privacy.flower import engines
+from fl_privacy.flower import fedmia_part
+from fl_privacy.flower import jobs
+from tests_engines.conftest import alive
+from tests_engines.conftest import flower_processes
+from tests_engines.conftest import REPO
+
+TOY = 'tests_engines.toy_part'
+
+
+def _job(num_nodes=3, *, round_timeout=None, **args):
+  return jobs.Job(TOY, num_nodes, dict(rounds=2, **args), seed=7, round_timeout=round_timeout)
+
+
+def _models(weights_by_round):
+  """FedAvg's models when node k replies w + (k + 1) with weight k + 1, by the nodes that
+  answered each round."""
+  w, out = np.zeros(3), [np.zeros(3)]
+  for nodes in weights_by_round:
+    weights = np.asarray(nodes, np.float64) + 1
+    w = w + np.sum(weights * weights) / np.sum(weights)
+    out.append(w)
+  return out
+
+
+@pytest.mark.parametrize('engine', engines.ENGINES)
+def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, no_leftovers):
+  job = _job(actions={(2, 1): 'raise'})
+  out = engines.run_job(engine, job, no_leftovers / 'job')
+  assert [(x['round'], x['partition'], x['type']) for x in out['losses']] == [(2, 1, 'train')]
+  assert out['losses'][0]['reason'].startswith('error: ')
+  assert 'partition 1 fails in round 2' in out['losses'][0]['reason']
+  # FedAvg went on with the other nodes (Flower drops error replies) ...
+  np.testing.assert_allclose(out['result']['models'], _models([[0, 1, 2], [0, 2]]), rtol=1e-6)
+  # ... and the audit does not score a run that lost a reply.
+  with pytest.raises(jobs.EngineError, match=r'lost 1 replies: round 2 partition 1 \(error'):
+    fedmia_part.check_complete(out, 'the run')
+
+
+def test_a_round_that_times_out_names_the_late_node(no_leftovers):
+  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=12.0)
+  with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
+    out = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
+  losses = [(x['round'], x['partition'], x['reason']) for x in out['losses']]
+  assert losses[0] == (1, 2, 'no reply within the timeout')
+  # A SuperNode runs its messages one after the other: still asleep in round 1, node 2 misses
+  # round 2 as well. Nothing else is lost.
+  assert set(losses[1:]) <= {(2, 2, 'no reply within the timeout')}
+  np.testing.assert_allclose(out['result']['models'][1], _models([[0, 1]])[1], rtol=1e-6)
+
+
+def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_leftovers):
+  markers = no_leftovers / 'markers'
+  markers.mkdir()
+  job = _job(actions={(1, 1): 'sleep:60'}, markers=str(markers), min_nodes=2,
+             round_timeout=20.0)
+  box = {}
+  with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
+    def run():
+      try:
+        box['out'] = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep,
+                                     run_timeout=240)
+      except Exception as e:  # pylint: disable=broad-except
+        box['error'] = e
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (markers / 'r1_p1').exists():  # node 1 is inside round 1's training
+      assert time.monotonic() < deadline and thread.is_alive(), box
+      time.sleep(0.2)
+    victim = dep.supernodes[1].pid
+    dep.kill_node(1)
+    assert not alive(victim)
+    thread.join(300)
+  assert 'error' not in box, box.get('error')
+  losses = box['out']['losses']
+  assert (1, 1) in [(x['round'], x['partition']) for x in losses]
+  assert {x['partition'] for x in losses} == {1}  # nothing else was lost
+  with pytest.raises(jobs.EngineError, match=r'round 1 partition 1 \(no reply'):
+    fedmia_part.check_complete(box['out'], 'the run')
+
+
+def test_processes_stop_when_the_block_raises(no_leftovers):
+  with pytest.raises(KeyError, match='boom'):
+    with engines.LocalDeployment(2, no_leftovers / 'dep') as dep:
+      pids = dep.pids()
+      assert len(pids) == 3 and all(map(alive, pids))
+      raise KeyError('boom')
+  assert not any(map(alive, pids))
+
+
+def test_processes_stop_when_the_run_is_terminated(no_leftovers):
+  """SIGTERM to the process holding a deployment (what `timeout` or a scheduler sends)."""
+  pid_file = no_leftovers / 'pids'
+  code = ('import sys, time\n'
+          'from fl_privacy.flower import engines\n'
+          f'with engines.LocalDeployment(2, {str(no_leftovers / "dep")!r}) as dep:\n'
+          f'  open({str(pid_file)!r}, "w").write(" ".join(map(str, dep.pids())))\n'
+          '  time.sleep(600)\n')
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, env=dict(os.environ))
+  deadline = time.monotonic() + 120
+  while not pid_file.exists() or not pid_file.read_text():
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.2)
+  pids = [int(p) for p in pid_file.read_text().split()]
+  assert len(pids) == 3 and all(map(alive, pids))
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+  assert not any(map(alive, pids))
+  assert not flower_processes(str(no_leftovers))
+
+
+def test_a_run_without_a_job_fails_with_one_line(no_leftovers):
+  with engines.LocalDeployment(1, no_leftovers / 'dep') as dep:
+    run_id = dep.submit({})
+    entry = dep.wait(run_id, timeout=120)
+  assert entry['status'] == 'finished:failed'
+  assert "the run config has no 'job'" in entry['status-details']
+
+
+def test_a_node_count_the_deployment_lacks_is_refused(no_leftovers):
+  with engines.LocalDeployment(1, no_leftovers / 'dep') as dep:
+    with pytest.raises(ValueError, match='the deployment has 1 SuperNodes, the job needs 3'):
+      engines.run_job('deployment', _job(), no_leftovers / 'job', deployment=dep)
+
+
+def test_the_app_folder_names_our_server_and_client_apps():
+  text = (pathlib.Path(engines.APP_DIR) / 'pyproject.toml').read_text()
+  assert 'serverapp = "fl_privacy.flower.app:server_app"' in text
+  assert 'clientapp = "fl_privacy.flower.app:client_app"' in text
