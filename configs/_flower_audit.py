@@ -147,9 +147,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     dp.canary_norm: the canary update's norm in units of C (>= 1): 2.
     dp.confidence: of every lower bound and interval, in (0.5, 1): 0.95.
     training.settings: name -> one Flower DP deployment audited over every round, the
-      fields of `dp.settings` without `num_sampled_clients` (every node of the deployment
-      is sampled: n = num_real + num_canaries). Default: the five wrappers, z = 1 (central)
-      and LocalDpMod(1, 1, 1, 1e-5); the adaptive ones at Flower's defaults otherwise.
+      fields of `dp.settings` without `num_sampled_clients` (it is the nodes FedAvg samples a
+      round: k = int(n x fraction_train), n = num_real + num_canaries). Default: the five
+      wrappers, z = 1 (central) and LocalDpMod(1, 1, 1, 1e-5); the adaptive ones at
+      Flower's defaults otherwise.
     training.num_canaries: m canary nodes, each included with probability 1/2 (a fair coin
       from fold_in(key, i)), >= 2: 500 (smoke 64).
     training.num_real: ordinary nodes with known fixed updates, >= 0: 500 (smoke 64).
@@ -160,7 +161,20 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       real updates on other coordinates) or 'random' (random unit vectors: cross-talk).
     training.canary_norm: an included canary's update norm in units of C (the initial clip
       for the adaptive wrappers), >= 1: 2.
-    training.real_norm: the real nodes' update norms are real_norm x 0.5..2: 1.0.
+    training.real_norm: the real nodes' update norms are real_norm x 0.5..2 (read with
+      real_clients 'fixed'): 1.0.
+    training.fraction_train: q in (0, 1], Flower FedAvg's `fraction_train`: each round it
+      samples k = int(n q) >= 1 of the n nodes without replacement (Python's `random`,
+      seeded from the run's key) and every DP wrapper gets num_sampled_clients = k. The
+      adversary audited is the server, which knows whom it sampled (no amplification by
+      sampling; Flower's stated epsilon claims none either): each canary is scored over
+      the rounds it was sampled in, and the exact epsilon is that of the canary sampled
+      most (docs/experiments/flower_audit_sampling.md). Default 1.0: every node every round.
+    training.real_clients: 'fixed' (the default: known random updates, no model) or
+      'trained': the num_real real nodes train an MLP 64 -> h -> 10 on the offline digits
+      (h the widest whose 75 h + 10 parameters fit in `dimension`, the rest padding;
+      dimension >= 85), one epoch of SGD on 16 examples each from the round's model, so the
+      canaries' coordinates carry the real updates too.
     training.num_null: never-inserted directions, the Gaussian fit's null: 1000 (smoke 128).
     training.confidence: the verdict's family-wise confidence, in (0.5, 1): 0.95 (each of the
       k counted one-run bounds at 1 - (1 - c) / k).
@@ -221,6 +235,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.training.directions = 'dirac'
   s.training.canary_norm = 2.0
   s.training.real_norm = 1.0
+  s.training.fraction_train = 1.0
+  s.training.real_clients = 'fixed'
   s.training.num_null = 1000
   s.training.confidence = 0.95
   s.reconstruction = ml_collections.ConfigDict(dict(

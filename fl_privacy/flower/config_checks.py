@@ -2,7 +2,8 @@
 
 `check_setting(name, s, section, nodes)`: one `dp.settings` / `training.settings` entry checked
 by its wrapper's fields and turned into a `dp_audit.Setting`; `check_training(config)`: the
-`training` section's canary design and settings. Split out of `flower.pipeline` (whose
+`training` section's canary design (client sampling and trained real nodes included) and
+settings. Split out of `flower.pipeline` (whose
 `validate_config` calls them) to keep the pipeline within its 350 lines.
 """
 
@@ -39,7 +40,8 @@ _PRESENT = validate.Rule('set (the wrapper reads it; configs/_flower_audit.py)',
 
 def check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit.Setting:
   """One `<section>.settings` entry checked by its wrapper's rules, as a `dp_audit.Setting`
-  (`training`: no `num_sampled_clients`, which is the deployment's `nodes`)."""
+  (`training`: no `num_sampled_clients`, which is `nodes`, the nodes FedAvg samples a
+  round)."""
   prefix = f'flower_audit.{section}.settings.{name}'
   _PRESENT.check(f'{prefix}.wrapper', s.get('wrapper'))
   _SETTING_RULES['wrapper'].check(f'{prefix}.wrapper', s.wrapper)
@@ -92,12 +94,26 @@ def check_training(config) -> tuple[canaries.Design, list[dp_audit.Setting]]:
     validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
         f'above num_canaries + num_null ({int(t.num_canaries) + int(t.num_null)}) with '
         'Dirac canaries', lambda d: int(d) > int(t.num_canaries) + int(t.num_null)))
+  nodes = int(t.num_canaries) + int(t.num_real)
+  validate.checked(config, 'flower_audit.training.fraction_train',
+                   validate.number(0, 1, low_open=True))
+  validate.checked(config, 'flower_audit.training.fraction_train', validate.Rule(
+      f'at least one node a round: int({nodes} nodes x fraction_train) >= 1',
+      lambda q: int(nodes * float(q)) >= 1))
+  validate.one_of(config, 'flower_audit.training.real_clients', canaries.REAL_CLIENTS)
+  if t.real_clients == 'trained':
+    validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
+        f'at least {canaries.MIN_TRAINED_DIMENSION} with trained real clients (the digits '
+        'MLP 64 -> h -> 10 with h >= 1)',
+        lambda d: int(d) >= canaries.MIN_TRAINED_DIMENSION))
   design = canaries.Design(
       num_canaries=int(t.num_canaries), num_real=int(t.num_real), num_rounds=int(t.num_rounds),
       dimension=int(t.dimension), canary_norm=float(t.canary_norm),
       real_norm=float(t.real_norm), num_null=int(t.num_null),
-      confidence=float(t.confidence), directions=str(t.directions))
-  settings = [check_setting(name, t.settings[name], 'training', design.num_nodes)
+      confidence=float(t.confidence), directions=str(t.directions),
+      fraction_train=float(t.fraction_train), real_clients=str(t.real_clients))
+  # Every wrapper's num_sampled_clients is the nodes FedAvg samples a round (k = n at q = 1).
+  settings = [check_setting(name, t.settings[name], 'training', design.sample_size)
               for name in t.settings.keys()]
   settings.sort(key=lambda st: (WRAPPERS.index(st.wrapper), st.label))
   validate.checked(config, 'flower_audit.training.settings', validate.Rule(

@@ -53,6 +53,32 @@ CONNECTION = 'fl-privacy-local'
 RESULT_FILE = 'result.pkl'
 
 
+# Memory a node of the local deployment holds while a round runs: its `flower-supernode`
+# (~130 MB resident, measured) and the `flwr-clientapp` process it starts for the message
+# (JAX, Flower, fl_privacy and the node's data: ~0.45 GB at its peak here). Every node of a
+# round runs at once (the SuperLink hands all of them their message together).
+NODE_BYTES = int(0.6e9)
+
+
+def max_deployment_nodes(available: int | None = None) -> int:
+  """The most nodes a local deployment can run on this machine: 80% of the available memory
+  (`MemAvailable`, or `available` bytes) over `NODE_BYTES`."""
+  if available is None:
+    available = _available_memory()
+  return max(1, int(0.8 * available) // NODE_BYTES)
+
+
+def _available_memory() -> int:
+  try:
+    with open('/proc/meminfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return int(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
+
+
 def simulation_backend(num_cpus: int | None = None) -> dict[str, Any]:
   """`backend_config` for `run_simulation` on this machine: Ray gets every core, each
   ClientApp actor one CPU and no GPU (so as many actors as cores run at once)."""

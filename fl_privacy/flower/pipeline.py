@@ -133,6 +133,7 @@ def validate_config(config) -> dict[str, Any]:
   settings."""
   s = config.flower_audit
   parts = validate.subset_of(config, 'flower_audit.parts', PARTS)
+  validate.one_of(config, 'flower_audit.engine', engines.ENGINES)
   # Only FedMIA needs two non-target clients; the other parts run on any deployment of >= 2.
   validate.checked(config, 'flower_audit.num_clients', validate.number(
       3, integer=True, words='FedMIA needs two non-target clients') if 'fedmia' in parts else
@@ -152,7 +153,6 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.per_client', validate.Rule(
       f'a multiple of batch_size ({s.batch_size})', lambda n: int(n) % int(s.batch_size) == 0))
   validate.one_of(config, 'flower_audit.model', MODELS)
-  validate.one_of(config, 'flower_audit.engine', engines.ENGINES)
   if s.model == 'mlp':
     validate.checked(config, 'flower_audit.hidden', validate.items(
         validate.number(1, integer=True), 'two hidden widths >= 1', scalar=False))
@@ -181,7 +181,30 @@ def validate_config(config) -> dict[str, Any]:
                             'wrappers (flower_audit.dp.settings)')
   design, training = (config_checks.check_training(config) if 'training' in parts else
                       (None, []))
+  if s.engine == 'deployment':
+    _check_deployment_size(config, parts, design)
   return {'parts': tuple(parts), 'settings': settings, 'design': design, 'training': training}
+
+
+def _check_deployment_size(config, parts, design) -> None:
+  """On the Deployment Engine every node is a SuperNode process, and each of its messages a
+  ClientApp process, a round's all at once: refuse node counts this machine's memory cannot
+  hold (`engines.max_deployment_nodes`)."""
+  bound = engines.max_deployment_nodes()
+  reason = (f"engine 'deployment' runs at most {bound} nodes on this machine: a SuperNode and "
+            f'a ClientApp process, ~{engines.NODE_BYTES / 1e9:.1f} GB a node, all at once; '
+            "engine 'simulation' runs more")
+  if set(parts) & {'fedmia', 'dishonest'}:
+    validate.checked(config, 'flower_audit.num_clients', validate.Rule(
+        f'at most {bound} ({reason})', lambda n: int(n) <= bound))
+  if 'training' in parts:
+    real = design.num_nodes - design.num_canaries
+    validate.checked(config, 'flower_audit.training.num_canaries', validate.Rule(
+        f'such that num_canaries + num_real ({real}) <= {bound} ({reason})',
+        lambda n: int(n) + real <= bound))
+  if 'reconstruction' in parts:
+    validate.checked(config, 'flower_audit.reconstruction.num_nodes', validate.Rule(
+        f'at most {bound} ({reason})', lambda n: int(n) <= bound))
 
 
 def unused_fields(config) -> dict[str, str]:

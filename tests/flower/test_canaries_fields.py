@@ -59,8 +59,15 @@ def _hand_audit(setting, design, key, run):
               num_nodes=design.num_nodes, num_rounds=design.num_rounds,
               num_canaries=design.num_canaries, num_real=design.num_real,
               dimension=design.dimension, seconds=1.25, game_relation='zero_out',
-              confidence=design.confidence)
+              confidence=design.confidence, real_clients='fixed')
   want.update(canaries.exact_epsilons(setting, design, run, delta))
+  # Every node every round: no sampling, every canary in all T rounds.
+  t = design.num_rounds
+  want.update(fraction_train=1.0, sample_size=design.num_nodes, sampling='none',
+              adversary='server_knows_the_sample', rounds_per_canary_min=t,
+              rounds_per_canary_median=float(t), rounds_per_canary_mean=float(t),
+              rounds_per_canary_max=t, canaries_never_sampled=0)
+  mus = canaries.canary_mus(setting, design, run, np.ones((t, design.num_canaries), bool))
   # Bonferroni over both one-run bounds of every threat with a statistic.
   threats = [t for t in canaries.THREATS if t in canary]
   each = 1.0 - (1.0 - design.confidence) / (2 * len(threats))
@@ -78,6 +85,8 @@ def _hand_audit(setting, design, key, run):
       want[f'{threat}/{k}'] = a[k]
     want.update({f'{threat}/{k}': v for k, v in fit.items()})
     want[f'{threat}/n_null'] = len(nul)
+    want[f'{threat}/fit_n_in'] = int(inc.sum())
+    want[f'{threat}/fit_mu_expected'] = float(np.mean(mus[threat][inc]))
     bounds += [a['epsilon_one_run'], a['epsilon_one_run_fdp']]
   want['best_bound'] = max(b for b in bounds if not math.isnan(b))
   return want
