@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Iterator, Sequence
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
@@ -265,8 +266,11 @@ class LocalDeployment:
   def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
     log = open(self.workdir / log_name, 'wb')  # pylint: disable=consider-using-with
     self._logs.append(log)
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=self.env, start_new_session=True)
+    with warnings.catch_warnings():
+      # JAX warns on every fork; Popen forks only to exec the command at once.
+      warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called')
+      return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
 
   def start(self) -> None:
     """Starts the SuperLink and the SuperNodes; returns when all nodes are registered."""
