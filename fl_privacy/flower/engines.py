@@ -217,7 +217,10 @@ def _flwr(*args: str) -> list[str]:
 
 
 class LocalDeployment:
-  """Flower's Deployment Engine on loopback: one SuperLink and `num_nodes` SuperNodes.
+  """Flower's Deployment Engine on loopback: one SuperLink and `num_nodes` SuperNodes (or,
+  with `simulation=True`, one SuperLink in simulation mode: `flwr run` then runs the app on
+  Flower's Simulation Engine, `num_nodes` virtual nodes, in the SuperLink's own processes:
+  the "simulation federation" of `flwr run`).
 
   A context manager: entering starts `flower-superlink --insecure` on a free port (its
   Fleet, Control and Runtime APIs share it in Flower 1.42) and `num_nodes`
@@ -233,7 +236,7 @@ class LocalDeployment:
 
   def __init__(self, num_nodes: int, workdir: str | os.PathLike, *,
                node_configs: Sequence[dict] | None = None, startup_timeout: float = 120.0,
-               grace: float = 5.0):
+               grace: float = 5.0, simulation: bool = False):
     if int(num_nodes) < 1:
       raise ValueError(f'num_nodes must be >= 1 (got {num_nodes})')
     self.num_nodes = int(num_nodes)
@@ -243,6 +246,9 @@ class LocalDeployment:
       raise ValueError(f'{len(self.node_configs)} node_configs for {self.num_nodes} nodes')
     self.startup_timeout = float(startup_timeout)
     self.grace = float(grace)
+    self.simulation = bool(simulation)
+    if self.simulation and node_configs:
+      raise ValueError('a simulation federation has no SuperNodes to configure')
     self.superlink: subprocess.Popen | None = None
     self.supernodes: list[subprocess.Popen | None] = []
     self.port: int | None = None
@@ -288,8 +294,11 @@ class LocalDeployment:
     self.superlink = self._spawn(
         [os.path.join(bin_dir, 'flower-superlink'), '--insecure',
          '--disable-runtime-dependency-installation', '--host', '127.0.0.1',
-         '--port', str(self.port)], 'superlink.log')
+         '--port', str(self.port)] + (['--simulation'] if self.simulation else []),
+        'superlink.log')
     self._wait(lambda: _listening(self.port), 'the SuperLink to listen', self.superlink)
+    if self.simulation:
+      return  # the simulation runtime starts its virtual nodes with each run
     for k in range(self.num_nodes):
       config = {'partition-id': k, 'num-partitions': self.num_nodes, **self.node_configs[k]}
       node_config = ' '.join(f'{key}={_toml(v)}' for key, v in config.items())
@@ -359,6 +368,8 @@ class LocalDeployment:
   def submit(self, run_config: dict[str, Any], app_dir: str | os.PathLike = APP_DIR) -> int:
     """`flwr run <app_dir> CONNECTION --run-config ...`: the run id."""
     args = _flwr('run', str(app_dir), CONNECTION, '--format', 'json')
+    if self.simulation:
+      args += ['--federation-config', f'num-supernodes={self.num_nodes}']
     if run_config:
       args += ['--run-config', ' '.join(f'{k}={_toml(v)}' for k, v in run_config.items())]
     out = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=120,
