@@ -1,0 +1,462 @@
+"""The canary audit of a user's own Flower app (`flower.own_app`), in process: Flower's own
+FedAvg inside its DifferentialPrivacyServerSideFixedClipping, a user-style numpy ClientApp on
+the real nodes, canary nodes beside them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import RdpAccountant
+from flwr.serverapp import strategy as flwr_strategy
+from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
+from flwr.supercore.privacy_accounting import SamplingMethod
+
+from fl_privacy.eval import auditing
+from fl_privacy.flower import dp_audit
+from fl_privacy.flower import jobs
+from fl_privacy.flower import own_app
+from fl_privacy.flower import runner
+from fl_privacy.flower import strategies
+
+SEED = 11
+CLIP = 1.0
+NORM = 2.0
+DELTA = 1e-5
+EXAMPLES = 10
+SHAPES = {'kernel': (64, 30), 'bias': (30,), 'head': (30, 3), 'head_bias': (3,)}
+DIM = sum(int(np.prod(s)) for s in SHAPES.values())  # 2043
+
+
+def _model(seed: int = 0, dtype=np.float32) -> ArrayRecord:
+  rng = np.random.default_rng(seed)
+  return ArrayRecord({k: Array((0.1 * rng.standard_normal(s)).astype(dtype))
+                      for k, s in SHAPES.items()})
+
+
+def _flat(record: ArrayRecord) -> np.ndarray:
+  return np.concatenate([np.asarray(a, np.float64).ravel() for a in record.to_numpy_ndarrays()])
+
+
+def user_client_app(calls: list | None = None, mods=()) -> ClientApp:
+  """A user's own ClientApp: node k moves the model halfway to its own target (norm ~2.2, above
+  the clip) and reports a train loss; evaluate reports a loss; both weigh 10 examples."""
+  app = ClientApp(mods=list(mods))
+
+  def target(context):
+    rng = np.random.default_rng(1000 + int(context.node_config['partition-id']))
+    return rng.standard_normal(DIM) * 0.1
+
+  @app.train()
+  def train(msg, context):
+    if calls is not None:
+      calls.append(('train', int(context.node_config['partition-id'])))
+    record = msg.content['arrays']
+    w = _flat(record)
+    new = w + 0.5 * (target(context) - w)
+    out, offset = {}, 0
+    for k, a in zip(record.keys(), record.to_numpy_ndarrays()):
+      out[k] = Array(new[offset:offset + a.size].reshape(a.shape).astype(a.dtype))
+      offset += a.size
+    return Message(RecordDict({'arrays': ArrayRecord(out), 'metrics': MetricRecord(
+        {'train_loss': float(np.sum((w - target(context)) ** 2)),
+         'num-examples': EXAMPLES})}), reply_to=msg)
+
+  @app.evaluate()
+  def evaluate(msg, context):
+    if calls is not None:
+      calls.append(('evaluate', int(context.node_config['partition-id'])))
+    w = _flat(msg.content['arrays'])
+    return Message(RecordDict({'metrics': MetricRecord(
+        {'eval_loss': float(np.sum((w - target(context)) ** 2)), 'num-examples': EXAMPLES})}),
+                   reply_to=msg)
+
+  @app.query()
+  def query(msg, context):
+    if calls is not None:
+      calls.append(('query', int(context.node_config['partition-id'])))
+    return Message(RecordDict({'mine': ConfigRecord({'hello': 1})}), reply_to=msg)
+
+  del train, evaluate, query
+  return app
+
+
+def _canary_configs(k: int, seed: int = SEED, **extra):
+  return own_app.canary_node_configs(
+      k, seed=seed, canary_norm=NORM, clip_norm=CLIP, **{
+          'num-examples': EXAMPLES, 'canary-metrics': 'train_loss',
+          'canary-eval-metrics': 'eval_loss', **extra})
+
+
+def _grid(num_real: int, num_canaries: int, **kw) -> runner.InProcessGrid:
+  apps, configs = own_app.client_apps(user_client_app(), num_real, _canary_configs(num_canaries))
+  return runner.InProcessGrid(apps, node_configs=configs, raise_client_errors=True, **kw)
+
+
+def _dp(n: int, z: float, *, accountant: bool = True, fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0):
+  k = int(n * fraction_train)
+  fedavg = flwr_strategy.FedAvg(fraction_train=fraction_train,
+                                fraction_evaluate=fraction_evaluate, min_train_nodes=k,
+                                min_available_nodes=n, min_evaluate_nodes=1)
+  acc = RdpAccountant(PrivacyConfig(
+      target_delta=DELTA, population_size=n,
+      neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+      sampling_method=SamplingMethod.NO_AMPLIFICATION)) if accountant else None
+  return flwr_strategy.DifferentialPrivacyServerSideFixedClipping(fedavg, z, CLIP, k,
+                                                                   accountant=acc)
+
+
+def _run(strategy, grid, rounds: int, *, seed: int = 3, observed: list | None = None):
+  """Flower's round loop on the grid, numpy's and Python's generators (Flower's noise and
+  sampling) seeded from `seed`."""
+  def observe(server_round, arrays):
+    if observed is not None:
+      observed.append(_flat(arrays))
+  with dp_audit.quiet_flower(), jobs.seeded(seed):
+    return runner.run(strategy, grid, _model(), num_rounds=rounds, evaluate_fn=observe)
+
+
+def _audit(num_real, num_canaries, z, rounds, **kw):
+  grid = _grid(num_real, num_canaries)
+  n = num_real + num_canaries
+  strategy = own_app.CanaryAuditStrategy(
+      _dp(n, z, accountant=kw.pop('accountant', True)), seed=SEED, canary_norm=NORM,
+      clip_norm=CLIP, delta=DELTA, num_null=256, **kw)
+  _run(strategy, grid, rounds)
+  return strategy, strategy.audit()
+
+
+def _same(a, b) -> bool:
+  """Equal, NaN equal to NaN."""
+  nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+  return nan or a == b
+
+
+def _send(grid, messages):
+  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    return list(grid.send_and_receive(messages))
+
+
+def _train(grid, record, nodes=None, message_type='train'):
+  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    messages = [Message(RecordDict({'arrays': record, 'config': ConfigRecord(
+        {'server-round': 1})}), dst_node_id=n, message_type=message_type)
+                for n in (nodes or grid.get_node_ids())]
+  return {int(r.metadata.src_node_id): r for r in _send(grid, messages)}
+
+
+# --- the canary node ----------------------------------------------------------------------------
+
+
+def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_direction():
+  """Any model: float32 and float64 arrays of several shapes (a step counter stays out of the
+  directions, unchanged). Included: + canary_norm C v_i; excluded: + 1e-6 C v_i (exact on a
+  zero model); v_i and the coin are what the server redraws from (seed, i)."""
+  coins = [own_app.canary_coin(SEED, i) for i in range(8)]
+  assert any(coins) and not all(coins)
+  k_in, k_out = coins.index(True), coins.index(False)
+  record = ArrayRecord({'a': Array(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)),
+                        'step': Array(np.asarray([7], np.int64)),
+                        'b': Array(np.zeros((2, 3, 5), np.float64))})
+  zero = ArrayRecord({'a': Array(np.zeros((3, 4), np.float32)),
+                      'step': Array(np.asarray([7], np.int64)),
+                      'b': Array(np.zeros((2, 3, 5), np.float64))})
+  grid = runner.InProcessGrid([own_app.canary_client_app] * 8,
+                              node_configs=_canary_configs(8), raise_client_errors=True)
+  ids = grid.get_node_ids()
+  dim = 12 + 30
+  for sent in (record, zero):
+    replies = _train(grid, sent, [ids[k_in], ids[k_out]])
+    for i, scale in ((k_in, NORM * CLIP), (k_out, 1e-6 * CLIP)):
+      got = replies[ids[i]].content['arrays']
+      assert list(got.keys()) == ['a', 'step', 'b']
+      for key in got.keys():
+        assert got[key].numpy().dtype == sent[key].numpy().dtype
+        assert got[key].numpy().shape == sent[key].numpy().shape
+      np.testing.assert_array_equal(got['step'].numpy(), [7])
+      update = own_app.flat_model(got) - own_app.flat_model(sent)
+      want = scale * own_app.canary_direction(SEED, i, dim)
+      # float32 rounding of the model's values (|w| <= 1) bounds the error of the included
+      # update; on a zero model the idle update is exact to float32's relative precision.
+      if scale > 1 or sent is zero:
+        np.testing.assert_allclose(update, want, rtol=1e-6, atol=scale * 1e-6 + (
+            0 if sent is zero else 1e-7))
+      assert abs(np.linalg.norm(update) - scale) <= (1e-6 * scale if sent is zero else 2e-6)
+    metrics = replies[ids[k_in]].content['metrics']
+    assert dict(metrics) == {'train_loss': 0.0, 'num-examples': EXAMPLES}
+  assert np.linalg.norm(own_app.canary_direction(SEED, 3, 5)) == pytest.approx(1.0, rel=1e-12)
+  assert not np.allclose(own_app.canary_direction(SEED, 0, dim),
+                         own_app.canary_direction(SEED, 1, dim))
+
+
+def test_an_update_that_rounding_would_erase_still_moves_the_model():
+  """A float32 model of values 1e4: 1e-6 C v_i is below half an ulp everywhere, so the reply
+  moves the coordinate of the largest |v_i| by one ulp (Flower's clip divides by the norm)."""
+  big = ArrayRecord({'w': Array(np.full(50, 1e4, np.float32))})
+  update = 1e-6 * own_app.canary_direction(SEED, 0, 50)
+  got = own_app.add_to_model(big, update)['w'].numpy()
+  moved = np.flatnonzero(got != np.float32(1e4))
+  assert moved.tolist() == [int(np.argmax(np.abs(update)))]
+  assert np.sign(got[moved[0]] - 1e4) == np.sign(update[moved[0]])
+
+
+def test_evaluate_replies_weigh_zero_and_the_query_says_who_is_a_canary():
+  grid = _grid(2, 4)
+  ids = grid.get_node_ids()
+  replies = _train(grid, _model(), message_type='evaluate')
+  for node in ids[2:]:
+    assert dict(replies[node].content['metrics']) == {'eval_loss': 0.0, 'num-examples': 0}
+  for node in ids[:2]:
+    assert replies[node].content['metrics']['num-examples'] == EXAMPLES
+  found = own_app.discover_canaries(grid)
+  assert {n: info[own_app.INDEX_KEY] for n, info in found.items()} == {
+      ids[2 + i]: i for i in range(4)}
+  assert all(info[own_app.SEED_KEY] == SEED for info in found.values())
+
+
+def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users_app():
+  """Real nodes: the user's app gets every message (a custom action and its own queries too)
+  and replies exactly as unwrapped; the discovery query is answered before it. Canary nodes:
+  the user's handlers never run; its app-level mods do (default), or not (canary_mods=[])."""
+  calls, seen = [], []
+
+  def mod(msg, context, call_next):
+    seen.append(int(context.node_config['partition-id']))
+    return call_next(msg, context)
+
+  user = user_client_app(calls, mods=[mod])
+  user.train('custom')(lambda msg, context: Message(
+      RecordDict({'custom': ConfigRecord({'ok': 1})}), reply_to=msg))
+  configs = [{}, {}] + _canary_configs(2)
+  wrapped = runner.InProcessGrid([own_app.with_canaries(user)] * 4, node_configs=configs,
+                                 raise_client_errors=True)
+  plain = runner.InProcessGrid([user] * 4, node_configs=configs, raise_client_errors=True)
+  ids = wrapped.get_node_ids()
+  got, want = _train(wrapped, _model()), _train(plain, _model(), ids[:2])
+  for node in ids[:2]:
+    for name in ('arrays', 'metrics'):
+      a, b = got[node].content[name], want[node].content[name]
+      assert list(a.keys()) == list(b.keys())
+      for key in a.keys():
+        x = a[key].numpy() if name == 'arrays' else a[key]
+        y = b[key].numpy() if name == 'arrays' else b[key]
+        np.testing.assert_array_equal(x, y)
+  assert sorted(calls) == [('train', 0), ('train', 0), ('train', 1), ('train', 1)]
+  assert sorted(seen) == [0, 0, 1, 1, 2, 3]
+  for node in ids[2:]:
+    assert got[node].content['metrics']['train_loss'] == 0.0
+  custom = _train(wrapped, _model(), ids[:1], message_type='train.custom')
+  assert custom[ids[0]].content['custom']['ok'] == 1
+  calls.clear()
+  found = own_app.discover_canaries(wrapped)
+  assert sorted(found) == ids[2:] and calls == []
+  with runner.task_identity(wrapped.run.run_id, SUPERLINK_NODE_ID):
+    own = [Message(RecordDict({'config': ConfigRecord({'x': 1})}), dst_node_id=ids[0],
+                   message_type='query')]
+  assert _send(wrapped, own)[0].content['mine']['hello'] == 1 and calls == [('query', 0)]
+  seen.clear()
+  bare = runner.InProcessGrid([own_app.with_canaries(user, canary_mods=[])] * 4,
+                              node_configs=configs, raise_client_errors=True)
+  _train(bare, _model())
+  assert sorted(seen) == [0, 1]
+  with pytest.raises(TypeError, match='ClientApp'):
+    own_app.with_canaries(lambda msg, context: msg)
+
+
+def test_a_misconfigured_canary_node_is_refused():
+  with pytest.raises(ValueError, match='canary-norm must be >= 1'):
+    own_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-seed': 1,
+                                           'canary-norm': 0.5, 'clip-norm': 1.0})
+  with pytest.raises(ValueError, match=r"\['canary-seed'\]"):
+    own_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-norm': 2.0,
+                                           'clip-norm': 1.0})
+  assert own_app.CanaryConfig.from_node_config({'partition-id': 0}) is None
+  # The server refuses canaries whose seed is not its own (it would redraw other coins).
+  grid = _grid(2, 4)
+  strategy = own_app.CanaryAuditStrategy(_dp(6, 1.0), seed=SEED + 1, canary_norm=NORM,
+                                         clip_norm=CLIP, delta=DELTA)
+  with pytest.raises(ValueError, match='canary-seed'):
+    _run(strategy, grid, 1)
+
+
+# --- the strategy ---------------------------------------------------------------------------
+
+
+def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
+  """Same seed with and without the wrapper: the same models and metrics bit for bit. What it
+  keeps is the projection of the server's own models (those `evaluate_fn` sees) and of the
+  raw uploads (as `RecordingStrategy`, placed inside it, records them); the user's app never
+  sees the discovery query. The server reading uploads is not protected by server-side
+  clipping: that threat's bound reaches the most the canaries can certify."""
+  num_real, k, z, rounds = 4, 64, 1.0, 3
+  n = num_real + k
+  log = strategies.UploadLog()
+  template = {name: np.zeros(s, np.float32) for name, s in SHAPES.items()}
+  recording = strategies.RecordingStrategy(_dp(n, z), template, observer=log)
+  audit = own_app.CanaryAuditStrategy(recording, seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                      delta=DELTA, num_null=32, keep_models=True,
+                                      threats=('all_iterates', 'last_iterate', 'uploads'))
+  seen, bare_seen = [], []
+  result = _run(audit, _grid(num_real, k), rounds, observed=seen)
+  bare = _run(_dp(n, z), _grid(num_real, k), rounds, observed=bare_seen)
+  np.testing.assert_array_equal(np.stack(seen), np.stack(bare_seen))
+  np.testing.assert_array_equal(_flat(result.arrays), _flat(bare.arrays))
+  assert result.evaluate_metrics_clientapp == bare.evaluate_metrics_clientapp
+  assert len(audit.rounds) == rounds
+  directions = np.stack([own_app.canary_direction(SEED, i, DIM) for i in range(k + 32)])
+  nodes = {i: n for n, i in audit.canary_nodes.items()}
+  for t, r in enumerate(audit.rounds):
+    np.testing.assert_array_equal(r.model, seen[t])
+    np.testing.assert_array_equal(r.aggregate, seen[t + 1])
+    np.testing.assert_allclose(r.before, directions @ seen[t], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(r.after, directions @ seen[t + 1], rtol=1e-12, atol=1e-12)
+    assert r.sampled.all() and r.replied.all() and r.num_messages == n
+    got = log.rounds[t]
+    for i in range(k):
+      j = int(np.flatnonzero(got.node_ids == nodes[i])[0])
+      raw = np.concatenate([np.asarray(got.uploads[j][name], np.float64).ravel()
+                            for name in SHAPES])
+      assert r.uploads[i] == pytest.approx(float((raw - seen[t]) @ directions[i]), abs=1e-9)
+  m = audit.audit()
+  assert m['counted_bounds'].count('/') == 6
+  assert m['bound_confidence'] == pytest.approx(1 - 0.05 / 6)
+  assert m['uploads/epsilon_one_run_fdp'] >= 0.95 * m['max_certifiable'] > 1.0
+
+
+def test_discovered_and_given_canary_nodes_give_the_same_audit():
+  grid = _grid(4, 32)
+  nodes = grid.get_node_ids()
+  given = own_app.CanaryAuditStrategy(
+      _dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP, delta=DELTA, num_null=32,
+      canary_nodes={nodes[4 + i]: i for i in range(32)})
+  learnt = own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                       clip_norm=CLIP, delta=DELTA, num_null=32,
+                                       num_canaries=32)
+  _run(given, grid, 2)
+  _run(learnt, _grid(4, 32), 2)
+  assert learnt.canary_nodes == given.canary_nodes
+  a, b = given.audit(), learnt.audit()
+  assert set(a) == set(b)
+  for key, value in a.items():
+    assert _same(value, b[key]), key
+  with pytest.raises(ValueError, match='33 expected'):
+    own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                delta=DELTA, canary_nodes={n: i for i, n in enumerate(
+                                    nodes[4:])}, num_canaries=33)
+
+
+def test_the_bounds_stay_below_the_exact_epsilon_of_a_noisy_wrapper():
+  """z = 4 over T = 3 rounds: each canary is mu = sqrt(3) / 4 GDP (zero-out: C / n against
+  z C / n), exact epsilon 1.70 at 1e-5, while 128 canaries could certify up to 3.6: the
+  counted bounds stay below the exact epsilon, Flower's RdpAccountant states more (no
+  violation), the fit finds mu within its sampling error, the null is the noise alone."""
+  z, rounds, k, n = 4.0, 3, 128, 132
+  strategy, m = _audit(4, k, z, rounds)
+  mu = math.sqrt(rounds) / z
+  exact = auditing.gdp_epsilon(mu, DELTA)
+  assert m['max_certifiable'] > 1.5 * exact  # the test could fail
+  for name in m['counted_bounds'].split(','):
+    assert m[name] <= exact + 0.05, (name, m[name], exact)
+  assert m['stated_epsilon'] > exact and m['privacy_violation'] == 0.0
+  assert m['stated_epsilon_source'].startswith('flwr privacy_spent()')
+  assert m['stated_delta'] == DELTA
+  assert (m['unit'], m['relation'], m['sampling']) == ('client', 'zero_out', 'none')
+  assert m['adversary'] == 'server_knows_the_sample'
+  assert m['n_in'] + m['n_out'] == k and m['lost_canary_replies'] == 0
+  assert m['bound_confidence'] == pytest.approx(1 - 0.05 / 4)
+  # The fit's mu within 3 of its sampling errors, sqrt(1 / n_in + mu^2 / (2 n_null)) (0.12).
+  for threat in ('all_iterates', 'last_iterate'):
+    error = math.sqrt(1 / m[f'{threat}/fit_n_in'] + mu ** 2 / (2 * m[f'{threat}/n_null']))
+    assert abs(m[f'{threat}/fit_mu'] - mu) < 3 * error, (threat, m[f'{threat}/fit_mu'], error)
+  # The null directions see Flower's noise alone: std sqrt(T) z C / n over the rounds.
+  _, null, _ = own_app.statistics(strategy.rounds, k, ('all_iterates',))
+  assert np.std(null['all_iterates']) == pytest.approx(math.sqrt(rounds) * z * CLIP / n,
+                                                       rel=0.2)
+
+
+def test_tiny_noise_reaches_the_most_the_canaries_can_certify():
+  """z = 1e-3: every included canary stands out, the bounds reach `max_certifiable`, and a
+  claim of 1 (given by the user) is refuted."""
+  _, m = _audit(4, 128, 1e-3, 2, accountant=False, stated_epsilon=1.0)
+  assert m['max_certifiable'] > 3.0
+  assert m['best_bound'] >= 0.95 * m['max_certifiable']
+  assert m['privacy_violation'] == 1.0 and m['stated_epsilon_source'] == 'given'
+
+
+def test_client_sampling_scores_each_canary_over_its_own_rounds():
+  """FedAvg trains 18 of 36 nodes a round (Python's random.sample): the server knows whom it
+  sampled, so each canary counts its own rounds."""
+  grid = _grid(4, 32)
+  strategy = own_app.CanaryAuditStrategy(_dp(36, 2.0, accountant=False, fraction_train=0.5),
+                                         seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                         delta=DELTA, num_null=32)
+  _run(strategy, grid, 3)
+  m = strategy.audit()
+  assert m['sampling'] == 'fixed_size_without_replacement'
+  assert all(r.num_messages == 18 and r.sampled.sum() <= 18 for r in strategy.rounds)
+  assert m['rounds_per_canary_min'] < m['rounds_per_canary_max'] <= 3
+
+
+def test_statistics_are_the_sums_of_the_recorded_projections():
+  """Against a hand computation on made-up projections: every canary every round, the raw
+  sums; a canary missing a round, its own rounds over sqrt(T_i); never sampled, 0."""
+  rng = np.random.default_rng(0)
+  k, null, t = 3, 2, 3
+  before, after = rng.normal(size=(t, k + null)), rng.normal(size=(t, k + null))
+  ups = rng.normal(size=(t, k))
+  part = np.ones((t, k), bool)
+  rounds = [own_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+            for r in range(t)]
+  s, nul, _ = own_app.statistics(rounds, k, own_app.THREATS)
+  np.testing.assert_allclose(s['all_iterates'], (after - before)[:, :k].sum(0))
+  np.testing.assert_allclose(nul['all_iterates'], (after - before)[:, k:].sum(0))
+  np.testing.assert_allclose(s['last_iterate'], after[-1, :k] - before[0, :k])
+  np.testing.assert_allclose(s['uploads'], ups.sum(0))
+  part[1, 0] = False
+  part[:, 2] = False
+  rounds = [own_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+            for r in range(t)]
+  s, nul, _ = own_app.statistics(rounds, k, own_app.THREATS)
+  d = after - before
+  np.testing.assert_allclose(s['all_iterates'], [(d[0, 0] + d[2, 0]) / math.sqrt(2),
+                                                 d[:, 1].sum() / math.sqrt(3), 0.0])
+  np.testing.assert_allclose(nul['all_iterates'], d[:, k:].sum(0) / math.sqrt(3))
+  np.testing.assert_allclose(s['last_iterate'][:2],
+                             (after[-1, :2] - before[0, :2]) / math.sqrt(3))
+  np.testing.assert_allclose(s['uploads'], [(ups[0, 0] + ups[2, 0]) / math.sqrt(2),
+                                            ups[:, 1].sum() / math.sqrt(3), 0.0])
+
+
+def test_the_rounds_and_the_audit_are_written_and_audit_again_offline(tmp_path):
+  grid = _grid(4, 32)
+  strategy = own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                         clip_norm=CLIP, delta=DELTA, num_null=32,
+                                         directory=tmp_path)
+  _run(strategy, grid, 2)
+  m = strategy.audit()
+  saved = json.loads((tmp_path / own_app.AUDIT_FILE).read_text())
+  assert saved['all_iterates/epsilon_one_run'] == m['all_iterates/epsilon_one_run']
+  meta, rounds = own_app.load_rounds(tmp_path / own_app.ROUNDS_FILE)
+  again = own_app.audit_rounds(rounds, seed=meta['seed'], num_canaries=meta['num_canaries'],
+                               delta=DELTA, confidence=0.95, stated=strategy.stated())
+  for key, value in again.items():
+    assert _same(value, m[key]), key
+
+
+def test_the_most_k_canaries_can_certify():
+  """The one-run bounds' ceiling (every guess right), at c = 0.95 over 4 counted bounds:
+  16 canaries certify nothing, more canaries more (the doc's table)."""
+  reach = {k: own_app.max_certifiable(k // 2, k - k // 2, delta=DELTA, confidence=0.95,
+                                      num_counted=4) for k in (16, 64, 256)}
+  assert reach[16] == 0.0 and 0 < reach[64] < reach[256]
+  direct = auditing.audit_scores(np.ones(32), np.zeros(32), delta=DELTA,
+                                 confidence=1 - 0.05 / 4)
+  assert reach[64] == max(direct['epsilon_one_run'], direct['epsilon_one_run_fdp'])

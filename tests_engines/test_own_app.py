@@ -1,0 +1,116 @@
+"""The recipe of docs/experiments/flower_own_app.md on Flower's Deployment Engine: a user's
+own Flower App (`tests_engines.own_app_part`, its own pyproject) on a local SuperLink with 2
+real and 4 canary SuperNodes (`--node-config "canary-index=i canary-seed=s ..."`), submitted
+with `flwr run`. Its audit, recorded projections and final model are those of the same app on
+an `InProcessGrid` (Flower's grid returns replies in arrival order and gives nodes random
+ids, so FedAvg sums the same float32 replies in another order: equal up to that rounding)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from flwr.common.constant import SUPERLINK_NODE_ID
+
+from fl_privacy.flower import engines
+from fl_privacy.flower import own_app
+from fl_privacy.flower import runner
+from tests_engines import own_app_part
+
+NUM_REAL, NUM_CANARIES = 2, 4
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "own-app-with-canaries"
+version = "1.0.0"
+description = "A user's own Flower App with canary SuperNodes beside its real ones"
+license = "Apache-2.0"
+dependencies = ["flwr[simulation]>=1.42,<1.43"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fl-privacy"
+
+[tool.flwr.app.components]
+serverapp = "tests_engines.own_app_part:server_app"
+clientapp = "tests_engines.own_app_part:client_app"
+
+[tool.flwr.app.config]
+{config}
+"""
+
+
+def _toml(value):
+  return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _canary_seed() -> int:
+  """The first seed whose 4 coins put two canaries in each world (the split needs both)."""
+  return next(s for s in range(100)
+              if sum(own_app.canary_coin(s, i) for i in range(NUM_CANARIES)) == 2)
+
+
+def _close(a, b, key):
+  if isinstance(a, float) and math.isnan(a):
+    assert isinstance(b, float) and math.isnan(b), key
+  elif isinstance(a, float):
+    assert b == pytest.approx(a, rel=1e-5, abs=1e-9), (key, a, b)
+  else:
+    assert a == b, (key, a, b)
+
+
+def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
+  seed = _canary_seed()
+  nodes = NUM_REAL + NUM_CANARIES
+  configs = [{} for _ in range(NUM_REAL)] + own_app_part.canary_configs(NUM_CANARIES, seed)
+  base = {'canary-seed': seed, 'num-nodes': nodes}
+
+  grid = runner.InProcessGrid([own_app_part.client_app] * nodes, node_configs=configs)
+  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    ref = own_app_part.serve(grid, {**base, 'out': str(no_leftovers / 'inprocess')})
+
+  app = no_leftovers / 'app'
+  app.mkdir()
+  declared = {**own_app_part.CONFIG, **base}
+  (app / 'pyproject.toml').write_text(PYPROJECT.format(config='\n'.join(
+      f'{k} = {_toml(v)}' for k, v in declared.items())), encoding='utf-8')
+  out = no_leftovers / 'deployment'
+  with engines.LocalDeployment(nodes, no_leftovers / 'dep', node_configs=configs) as dep:
+    run_id = dep.submit({'out': str(out)}, app_dir=app)
+    entry = dep.wait(run_id, timeout=900)
+  assert entry['status'] == 'finished:completed', entry
+  got = json.loads((out / own_app.AUDIT_FILE).read_text())
+
+  # The canaries were found by the query and kept their indices; the worlds are the seed's.
+  assert (ref['num_canaries'], ref['n_in'], ref['n_out']) == (NUM_CANARIES, 2, 2)
+  meta, rounds = own_app.load_rounds(out / own_app.ROUNDS_FILE)
+  ref_meta, ref_rounds = own_app.load_rounds(no_leftovers / 'inprocess' / own_app.ROUNDS_FILE)
+  assert sorted(meta['canary_nodes'].values()) == list(range(NUM_CANARIES))
+  assert meta['canary_nodes'] != ref_meta['canary_nodes']  # Flower's own node ids
+  for r, s in zip(rounds, ref_rounds):
+    assert r.sampled.all() and r.replied.all() and r.num_messages == nodes
+    np.testing.assert_allclose(r.before, s.before, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(r.after, s.after, rtol=0, atol=1e-6)
+  # The one-run bounds read only ranks: no two scores are within rounding of each other, so
+  # the same ranks, the same bounds.
+  scores, _, _ = own_app.statistics(ref_rounds, NUM_CANARIES, own_app.DEFAULT_THREATS)
+  for s in scores.values():
+    assert np.min(np.diff(np.sort(s))) > 1e-4 * np.max(np.abs(s))
+  assert set(got) == set(ref)
+  for key, value in ref.items():
+    _close(value, got[key], key)
+  assert got['stated_epsilon_source'].startswith('flwr privacy_spent()')
+  with np.load(out / 'final.npz') as f, np.load(no_leftovers / 'inprocess' / 'final.npz') as g:
+    np.testing.assert_allclose(f['model'], g['model'], rtol=0, atol=1e-6)
+    evaluate, ref_evaluate = json.loads(str(f['evaluate'])), json.loads(str(g['evaluate']))
+  assert set(evaluate) == {'1', '2'}
+  for r, metrics in ref_evaluate.items():
+    assert evaluate[r]['eval_loss'] == pytest.approx(metrics['eval_loss'], rel=1e-5)
