@@ -13,6 +13,11 @@
 - `client`: a JAX/Flax `ClientApp` (local FedAvg steps with `fl.local.fedavg`).
 - `runner`: `InProcessGrid` and `run`: a ServerApp strategy and N ClientApps in one process,
   no network, no Ray.
+- `jobs`, `engines`, `app`: each deployment of `flower_audit` as a `jobs.Job`, run in process,
+  on Flower's Simulation Engine (Ray) or on a local Deployment Engine (SuperLink and SuperNode
+  processes, `flwr run flower_app`) by `engines.run_job`; `app` holds the Flower App's
+  ServerApp and ClientApp.
+- `own_app`: the canary audit of a user's own Flower app (canary SuperNodes beside theirs).
 
 Flower's telemetry is switched off (`FLWR_TELEMETRY_ENABLED=0`, unless the environment already
 says otherwise) before Flower is imported here.
