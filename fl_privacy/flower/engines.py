@@ -278,8 +278,20 @@ class LocalDeployment:
       return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
 
-  def start(self) -> None:
-    """Starts the SuperLink and the SuperNodes; returns when all nodes are registered."""
+  def start(self, attempts: int = 3) -> None:
+    """Starts the SuperLink and the SuperNodes; returns when all nodes are registered. A
+    process that exits while starting (a port taken between `free_ports` and its bind) is
+    retried on fresh ports, `attempts` times in all."""
+    for attempt in range(int(attempts)):
+      try:
+        return self._start_once()
+      except _Exited:
+        self.stop()
+        self.superlink, self.supernodes = None, []
+        if attempt == int(attempts) - 1:
+          raise
+
+  def _start_once(self) -> None:
     self.workdir.mkdir(parents=True, exist_ok=True)
     self.home.mkdir(parents=True, exist_ok=True)
     self.env = _environment(self.home)
@@ -296,7 +308,7 @@ class LocalDeployment:
          '--disable-runtime-dependency-installation', '--host', '127.0.0.1',
          '--port', str(self.port)] + (['--simulation'] if self.simulation else []),
         'superlink.log')
-    self._wait(lambda: _listening(self.port), 'the SuperLink to listen', self.superlink)
+    self._wait(self._superlink_up, 'the SuperLink to listen', self.superlink)
     if self.simulation:
       return  # the simulation runtime starts its virtual nodes with each run
     for k in range(self.num_nodes):
@@ -310,6 +322,11 @@ class LocalDeployment:
     self._wait(lambda: self._registered() >= self.num_nodes,
                f'{self.num_nodes} SuperNodes to register', self.superlink)
 
+  def _superlink_up(self) -> bool:
+    # Its own log line, not just an open port: another process may hold the port.
+    text = (self.workdir / 'superlink.log').read_text(errors='replace')
+    return f'Uvicorn running on http://127.0.0.1:{self.port}' in text and _listening(self.port)
+
   def _registered(self) -> int:
     text = (self.workdir / 'superlink.log').read_text(errors='replace')
     return text.count('[Fleet.ActivateNode] Activated node_id=')
@@ -320,7 +337,7 @@ class LocalDeployment:
       dead = [p for p in [self.superlink, *self.supernodes] if p is not None and
               p.poll() is not None]
       if dead:
-        raise jobs_lib.EngineError(
+        raise _Exited(
             f'waiting for {what}: process {dead[0].args[0]} exited with code '
             f'{dead[0].returncode} (logs in {self.workdir})')
       if time.monotonic() > deadline:
@@ -432,6 +449,10 @@ class LocalDeployment:
     raise jobs_lib.EngineError(f"run {run_id} {entry.get('status')}: "
                                f"{details[-1] if details else 'no result written'} "
                                f'(logs in {self.workdir})')
+
+
+class _Exited(jobs_lib.EngineError):
+  """A process of the deployment exited while it was starting."""
 
 
 def _toml(value: Any) -> str:
