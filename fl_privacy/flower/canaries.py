@@ -33,17 +33,17 @@ near-orthogonal, |cos| ~ 1 / sqrt(d)). The ordinary nodes (`real_clients`) are e
   null's coordinates) are then MLP weights that the real updates move too: the projections
   carry the real updates' cross-talk, the same for both worlds of a canary
   (docs/experiments/flower_audit_sampling.md measures what it costs).
-Canary i has a fixed random unit
-direction v_i (from `fold_in(key, i)`) and a fair coin b_i (also from `fold_in(key, i)`,
-Steinke et al.'s inclusion with probability 1/2). Every round, an included canary replies
-w_t + `canary_norm` x C x v_i (above the clip: C = the fixed clip, or the adaptive wrappers'
-initial clip, so Flower's clip must act); an excluded one is the zero-out neighbour: the same
-node, present and replying, with an update of norm 1e-6 C along v_i (a client that did not
-train: an update of exactly zero crashes Flower 1.42's clip with a ZeroDivisionError, see
-`docs/experiments/flower_audit.md`). By default (`fraction_train` 1) every node replies every
-round, so FedAvg's denominator n = num_real + num_canaries is the same in both worlds and
-Flower's `num_sampled_clients` is n: the relation is zero-out, the per-round sensitivity
-C / n of Flower's claim.
+
+Canaries. Canary i has a fixed random unit direction v_i (from `fold_in(key, i)`) and a fair
+coin b_i (also from `fold_in(key, i)`, Steinke et al.'s inclusion with probability 1/2).
+Every round, an included canary replies w_t + `canary_norm` x C x v_i (above the clip: C =
+the fixed clip, or the adaptive wrappers' initial clip, so Flower's clip must act); an
+excluded one is the zero-out neighbour: the same node, present and replying, with an update
+of norm 1e-6 C along v_i (a client that did not train: an update of exactly zero crashes
+Flower 1.42's clip with a ZeroDivisionError, see `docs/experiments/flower_audit.md`). By
+default (`fraction_train` 1) every node replies every round, so FedAvg's denominator
+n = num_real + num_canaries is the same in both worlds and Flower's `num_sampled_clients` is
+n: the relation is zero-out, the per-round sensitivity C / n of Flower's claim.
 
 Client sampling (`fraction_train` q < 1). Flower's own FedAvg samples the nodes each round:
 `FedAvg(fraction_train=q, min_train_nodes=k, min_available_nodes=n)` draws k = int(n q)
@@ -123,6 +123,7 @@ SGD from `fold_in` keys. A setting's results depend only on its key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging as py_logging
 import math
 import time
@@ -180,12 +181,13 @@ class Design:
 
   Attributes:
     num_canaries: m canary nodes (each included with probability 1/2).
-    num_real: ordinary nodes with known fixed updates.
+    num_real: ordinary nodes (known fixed updates, or trained: `real_clients`).
     num_rounds: FedAvg rounds T (every one audited).
     dimension: d, the model vector's length.
     canary_norm: an included canary's update norm in units of C (the initial clip for the
       adaptive wrappers), >= 1.
-    real_norm: the real nodes' update norms are real_norm x 0.5..2 (absolute).
+    real_norm: the fixed real updates' norms are real_norm x 0.5..2 (absolute; not read
+      with trained real nodes).
     num_null: never-inserted directions for the Gaussian fit's null.
     confidence: the family-wise confidence c of the verdict (`privacy_violation`): each of
       the k counted one-run bounds is computed at 1 - (1 - c) / k (`audit`); also the level
@@ -306,19 +308,19 @@ def real_updates(key: jax.Array, design: Design) -> np.ndarray:
   return dirs * (float(design.real_norm) * np.linspace(0.5, 2.0, k))[None, :, None]
 
 
-def trained_model(design: Design) -> mlp.MLP:
+def trained_model(dimension: int) -> mlp.MLP:
   """The trained real nodes' model: 64 -> `mlp_hidden(dimension)` -> 10, ReLU."""
-  return mlp.MLP(hidden=(mlp_hidden(design.dimension),), num_classes=DIGITS_CLASSES)
+  return mlp.MLP(hidden=(mlp_hidden(dimension),), num_classes=DIGITS_CLASSES)
 
 
 def _digit_input() -> np.ndarray:
   return np.zeros((1, 8, 8, 1), np.float32)
 
 
-def model_unravel(design: Design):
+def model_unravel(dimension: int):
   """(P, unravel): the MLP's parameter count and the map from the vector's first P
   coordinates to its variables (`ravel_pytree` order)."""
-  shapes = jax.eval_shape(trained_model(design).init, jax.random.key(0), _digit_input())
+  shapes = jax.eval_shape(trained_model(dimension).init, jax.random.key(0), _digit_input())
   zeros = jax.tree_util.tree_map(lambda a: np.zeros(a.shape, a.dtype), shapes)
   flat, unravel = jax.flatten_util.ravel_pytree(zeros)
   return int(flat.size), unravel
@@ -329,9 +331,17 @@ def initial_model(key: jax.Array, design: Design) -> np.ndarray:
   trained ones the MLP's initialisation from `key` on the first P coordinates, zero after."""
   w = np.zeros(int(design.dimension), np.float32)
   if design.real_clients == 'trained':
-    flat = jax.flatten_util.ravel_pytree(trained_model(design).init(key, _digit_input()))[0]
+    flat = _init(int(design.dimension))(key)
     w[:flat.size] = np.asarray(flat, np.float32)
   return w
+
+
+@functools.lru_cache(maxsize=8)
+def _init(dimension: int):
+  """key -> the MLP's flat initial parameters, compiled once (op by op, Flax's initialisers
+  cost a compilation each)."""
+  model = trained_model(dimension)
+  return jax.jit(lambda key: jax.flatten_util.ravel_pytree(model.init(key, _digit_input()))[0])
 
 
 def digits_splits() -> dict[str, data_lib.Dataset]:
@@ -349,6 +359,22 @@ def real_shards(key: jax.Array, design: Design, num_examples: int) -> np.ndarray
   return order[pos % int(num_examples)]
 
 
+@functools.lru_cache(maxsize=8)
+def _local_sgd(dimension: int):
+  """flat params [P], x, y, key -> the flat params after the real node's local SGD (one
+  compiled function per model shape, shared by every `RealTrainer` of this process)."""
+  _, unravel = model_unravel(dimension)
+  loss_fn = losses.make_loss_fn(trained_model(dimension).apply)
+  optimizer = optax.sgd(TRAINED_LEARNING_RATE)
+
+  def step(flat, xs, ys, key):
+    _, trained = local.client_update(loss_fn, unravel(flat), xs, ys, key=key,
+                                     optimizer=optimizer, epochs=TRAINED_EPOCHS,
+                                     batch_size=TRAINED_BATCH)
+    return jax.flatten_util.ravel_pytree(trained)[0]
+  return jax.jit(step)
+
+
 class RealTrainer:
   """The trained real nodes: node k, in round r, runs `fl.local.client_update` (plain SGD,
   `TRAINED_EPOCHS` epoch, batches of `TRAINED_BATCH`) from the received model's first P
@@ -359,21 +385,12 @@ class RealTrainer:
 
   def __init__(self, key: jax.Array, design: Design):
     self.key = jax.random.fold_in(key, 5)
-    self.size, unravel = model_unravel(design)
+    self.size, _ = model_unravel(int(design.dimension))
     train = digits_splits()['train']
     idx = real_shards(jax.random.fold_in(key, 7), design, len(train))
     x, y = data_lib.to_float(train.x), train.y.astype(np.int32)
     self.x, self.y = x[idx], y[idx]
-    loss_fn = losses.make_loss_fn(trained_model(design).apply)
-    optimizer = optax.sgd(TRAINED_LEARNING_RATE)
-
-    def step(flat, xs, ys, k):
-      _, trained = local.client_update(loss_fn, unravel(flat), xs, ys, key=k,
-                                       optimizer=optimizer, epochs=TRAINED_EPOCHS,
-                                       batch_size=TRAINED_BATCH)
-      return jax.flatten_util.ravel_pytree(trained)[0]
-
-    self.step = jax.jit(step)
+    self.step = _local_sgd(int(design.dimension))
 
   def __call__(self, w: np.ndarray, server_round: int, partition: int) -> np.ndarray:
     k = jax.random.fold_in(jax.random.fold_in(self.key, int(server_round)), int(partition))
@@ -387,22 +404,34 @@ def digits_metrics(design: Design, models: np.ndarray, split: str = 'test'
                    ) -> dict[str, list[float]]:
   """The MLP's mean cross-entropy ('loss') and accuracy ('accuracy') on a digits split at
   each model of a trained run ([T + 1, d]: before round 1 and after each round)."""
-  size, unravel = model_unravel(design)
+  size, _ = model_unravel(int(design.dimension))
   data = digits_splits()[split]
   x, y = data_lib.to_float(data.x), data.y.astype(np.int32)
-  apply = jax.jit(trained_model(design).apply)
+  measure = _measure(int(design.dimension))
   out: dict[str, list[float]] = {'loss': [], 'accuracy': []}
   for w in np.asarray(models):
-    logits = apply(unravel(np.asarray(w[:size], np.float32)), x)
-    out['loss'].append(float(losses.cross_entropy(logits, y)))
-    out['accuracy'].append(float(np.mean(np.argmax(np.asarray(logits), -1) == y)))
+    loss, accuracy = measure(np.asarray(w[:size], np.float32), x, y)
+    out['loss'].append(float(loss))
+    out['accuracy'].append(float(accuracy))
   return out
+
+
+@functools.lru_cache(maxsize=8)
+def _measure(dimension: int):
+  """flat params, x, y -> (mean cross-entropy, accuracy) of the MLP, compiled once."""
+  _, unravel = model_unravel(dimension)
+  apply = trained_model(dimension).apply
+
+  def measure(flat, x, y):
+    logits = apply(unravel(flat), x)
+    return losses.cross_entropy(logits, y), jax.numpy.mean(jax.numpy.argmax(logits, -1) == y)
+  return jax.jit(measure)
 
 
 def trained_metrics(design: Design, models: np.ndarray) -> dict[str, Any]:
   """The trained model's shape and its test loss and accuracy by round (`digits_test_loss`,
   `digits_test_accuracy`: [T + 1] lists, the global model before round 1 and after each)."""
-  size, _ = model_unravel(design)
+  size, _ = model_unravel(int(design.dimension))
   test = digits_metrics(design, models)
   return dict(model=f'mlp 64-{mlp_hidden(design.dimension)}-10',
               model_parameters=size, digits_test_loss=test['loss'],
@@ -527,7 +556,17 @@ def _key(args) -> jax.Array:
 
 
 def _canaries(args) -> tuple[np.ndarray, np.ndarray]:
-  return canary_draws(jax.random.fold_in(_key(args), 0), args['design'])
+  data = np.asarray(args['key'])
+  return _cached_draws(data.tobytes(), str(data.dtype), data.shape, args['design'])
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_draws(data: bytes, dtype: str, shape: tuple[int, ...], design: Design
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  # A deployment draws them in its ClientApp, its server and `deploy` (one process in
+  # process): each `canary_draws` call compiles its vmap again.
+  key = jax.random.wrap_key_data(np.frombuffer(data, dtype).reshape(shape))
+  return canary_draws(jax.random.fold_in(key, 0), design)
 
 
 def _real(args):

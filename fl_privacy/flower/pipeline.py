@@ -227,6 +227,9 @@ def unused_fields(config) -> dict[str, str]:
                 'flower_audit.parts does not run' for f in ('attacks', 'outlier_filter')})
   if s.model != 'mlp':
     out['flower_audit.hidden'] = f"read only by model 'mlp' (the model is {s.model!r})"
+  if 'training' in parts and s.training.get('real_clients', 'fixed') == 'trained':
+    out['flower_audit.training.real_norm'] = ("read only by real_clients 'fixed' (trained real "
+                                              "nodes reply their trained model)")
   if not parts & {'fedmia', 'dishonest', 'training', 'reconstruction'}:
     out['flower_audit.engine'] = ("read only by the parts that deploy Flower (fedmia, "
                                   "dishonest, training, reconstruction); the dp part's games "
@@ -347,7 +350,9 @@ def plan(config, state, store, key) -> list[base.Point]:
       # The engine is a param (another engine's stored point is not reused) but not in the
       # key: the same canaries and coins on every engine.
       k = point_key(key, params)
-      params = {**params, **engine_param(config, 'flower')}
+      # Sampling and trained real nodes (off their defaults) likewise: the same canaries and
+      # coins as the default point, so the settings stay paired.
+      params = {**params, **design.point_params(), **engine_param(config, 'flower')}
       points.append(base.Point(
           params, lambda st=setting, k=k: training_point(config, st, design, k, store.workdir),
           unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
