@@ -24,7 +24,7 @@ OTHERS = ('simulation', 'deployment')
 # The canary game on 4 nodes (4 canaries, 2 of them in: the split needs both worlds in
 # both halves), so one deployment of 4 SuperNodes serves
 # every job of this module (the smoke config's FedMIA and imprint deployments have 4 too).
-TINY = canaries.Design(num_canaries=4, num_real=0, num_rounds=2, dimension=16, num_null=4)
+TINY = canaries.Design(num_canaries=4, num_real=0, num_rounds=2, dimension=128, num_null=60)
 
 
 @pytest.fixture(scope='module')

@@ -869,10 +869,13 @@ def gaussian_fit(in_scores: np.ndarray, null_scores: np.ndarray, delta: float, *
          'fit_in_std_over_null_std': float(np.std(in_scores) / np.std(null_scores))}
   if bootstrap:
     rng = np.random.default_rng(0) if rng is None else rng
-    mus = np.asarray([mu_of(rng.choice(in_scores, len(in_scores)),
-                            rng.choice(null_scores, len(null_scores)))
-                      for _ in range(int(bootstrap))])
-    low, high = np.quantile(mus, [(1 - confidence) / 2, (1 + confidence) / 2])
+    def resampled_mu():
+      a = rng.choice(in_scores, len(in_scores))  # in this order: the draws of every run so far
+      b = rng.choice(null_scores, len(null_scores))
+      # A resample of a small null can repeat one value: no spread, no mu (left out).
+      return mu_of(a, b) if np.std(b) > 0 else np.nan
+    mus = np.asarray([resampled_mu() for _ in range(int(bootstrap))])
+    low, high = np.nanquantile(mus, [(1 - confidence) / 2, (1 + confidence) / 2])
     out.update(fit_mu_ci_low=float(low), fit_mu_ci_high=float(high),
                epsilon_fit_ci_low=auditing.gdp_epsilon(max(float(low), 0.0), delta),
                epsilon_fit_ci_high=auditing.gdp_epsilon(max(float(high), 0.0), delta))

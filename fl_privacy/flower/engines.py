@@ -373,6 +373,11 @@ class LocalDeployment:
       _signal_group(p, signal.SIGKILL)  # the group's children too, even if p exited
       with contextlib.suppress(subprocess.TimeoutExpired):
         p.wait(timeout=10)
+    # SIGKILL is asynchronous: return once no member of the groups runs any more.
+    groups = {p.pid for p in procs}
+    deadline = time.monotonic() + 10
+    while _group_members(groups) and time.monotonic() < deadline:
+      time.sleep(0.05)
     for log in self._logs:
       log.close()
     self._logs = []
@@ -461,6 +466,24 @@ def _toml(value: Any) -> str:
   if isinstance(value, (int, float)):
     return repr(value)
   return json.dumps(str(value))  # a TOML basic string
+
+
+def _group_members(groups: set[int]) -> list[int]:
+  """Live (not zombie) processes whose process group is one of `groups` (Linux /proc; none
+  elsewhere)."""
+  out = []
+  if not os.path.isdir('/proc'):
+    return out
+  for entry in pathlib.Path('/proc').iterdir():
+    if not entry.name.isdigit():
+      continue
+    try:
+      stat = (entry / 'stat').read_text().rsplit(')', 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    if int(stat[2]) in groups and stat[0] not in ('Z', 'X'):
+      out.append(int(entry.name))
+  return out
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

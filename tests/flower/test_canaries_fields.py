@@ -540,3 +540,12 @@ def test_a_deployment_that_released_too_few_models_is_refused(monkeypatch):
   with pytest.raises(RuntimeError, match='^1 of 3 rounds released a model$'):
     canaries.deploy(_setting('server_fixed'), _TINY, KEY)
 
+
+
+def test_a_small_null_whose_resample_repeats_one_value_still_gets_an_interval():
+  """With 3 null scores, 1 in 9 resamples repeats one value (no spread): left out, not a
+  ZeroDivisionError (the engine tests' 4-node deployments have so few)."""
+  fit = canaries.gaussian_fit(np.asarray([2.0, 2.5]), np.asarray([0.0, 0.5, 1.0]), 1e-5,
+                              rng=np.random.default_rng(0), bootstrap=200)
+  assert np.isfinite(fit['fit_mu']) and fit['fit_mu'] > 0
+  assert np.isfinite(fit['fit_mu_ci_low']) and fit['fit_mu_ci_low'] <= fit['fit_mu_ci_high']
