@@ -31,6 +31,9 @@ TINY = canaries.Design(num_canaries=4, num_real=0, num_rounds=2, dimension=128, 
 def setup(tmp_path_factory):
   config = digits.get_config('smoke')
   config.flower_audit.reconstruction.num_nodes = 4
+  # One member target and one non-member target: 2 crafted rounds a run.
+  config.flower_audit.dishonest.targets_in = 1
+  config.flower_audit.dishonest.targets_out = 1
   state = pipeline.prepare(config)
   root = tmp_path_factory.mktemp('engines')
   with engines.LocalDeployment(4, root / 'deployment') as dep, engines.using(dep):

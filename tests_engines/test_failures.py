@@ -24,8 +24,9 @@ from tests_engines.conftest import REPO
 TOY = 'tests_engines.toy_part'
 
 
-def _job(num_nodes=3, *, round_timeout=None, **args):
-  return jobs.Job(TOY, num_nodes, dict(rounds=2, **args), seed=7, round_timeout=round_timeout)
+def _job(num_nodes=3, *, round_timeout=None, rounds=2, **args):
+  return jobs.Job(TOY, num_nodes, dict(rounds=rounds, **args), seed=7,
+                  round_timeout=round_timeout)
 
 
 def _models(weights_by_round):
@@ -54,22 +55,21 @@ def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, n
 
 
 def test_a_round_that_times_out_names_the_late_node(no_leftovers):
-  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=12.0)
+  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=10.0, rounds=1)
   with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
     out = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
-  losses = [(x['round'], x['partition'], x['reason']) for x in out['losses']]
-  assert losses[0] == (1, 2, 'no reply within the timeout')
-  # A SuperNode runs its messages one after the other: still asleep in round 1, node 2 misses
-  # round 2 as well. Nothing else is lost.
-  assert set(losses[1:]) <= {(2, 2, 'no reply within the timeout')}
-  np.testing.assert_allclose(out['result']['models'][1], _models([[0, 1]])[1], rtol=1e-6)
+  assert [(x['round'], x['partition'], x['reason']) for x in out['losses']] == [
+      (1, 2, 'no reply within the timeout')]
+  np.testing.assert_allclose(out['result']['models'], _models([[0, 1]]), rtol=1e-6)
+  # (A SuperNode runs its messages one after the other: still asleep in round 1, node 2 would
+  # miss a round 2 as well; docs/experiments/flower_audit.md.)
 
 
 def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_leftovers):
   markers = no_leftovers / 'markers'
   markers.mkdir()
   job = _job(actions={(1, 1): 'sleep:60'}, markers=str(markers), min_nodes=2,
-             round_timeout=20.0)
+             round_timeout=20.0, rounds=1)
   box = {}
   with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
     def run():
