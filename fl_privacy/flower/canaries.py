@@ -856,6 +856,24 @@ def sampling_metrics(design: Design, participation: np.ndarray) -> dict[str, Any
               canaries_never_sampled=int(np.sum(counts == 0)))
 
 
+def threat_metrics(threat: str, s: np.ndarray, included: np.ndarray, taken: np.ndarray,
+                   null_scores: np.ndarray, *, delta: float, each: float, confidence: float,
+                   rng: np.random.Generator, **audit_kw) -> dict[str, Any]:
+  """One threat model's fields `<threat>/...`: the one-run bounds of the canaries' scores `s`
+  (included vs excluded; each bound at confidence `each`; `audit_kw` to
+  `auditing.audit_scores`) and the Gaussian fit of the included canaries that took part
+  (`taken`) against `null_scores`, with `n_null` and `fit_n_in`."""
+  a = auditing.audit_scores(s[included], s[~included], delta=delta, confidence=each,
+                            **audit_kw)
+  fit = gaussian_fit(s[included & taken], null_scores, delta, confidence=confidence, rng=rng)
+  m = {f'{threat}/{k}': a[k] for k in ('epsilon_one_run', 'epsilon_one_run_fdp', 'n_in',
+                                       'n_out')}
+  m.update({f'{threat}/{k}': v for k, v in fit.items()})
+  m[f'{threat}/n_null'] = int(len(null_scores))
+  m[f'{threat}/fit_n_in'] = int(np.sum(included & taken))
+  return m
+
+
 def gaussian_fit(in_scores: np.ndarray, null_scores: np.ndarray, delta: float, *,
                  rng: np.random.Generator | None = None, bootstrap: int = 1000,
                  confidence: float = 0.95) -> dict[str, float]:
@@ -965,17 +983,11 @@ def audit(setting: dp_audit.Setting, design: Design, key: jax.Array, *,
   taken = participation.any(axis=0)
   for threat in threats:
     s = canary[threat]
-    a = auditing.audit_scores(s[included], s[~included], delta=delta, confidence=each)
-    nul = null.get(threat, s[~included & taken])
-    fit = gaussian_fit(s[included & taken], nul, delta, confidence=float(design.confidence),
-                       rng=np.random.default_rng(np.asarray(jax.random.key_data(
-                           jax.random.fold_in(key, 4)), np.uint32)))
-    for k in ('epsilon_one_run', 'epsilon_one_run_fdp', 'n_in', 'n_out'):
-      m[f'{threat}/{k}'] = a[k]
-    for k, v in fit.items():
-      m[f'{threat}/{k}'] = v
-    m[f'{threat}/n_null'] = int(len(nul))
-    m[f'{threat}/fit_n_in'] = int(np.sum(included & taken))
+    m.update(threat_metrics(
+        threat, s, included, taken, null.get(threat, s[~included & taken]), delta=delta,
+        each=each, confidence=float(design.confidence),
+        rng=np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(key, 4)),
+                                             np.uint32))))
     m[f'{threat}/fit_mu_expected'] = float(np.mean(mus[threat][included & taken]))
   if design.real_clients == 'trained':
     m.update(trained_metrics(design, run['models']))

@@ -822,17 +822,10 @@ def audit_rounds(rounds: Sequence[CanaryRound], *, seed: int, num_canaries: int,
   fit_rng = _rng(seed, _FIT_INDEX, _FIT)
   for threat in threats:
     s = scores[threat]
-    a = auditing.audit_scores(s[included], s[~included], delta=delta, confidence=each,
-                              threshold_strategy=THRESHOLD_STRATEGY, fdp=gaussian)
-    nul = null.get(threat, s[~included & taken])
-    fit = canaries.gaussian_fit(s[included & taken], nul, delta, confidence=float(confidence),
-                                rng=fit_rng)
-    for key in ('epsilon_one_run', 'epsilon_one_run_fdp', 'n_in', 'n_out'):
-      m[f'{threat}/{key}'] = a[key]
-    for key, v in fit.items():
-      m[f'{threat}/{key}'] = v
-    m[f'{threat}/n_null'] = int(len(nul))
-    m[f'{threat}/fit_n_in'] = int(np.sum(included & taken))
+    m.update(canaries.threat_metrics(
+        threat, s, included, taken, null.get(threat, s[~included & taken]), delta=delta,
+        each=each, confidence=float(confidence), rng=fit_rng,
+        threshold_strategy=THRESHOLD_STRATEGY, fdp=gaussian))
     m[f'{threat}/adversary'] = READERS[threat]
   best = max([float(m[c]) for c in counted if not math.isnan(m[c])] + [0.0])
   m['best_bound'] = best
