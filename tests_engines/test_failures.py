@@ -113,7 +113,8 @@ def test_processes_stop_when_the_run_is_terminated(no_leftovers):
           f'with engines.LocalDeployment(2, {str(no_leftovers / "dep")!r}) as dep:\n'
           f'  open({str(pid_file)!r}, "w").write(" ".join(map(str, dep.pids())))\n'
           '  time.sleep(600)\n')
-  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, env=dict(os.environ))
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, env=dict(os.environ),
+                          stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 120
   while not pid_file.exists() or not pid_file.read_text():
     assert proc.poll() is None and time.monotonic() < deadline
@@ -122,6 +123,8 @@ def test_processes_stop_when_the_run_is_terminated(no_leftovers):
   assert len(pids) == 3 and all(map(alive, pids))
   proc.send_signal(signal.SIGTERM)
   assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+  assert proc.stderr.read().strip().splitlines()[-1].startswith(
+      'error: terminated (SIGTERM) during a Flower deployment: its processes are stopped')
   assert not any(map(alive, pids))
   assert not flower_processes(str(no_leftovers))
 

@@ -497,6 +497,11 @@ def _is_main_thread() -> bool:
 
 
 def _raise_on_sigterm(signum, frame) -> None:
+  """SIGTERM while a deployment runs: one line, then unwind (the `with` blocks stop every
+  process), exit status 128 + 15."""
   del frame
+  sys.stderr.write('error: terminated (SIGTERM) during a Flower deployment: its processes are '
+                   'stopped; the same command with the same --workdir resumes at the first '
+                   'point not stored\n')
   raise SystemExit(128 + signum)
 
