@@ -41,7 +41,7 @@ def job_client(args):
 def job_server(args, grid):
   n = args.get('min_nodes', len(grid.get_node_ids()))
   strategy = FedAvg(fraction_train=args.get('fraction', 1.0), fraction_evaluate=0.0,
-                    min_train_nodes=n, min_available_nodes=n)
+                    min_train_nodes=1, min_available_nodes=n)
   models = []
   strategy.start(grid, ArrayRecord({'w': Array(np.zeros(3, np.float32))}),
                  num_rounds=int(args['rounds']),

@@ -284,7 +284,10 @@ class OrderedGrid(Grid):
       timeout = self.round_timeout
     replies = sorted(self.grid.send_and_receive(messages, timeout=timeout), key=self._rank)
     answered = {int(r.metadata.src_node_id): r for r in replies}
-    for msg in messages:
+    by_partition = lambda m: (self.partitions.get(int(m.metadata.dst_node_id),  # noqa: E731
+                                                  len(self.partitions)),
+                              int(m.metadata.dst_node_id))
+    for msg in sorted(messages, key=by_partition):
       node = int(msg.metadata.dst_node_id)
       reply = answered.get(node)
       if reply is not None and not reply.has_error():
