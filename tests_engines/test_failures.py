@@ -55,7 +55,7 @@ def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, n
 
 
 def test_a_round_that_times_out_names_the_late_node(no_leftovers):
-  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=10.0, rounds=1)
+  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=15.0, rounds=1)
   with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
     out = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
   assert [(x['round'], x['partition'], x['reason']) for x in out['losses']] == [
@@ -69,7 +69,7 @@ def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_lef
   markers = no_leftovers / 'markers'
   markers.mkdir()
   job = _job(actions={(1, 1): 'sleep:60'}, markers=str(markers), min_nodes=2,
-             round_timeout=20.0, rounds=1)
+             round_timeout=15.0, rounds=1)
   box = {}
   with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
     def run():

@@ -236,7 +236,7 @@ class LocalDeployment:
 
   def __init__(self, num_nodes: int, workdir: str | os.PathLike, *,
                node_configs: Sequence[dict] | None = None, startup_timeout: float = 120.0,
-               grace: float = 5.0, simulation: bool = False):
+               grace: float = 3.0, simulation: bool = False):
     if int(num_nodes) < 1:
       raise ValueError(f'num_nodes must be >= 1 (got {num_nodes})')
     self.num_nodes = int(num_nodes)
@@ -373,10 +373,17 @@ class LocalDeployment:
       _signal_group(p, signal.SIGKILL)  # the group's children too, even if p exited
       with contextlib.suppress(subprocess.TimeoutExpired):
         p.wait(timeout=10)
-    # SIGKILL is asynchronous: return once no member of the groups runs any more.
+    # Processes that left the groups (Ray's daemons under a simulation-mode SuperLink start
+    # sessions of their own) still carry this deployment's FLWR_HOME: those too.
+    marked = _marked(f'FLWR_HOME={self.home}')
+    for pid in marked:
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    # SIGKILL is asynchronous: return once none of them runs any more.
     groups = {p.pid for p in procs}
     deadline = time.monotonic() + 10
-    while _group_members(groups) and time.monotonic() < deadline:
+    while ((_group_members(groups) or _marked(f'FLWR_HOME={self.home}'))
+           and time.monotonic() < deadline):
       time.sleep(0.05)
     for log in self._logs:
       log.close()
@@ -483,6 +490,24 @@ def _group_members(groups: set[int]) -> list[int]:
       continue
     if int(stat[2]) in groups and stat[0] not in ('Z', 'X'):
       out.append(int(entry.name))
+  return out
+
+
+def _marked(entry: str) -> list[int]:
+  """Live processes (not this one) whose environment holds `entry` (Linux /proc)."""
+  out, needle = [], entry.encode() + b'\0'
+  if not os.path.isdir('/proc'):
+    return out
+  for proc in pathlib.Path('/proc').iterdir():
+    if not proc.name.isdigit() or int(proc.name) == os.getpid():
+      continue
+    try:
+      if needle in (proc / 'environ').read_bytes() + b'\0':
+        state = (proc / 'stat').read_text().rsplit(')', 1)[1].split()[0]
+        if state not in ('Z', 'X'):
+          out.append(int(proc.name))
+    except (OSError, IndexError):
+      continue
   return out
 
 
