@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -67,6 +68,9 @@ def _close(a, b, key):
     assert a == b, (key, a, b)
 
 
+@pytest.mark.skipif(os.environ.get('FL_PRIVACY_ALL_ENGINE_TESTS') != '1',
+                    reason='1-1.5 min; CI stays under 25 minutes without it: run with '
+                    'FL_PRIVACY_ALL_ENGINE_TESTS=1 (passed 2026-11-29)')
 def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
   seed = _canary_seed()
   nodes = NUM_REAL + NUM_CANARIES
