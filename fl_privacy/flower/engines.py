@@ -308,7 +308,7 @@ class LocalDeployment:
          '--disable-runtime-dependency-installation', '--host', '127.0.0.1',
          '--port', str(self.port)] + (['--simulation'] if self.simulation else []),
         'superlink.log')
-    self._wait(self._superlink_up, 'the SuperLink to listen', self.superlink)
+    self._wait(self._superlink_up, 'the SuperLink to listen')
     if self.simulation:
       return  # the simulation runtime starts its virtual nodes with each run
     for k in range(self.num_nodes):
@@ -320,7 +320,7 @@ class LocalDeployment:
            '--port', str(ports[1 + k]), '--node-config', node_config],
           f'supernode_{k}.log'))
     self._wait(lambda: self._registered() >= self.num_nodes,
-               f'{self.num_nodes} SuperNodes to register', self.superlink)
+               f'{self.num_nodes} SuperNodes to register')
 
   def _superlink_up(self) -> bool:
     # Its own log line, not just an open port: another process may hold the port.
@@ -331,7 +331,7 @@ class LocalDeployment:
     text = (self.workdir / 'superlink.log').read_text(errors='replace')
     return text.count('[Fleet.ActivateNode] Activated node_id=')
 
-  def _wait(self, ready, what: str, proc: subprocess.Popen) -> None:
+  def _wait(self, ready, what: str) -> None:
     deadline = time.monotonic() + self.startup_timeout
     while not ready():
       dead = [p for p in [self.superlink, *self.supernodes] if p is not None and
@@ -344,7 +344,6 @@ class LocalDeployment:
         raise jobs_lib.EngineError(f'waiting for {what}: not ready after '
                                    f'{self.startup_timeout:.0f} s (logs in {self.workdir})')
       time.sleep(0.2)
-    del proc
 
   def pids(self) -> list[int]:
     """Process ids of the SuperLink and the SuperNodes still running."""
