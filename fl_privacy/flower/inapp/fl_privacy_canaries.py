@@ -109,27 +109,27 @@ def add_to_model(record: ArrayRecord, update: np.ndarray) -> ArrayRecord:
   integer arrays unchanged. Where rounding would leave no change at all, the coordinate of the
   largest |update| moves one ulp its way (a zero update makes Flower's clip divide by zero)."""
   update = np.asarray(update, np.float64)
-  arrays = record.to_numpy_ndarrays()
+  arrays = [np.asarray(a) for a in record.to_numpy_ndarrays()]
+  size = sum(a.size for a in arrays if _floating(a))
+  if size != update.size:
+    raise ValueError(f'the update has {update.size} coordinates, the model {size}')
   out, offset = [], 0
   for a in arrays:
-    a = np.asarray(a)
     if _floating(a):
       part = update[offset:offset + a.size].reshape(a.shape)
       out.append((a.astype(np.float64) + part).astype(a.dtype))
       offset += a.size
     else:
       out.append(a.copy())
-  if offset != update.size:
-    raise ValueError(f'the update has {update.size} coordinates, the model {offset}')
-  if not any(np.any(o != a) for o, a in zip(out, arrays) if _floating(np.asarray(a))):
+  if not any(np.any(o != a) for o, a in zip(out, arrays) if _floating(a)):
     j = int(np.argmax(np.abs(update)))
+    way = np.inf if update[j] >= 0 else -np.inf  # before j becomes an index into one array
     for o in out:
       if not _floating(o):
         continue
       if j < o.size:
         flat = o.reshape(-1)
-        flat[j] = np.nextafter(flat[j], np.inf if update[j] >= 0 else -np.inf,
-                               dtype=o.dtype)
+        flat[j] = np.nextafter(flat[j], way, dtype=o.dtype)
         break
       j -= o.size
   return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in zip(record.keys(), out)})
