@@ -1,0 +1,197 @@
+"""The `torch` part of `flower_audit`: the PyTorch + Opacus Flower App, audited per record.
+
+Runs the repository's PyTorch app (`flower_torch_app/`, package `torch_audit_app`: Flower's
+`opacus` example's shape, a small CNN on the offline digits, every node training with
+Opacus's DP-SGD, one node holding record-level canaries) once per setting of
+`flower_audit.torch.settings`, on the chosen engine:
+
+- 'inprocess': the app's own ServerApp main (`server_app.serve`) on fl_privacy's
+  `InProcessGrid` with the app's `ClientApp` on every node (one process);
+- 'deployment' / 'simulation': `flwr run flower_torch_app` against a local SuperLink with
+  SuperNodes, or a SuperLink in simulation mode (`LocalDeployment`), the record written by
+  the ServerApp to the point's work directory.
+
+Then audits what the run recorded (`audits.opacus_record`: one-run bounds per threat against
+Opacus's RDP and PRV epsilons) and returns one point per setting: `privacy_violation` and
+`verdict` over both claims (a violation of either claim is a violation), per claim
+`<claim>/verdict`, `/claimed_epsilon`, `/best_bound`, per claim and threat
+`<claim>/<threat>/epsilon_one_run`, `/max_certifiable`, `/verdict`, the confidence, the
+utility (test accuracy and loss, seconds per round) and the node's Opacus noise, rate and
+steps. A plant Opacus refuses (BatchNorm) gives `verdict` 'refused' and the reason.
+
+torch and opacus are imported only when a point runs (the `torch` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import pathlib
+import sys
+import time
+import tomllib
+from typing import Any
+
+import numpy as np
+
+from fl_privacy.flower.audits import opacus_record
+
+APP_DIR = pathlib.Path(__file__).resolve().parents[3] / 'flower_torch_app'
+ENGINES = ('inprocess', 'deployment', 'simulation')
+
+
+def default_run_config() -> dict[str, Any]:
+  """The app's run config defaults (its pyproject.toml)."""
+  with open(APP_DIR / 'pyproject.toml', 'rb') as f:
+    return dict(tomllib.load(f)['tool']['flwr']['app']['config'])
+
+
+def run_config(**overrides) -> dict[str, Any]:
+  """The defaults with `overrides` (keys with '-' or '_'); an unknown key is an error."""
+  cfg = default_run_config()
+  for k, v in overrides.items():
+    key = k.replace('_', '-')
+    if key not in cfg:
+      raise ValueError(f'unknown run config key {key!r} of the torch app (known: '
+                       f'{sorted(cfg)})')
+    cfg[key] = type(cfg[key])(v) if not isinstance(cfg[key], bool) else bool(v)
+  return cfg
+
+
+def _app_modules():
+  if str(APP_DIR) not in sys.path:
+    sys.path.insert(0, str(APP_DIR))
+  # pylint: disable=import-outside-toplevel
+  from torch_audit_app import client_app, server_app
+  return client_app, server_app
+
+
+def _inprocess_engine():
+  # pylint: disable=import-outside-toplevel
+  try:
+    from fl_privacy.flower.engines import inprocess
+  except ImportError:  # the layout before `flower/ as rooms`
+    from fl_privacy.flower import runner as inprocess
+  return inprocess
+
+
+def _deployment_class():
+  # pylint: disable=import-outside-toplevel
+  try:
+    from fl_privacy.flower.engines.deployment import LocalDeployment
+  except ImportError:  # the layout before `flower/ as rooms`
+    from fl_privacy.flower.engines import LocalDeployment
+  return LocalDeployment
+
+
+def run_inprocess(cfg: dict[str, Any], num_nodes: int) -> dict[str, Any]:
+  """The app on `InProcessGrid` (the app's ServerApp main and ClientApp, one process); the
+  record as `opacus_record.load` returns it."""
+  from flwr.common.constant import SUPERLINK_NODE_ID  # pylint: disable=import-outside-toplevel
+  client_app, server_app = _app_modules()
+  inprocess = _inprocess_engine()
+  grid = inprocess.InProcessGrid([client_app.app] * int(num_nodes), run_config=cfg)
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    rec = server_app.serve(grid, cfg)
+  return _decoded(rec)
+
+
+def run_flwr(cfg: dict[str, Any], num_nodes: int, workdir: str | pathlib.Path, *,
+             simulation: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
+  """`flwr run flower_torch_app` on a local deployment (`simulation` False: one SuperLink and
+  `num_nodes` SuperNodes) or a simulation-mode SuperLink; the record it wrote."""
+  workdir = pathlib.Path(workdir)
+  record_dir = workdir / 'record'
+  with contextlib.suppress(FileNotFoundError):
+    (record_dir / 'record.npz').unlink()
+  cfg = dict(cfg, **{'record-dir': str(record_dir)})
+  deployment = _deployment_class()(int(num_nodes), workdir / 'deployment',
+                                   simulation=simulation)
+  with deployment:
+    run_id = deployment.submit(cfg, app_dir=APP_DIR)
+    entry = deployment.wait(run_id, timeout)
+  path = record_dir / 'record.npz'
+  if not path.exists():
+    raise RuntimeError(f"torch app run {run_id} {entry.get('status')}: no record written "
+                       f"(logs in {workdir / 'deployment'})")
+  return opacus_record.load(path)
+
+
+def _decoded(rec: dict[str, Any]) -> dict[str, Any]:
+  import json  # pylint: disable=import-outside-toplevel
+  rec = dict(rec)
+  rec['run_config'] = json.loads(str(rec['run_config']))
+  rec['errors'] = json.loads(str(rec['errors']))
+  return rec
+
+
+def run(cfg: dict[str, Any], num_nodes: int, engine: str = 'inprocess',
+        workdir: str | pathlib.Path | None = None) -> dict[str, Any]:
+  if engine not in ENGINES:
+    raise ValueError(f'engine must be one of {ENGINES} (got {engine!r})')
+  if engine == 'inprocess':
+    return run_inprocess(cfg, num_nodes)
+  if workdir is None:
+    raise ValueError(f'engine {engine!r} needs a work directory')
+  return run_flwr(cfg, num_nodes, workdir, simulation=engine == 'simulation')
+
+
+def metrics(rec: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
+  """One point's metrics from a record (module docstring)."""
+  rows = opacus_record.audit(rec, confidence)
+  m: dict[str, Any] = {'plant': rows[0]['plant'], 'unit': 'record',
+                       'relation': 'add_remove', 'sampling': rows[0]['sampling'],
+                       'verdict_confidence': float(confidence)}
+  verdicts = []
+  for r in rows:
+    c = r['claim']
+    verdicts.append(r['verdict'])
+    m[f'{c}/verdict'] = r['verdict']
+    if r['verdict'] == 'refused':
+      m['reason'] = r['reason']
+      continue
+    m[f'{c}/claimed_epsilon'] = r['claimed_epsilon']
+    m[f'{c}/best_bound'] = r['claim_best_bound']
+    m['delta'] = r['delta']
+    t = r['threat']
+    for k in ('epsilon_one_run', 'max_certifiable', 'epsilon_estimate', 'n_in', 'n_out',
+              'bound_confidence', 'canaries_needed'):
+      m[f'{c}/{t}/{k}'] = r[k]
+    m[f'{c}/{t}/verdict'] = r['threat_verdict']
+  order = ('violation', 'refused', 'no violation', 'cannot refute')
+  m['verdict'] = min(verdicts, key=order.index)
+  m['privacy_violation'] = (math.nan if m['verdict'] == 'refused'
+                            else float(m['verdict'] == 'violation'))
+  if m['verdict'] != 'refused':
+    m['best_bound'] = max(m[f'{c}/best_bound'] for c in opacus_record.CLAIMS)
+    m.update(opacus_record.utility(rec))
+  else:
+    m['test_accuracy'] = float(rec['test_accuracy'][-1])
+  return m
+
+
+def setting_seed(key_data: np.ndarray | None, name: str) -> int:
+  """The run's seed from the experiment key and the setting's name."""
+  words = [] if key_data is None else [int(v) for v in np.asarray(key_data).ravel()]
+  return int(np.random.SeedSequence(words + [ord(ch) for ch in name]).generate_state(1)[0]
+             % (2 ** 31))
+
+
+def point(section, name: str, key_data, engine: str, workdir: str | None
+          ) -> tuple[dict[str, Any], int]:
+  """(metrics, canaries) of one setting of the `flower_audit.torch` section."""
+  s = section.settings[name]
+  cfg = run_config(**{
+      'num-server-rounds': int(section.num_rounds), 'batch-size': int(section.batch_size),
+      'learning-rate': float(section.learning_rate), 'target-delta': float(section.delta),
+      'target-epsilon': float(s.target_epsilon), 'plant': str(s.plant),
+      'grad-canaries': int(s.grad_canaries), 'input-canaries': int(s.input_canaries),
+      'seed': setting_seed(key_data, name), 'canary-seed': setting_seed(key_data, name + '/c')})
+  t0 = time.monotonic()
+  wd = None if workdir is None else pathlib.Path(workdir) / 'torch' / name
+  rec = run(cfg, int(section.num_nodes), engine, wd)
+  m = metrics(rec, float(section.confidence))
+  m.update(seconds=time.monotonic() - t0, num_nodes=int(section.num_nodes),
+           num_rounds=int(section.num_rounds), grad_canaries=int(s.grad_canaries),
+           input_canaries=int(s.input_canaries), target_epsilon=float(s.target_epsilon))
+  return m, int(s.grad_canaries) + int(s.input_canaries)

@@ -1,0 +1,1 @@
+"""fl-privacy's PyTorch + Opacus Flower App (record-level canaries, a recording FedAvg)."""

@@ -1,0 +1,165 @@
+"""The ServerApp: Flower's FedAvg (optionally in Flower's server-side DP wrapper) and a recorder.
+
+`RecordingFedAvg` is FedAvg that keeps what the server sees of the audited node: the model
+it sent each round and the model the node uploaded (flat parameter vectors), the uploaded
+and the sent model's loss on every input-space canary, the node's metrics (its Opacus
+epsilons, noise multiplier, sample rate, steps), and, when the node sends them, its noisy
+steps at the canary coordinates (the ConfigRecord 'audit', stripped before FedAvg
+aggregates). Error replies are kept with their reason (Opacus refusing a model, say). After
+the last round `main` writes it all to `<record-dir>/record.npz` (with the canaries' coins
+and coordinates, redrawn from the run config by the same numpy code the node used); the
+audit (fl_privacy.flower.audits.opacus_record) reads that file, outside the app.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+from torch_audit_app import client_app
+from torch_audit_app import task
+
+app = ServerApp()
+CLIENT_DP = ('none', 'server_fixed', 'local_dp')
+
+
+def _flat(arrays: ArrayRecord, model: torch.nn.Module) -> np.ndarray:
+  model.load_state_dict(arrays.to_torch_state_dict())
+  return task.flat_parameters(model)
+
+
+class RecordingFedAvg(FedAvg):
+  """FedAvg that records what the server sees of the audited node (module docstring)."""
+
+  def __init__(self, run_config: dict[str, Any], canaries: dict[str, np.ndarray] | None,
+               **kw):
+    super().__init__(**kw)
+    self.cfg = dict(run_config)
+    self.canaries = canaries
+    self.model = task.make_model(str(self.cfg['model']), int(self.cfg['seed']))
+    self.sent: dict[int, ArrayRecord] = {}
+    self.rows: list[dict[str, Any]] = []
+    self.steps: list[np.ndarray] = []
+    self.step_round: list[int] = []
+    self.errors: list[str] = []
+    self.round_seconds: list[float] = []
+    self._t0 = 0.0
+
+  def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                      grid: Grid):
+    self._t0 = time.monotonic()
+    self.sent[server_round] = ArrayRecord(arrays.to_torch_state_dict())
+    return super().configure_train(server_round, arrays, config, grid)
+
+  def aggregate_train(self, server_round: int, replies):
+    replies = list(replies)
+    for msg in replies:
+      if msg.has_error():
+        self.errors.append(f'round {server_round}: {msg.error.reason}')
+      elif 'audit' in msg.content:
+        self._record(server_round, msg)
+    out = super().aggregate_train(server_round, replies)
+    self.round_seconds.append(time.monotonic() - self._t0)
+    return out
+
+  def _record(self, server_round: int, msg: Message) -> None:
+    audit = msg.content['audit']
+    del msg.content['audit']  # FedAvg aggregates the model and the metrics only
+    if 'steps' in audit:
+      steps = np.load(io.BytesIO(audit['steps']), allow_pickle=False)
+      self.steps.append(steps)
+      self.step_round += [server_round] * len(steps)
+    sent, up = self.sent[server_round], msg.content['arrays']
+    row = {'round': server_round, 'sent': _flat(sent, self.model)}
+    c = self.canaries
+    if c is not None and len(c['input_y']):
+      row['input_loss_sent'] = task.per_example_loss(self.model, c['input_x'], c['input_y'])
+    row['upload'] = _flat(up, self.model)
+    if c is not None and len(c['input_y']):
+      row['input_loss_upload'] = task.per_example_loss(self.model, c['input_x'], c['input_y'])
+    m = msg.content['metrics']
+    for k in ('epsilon-rdp', 'epsilon-prv', 'noise-multiplier', 'sample-rate', 'steps-total',
+              'steps-round', 'num-examples'):
+      row[k] = float(m[k])
+    self.rows.append(row)
+
+  def record(self) -> dict[str, np.ndarray]:
+    """What was recorded, as arrays (the keys of record.npz)."""
+    out: dict[str, np.ndarray] = {}
+    if self.rows:
+      for k in self.rows[0]:
+        out[k.replace('-', '_')] = np.stack([np.asarray(r[k]) for r in self.rows])
+    out['steps'] = (np.concatenate(self.steps) if self.steps
+                    else np.zeros((0, 0), np.float32))
+    out['step_round'] = np.asarray(self.step_round, np.int64)
+    if self.canaries is not None:
+      for k in ('grad_coins', 'grad_coords', 'null_coords', 'input_coins'):
+        out[k] = self.canaries[k]
+    out['round_seconds'] = np.asarray(self.round_seconds)
+    out['errors'] = np.asarray(json.dumps(self.errors))
+    out['run_config'] = np.asarray(json.dumps(self.cfg))
+    return out
+
+
+def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, np.ndarray]:
+  """Runs the rounds on `grid`; what the recorder kept, with the test accuracy and loss of
+  the global model before the first round and after each (`test_accuracy`, `test_loss`)."""
+  cfg = dict(run_config)
+  dp = str(cfg.get('client-dp', 'none'))
+  if dp not in CLIENT_DP:
+    raise ValueError(f'client-dp must be one of {CLIENT_DP} (got {dp!r})')
+  model = task.make_model(str(cfg['model']), int(cfg['seed']))
+  x, _ = task.test_split(str(cfg.get('data-npz', '')))
+  c = None
+  if int(cfg['grad-canaries']) + int(cfg['input-canaries']) > 0:
+    c = client_app.node_canaries(cfg, model, x.shape[1:])
+  nodes = len(list(grid.get_node_ids()))
+  strategy = RecordingFedAvg(cfg, c, fraction_train=1.0, fraction_evaluate=0.0,
+                             min_train_nodes=nodes, min_available_nodes=nodes)
+  outer = strategy
+  if dp == 'server_fixed':
+    outer = DifferentialPrivacyServerSideFixedClipping(
+        strategy, noise_multiplier=float(cfg['client-dp-noise']),
+        clipping_norm=float(cfg['client-dp-clip']), num_sampled_clients=nodes)
+  xt, yt = task.test_split(str(cfg.get('data-npz', '')))
+  evals: list[tuple[float, float]] = []
+  evaluator = task.make_model(str(cfg['model']), int(cfg['seed']))
+
+  def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    evaluator.load_state_dict(arrays.to_torch_state_dict())
+    loss, acc = task.evaluate(evaluator, xt, yt)
+    evals.append((loss, acc))
+    return MetricRecord({'test-loss': loss, 'test-accuracy': acc})
+
+  outer.start(grid, ArrayRecord(model.state_dict()), num_rounds=int(cfg['num-server-rounds']),
+              evaluate_fn=evaluate_fn)
+  out = strategy.record()
+  out['test_loss'] = np.asarray([e[0] for e in evals])
+  out['test_accuracy'] = np.asarray([e[1] for e in evals])
+  out['num_nodes'] = np.asarray(nodes)
+  return out
+
+
+def write(record: dict[str, np.ndarray], record_dir: str) -> pathlib.Path:
+  path = pathlib.Path(record_dir)
+  path.mkdir(parents=True, exist_ok=True)
+  tmp = path / 'record.tmp.npz'
+  np.savez(tmp, **record)
+  tmp.replace(path / 'record.npz')
+  return path / 'record.npz'
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+  record = serve(grid, dict(context.run_config))
+  if str(context.run_config.get('record-dir', '')):
+    write(record, str(context.run_config['record-dir']))
