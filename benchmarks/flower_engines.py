@@ -67,18 +67,19 @@ def _job(workload: str, nodes: int, rounds: int, fraction: float):
   import jax
   import numpy as np
   from configs import digits
-  from fl_privacy.flower import canaries
-  from fl_privacy.flower import dp_audit
-  from fl_privacy.flower import jobs
+  from fl_privacy.flower.audits import canary_deploy
+  from fl_privacy.flower.audits import canary_design
+  from fl_privacy.flower.audits import dp_setting
+  from fl_privacy.flower.engines import jobs
   if workload == 'canary':
-    design = canaries.Design(num_canaries=nodes // 2, num_real=nodes - nodes // 2,
-                             num_rounds=rounds, dimension=4096, num_null=1000,
-                             fraction_train=fraction)
-    setting = dp_audit.Setting('server_fixed_z1', 'server_fixed', clipping_norm=1.0,
-                               delta=1e-5, noise_multiplier=1.0,
-                               num_sampled_clients=design.sample_size)
+    design = canary_design.Design(num_canaries=nodes // 2, num_real=nodes - nodes // 2,
+                                  num_rounds=rounds, dimension=4096, num_null=1000,
+                                  fraction_train=fraction)
+    setting = dp_setting.Setting('server_fixed_z1', 'server_fixed', clipping_norm=1.0,
+                                 delta=1e-5, noise_multiplier=1.0,
+                                 num_sampled_clients=design.sample_size)
     key = jax.random.key(0)
-    seed = canaries._server_seed(key)  # pylint: disable=protected-access
+    seed = canary_deploy._server_seed(key)  # pylint: disable=protected-access
     return jobs.Job('training', nodes, dict(setting=setting, design=design, seed=seed,
                                             key=np.asarray(jax.random.key_data(key))),
                     seed=seed)
@@ -89,7 +90,7 @@ def _job(workload: str, nodes: int, rounds: int, fraction: float):
 
 def _child(spec: str) -> dict:
   # pylint: disable=import-outside-toplevel
-  from fl_privacy.flower import engines
+  from fl_privacy.flower.engines import dispatch
   workload, engine, nodes = spec.split(':')
   nodes = int(nodes)
   job = _job(workload, nodes, _ROUNDS.value, _FRACTION.value)
@@ -102,7 +103,7 @@ def _child(spec: str) -> dict:
   thread = threading.Thread(target=sample, daemon=True)
   thread.start()
   start = time.perf_counter()
-  out = engines.run_job(engine, job)
+  out = dispatch.run_job(engine, job)
   total = time.perf_counter() - start
   done.set()
   thread.join()

@@ -19,8 +19,8 @@ from fl_privacy import data as data_lib
 from fl_privacy import models
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import strategies
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.strategies import recording
 
 
 def _inputs(args):
@@ -42,18 +42,18 @@ def job_client(args):
 def job_server(args, grid):
   _, _, _, init = _inputs(args)
   n = int(args['num_nodes'])
-  log = strategies.UploadLog()
+  log = recording.UploadLog()
   stamps = []
 
   def observe(uploads):
     stamps.append(time.perf_counter())
     log(uploads)
-  with dp_audit.quiet_flower():
+  with dp_games.quiet_flower():
     inner = FedAvg(fraction_train=float(args['fraction']), fraction_evaluate=0.0,
                    min_available_nodes=n, min_train_nodes=1)
-  strategy = strategies.RecordingStrategy(inner, init, observer=observe)
+  strategy = recording.RecordingStrategy(inner, init, observer=observe)
   start = time.perf_counter()
-  with dp_audit.quiet_flower(py_logging.WARNING):
+  with dp_games.quiet_flower(py_logging.WARNING):
     strategy.start(grid, bridge.to_array_record(init), num_rounds=int(args['rounds']))
   return {'uploads_per_round': [len(r.node_ids) for r in log.rounds],
           'round_seconds': list(np.diff([start] + stamps))}

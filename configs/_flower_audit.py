@@ -20,7 +20,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-# Flower's DP deployments the audit knows (`fl_privacy.flower.dp_audit.WRAPPERS`; a test
+# Flower's DP deployments the audit knows (`fl_privacy.flower.audits.dp_setting.WRAPPERS`; a test
 # checks they agree).
 WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
 PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')

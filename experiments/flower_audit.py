@@ -17,8 +17,8 @@ saying so). Three parts on digits (configs/_flower_audit.py):
       # opt-in: the imprint server (ReconstructionStrategy) recovering the nodes' inputs
 
 Writes results.json, results.csv, flower_audit.md and flower_dp_audit.png to --workdir.
-Results: docs/experiments/flower_audit.md. Code: fl_privacy/flower/pipeline.py,
-fl_privacy/flower/dp_audit.py.
+Results: docs/experiments/flower_audit.md. Code: fl_privacy/flower/parts/pipeline.py,
+fl_privacy/flower/audits/dp_games.py.
 """
 
 from __future__ import annotations

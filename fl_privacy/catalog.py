@@ -63,7 +63,8 @@ EXPERIMENTS: dict[str, Experiment] = _entries(
     Experiment('pastel', 'pastel', 'fl_privacy.pipelines.pastel'),
     Experiment('dp_audit', 'dp_audit', 'fl_privacy.pipelines.dp_audit'),
     # Needs the optional extra `pip install -e '.[flower]'` (experiments.common.run says so).
-    Experiment('flower_audit', 'flower_audit', 'fl_privacy.flower.pipeline', adversary='server'),
+    Experiment('flower_audit', 'flower_audit', 'fl_privacy.flower.parts.pipeline',
+               adversary='server'),
     # Audits each DP defense against the adversary its own declaration names.
     Experiment('training_audit', 'training_audit', 'fl_privacy.pipelines.training_audit'),
     # The server reads each upload; its clients run the `defense` section (and a swept list).

@@ -30,8 +30,10 @@ from flwr.serverapp import strategy as flwr_strategy
 from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from flwr.supercore.privacy_accounting import SamplingMethod
 
-from fl_privacy.flower import jobs
-from fl_privacy.flower import own_app
+from fl_privacy.flower.audits import user_app as user_app_lib
+from fl_privacy.flower.audits import user_rounds
+from fl_privacy.flower.audits import user_strategy
+from fl_privacy.flower.engines import jobs
 
 SHAPES = {'kernel': (64, 30), 'bias': (30,), 'head': (30, 3), 'head_bias': (3,)}
 DIM = sum(int(np.prod(s)) for s in SHAPES.values())
@@ -81,13 +83,13 @@ def _evaluate(msg: Message, context: Context) -> Message:
                  reply_to=msg)
 
 
-client_app = own_app.with_canaries(user_app)
+client_app = user_app_lib.with_canaries(user_app)
 
 
 def canary_configs(num_canaries: int, seed: int, config: Mapping[str, Any] = CONFIG
                    ) -> list[dict[str, Any]]:
   """The canary SuperNodes' node configs for this app (its metric keys, its weight)."""
-  return own_app.canary_node_configs(
+  return user_rounds.canary_node_configs(
       num_canaries, seed=seed, canary_norm=float(config['canary-norm']),
       clip_norm=float(config['clip']), **{'num-examples': EXAMPLES,
                                          'canary-metrics': 'train_loss',
@@ -108,7 +110,7 @@ def serve(grid: Grid, config: Mapping[str, Any]) -> dict[str, Any]:
   dp = flwr_strategy.DifferentialPrivacyServerSideFixedClipping(
       fedavg, float(config['noise']), float(config['clip']), n, accountant=accountant)
   out = pathlib.Path(str(config['out']))
-  strategy = own_app.CanaryAuditStrategy(
+  strategy = user_strategy.CanaryAuditStrategy(
       dp, seed=int(config['canary-seed']), canary_norm=float(config['canary-norm']),
       clip_norm=float(config['clip']), delta=float(config['delta']),
       num_null=int(config['num-null']), directory=out)

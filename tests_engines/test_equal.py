@@ -15,18 +15,21 @@ import numpy as np
 import pytest
 
 from configs import digits
-from fl_privacy.flower import canaries
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import engines
-from fl_privacy.flower import fedmia_part
-from fl_privacy.flower import pipeline
-from fl_privacy.flower import reconstruction_part
+from fl_privacy.flower.audits import canaries
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.parts import dishonest
+from fl_privacy.flower.parts import fedmia
+from fl_privacy.flower.parts import pipeline
+from fl_privacy.flower.parts import reconstruction
 
 OTHERS = ('simulation', 'deployment')
 # The canary game on 4 nodes (4 canaries, 2 of them in: the split needs both worlds in
 # both halves), so one deployment of 4 SuperNodes serves
 # every job of this module (the smoke config's FedMIA and imprint deployments have 4 too).
-TINY = canaries.Design(num_canaries=4, num_real=0, num_rounds=2, dimension=128, num_null=60)
+TINY = canary_design.Design(num_canaries=4, num_real=0, num_rounds=2, dimension=128, num_null=60)
 
 
 @pytest.fixture(scope='module')
@@ -38,7 +41,7 @@ def setup(tmp_path_factory):
   config.flower_audit.dishonest.targets_out = 0
   state = pipeline.prepare(config)
   root = tmp_path_factory.mktemp('engines')
-  with engines.LocalDeployment(4, root / 'deployment') as dep, engines.using(dep):
+  with deployment.LocalDeployment(4, root / 'deployment') as dep, dispatch.using(dep):
     yield config, state, jax.random.key(int(config.seed)), root
 
 
@@ -72,8 +75,8 @@ def test_the_fedmia_deployment_records_the_same_uploads_and_scores(setup):
   runs, scores = {}, {}
   for engine in ('inprocess',) + OTHERS:
     config, state, key, workdir = _on(engine, setup)
-    runs[engine] = fedmia_part.flower_deployment(config, state, key, 0, workdir)
-    scores[engine] = fedmia_part.fedmia_point(config, state, key, 'flower', 'fedmia_i')[0]
+    runs[engine] = fedmia.flower_deployment(config, state, key, 0, workdir)
+    scores[engine] = fedmia.fedmia_point(config, state, key, 'flower', 'fedmia_i')[0]
   ref = runs['inprocess']
   assert ref['losses'] == []
   for engine in OTHERS:
@@ -94,7 +97,7 @@ def test_the_dishonest_server_decides_the_same(setup):
   out = {}
   for engine in ('inprocess', 'deployment'):
     config, state, key, workdir = _on(engine, setup)
-    out[engine] = fedmia_part.dishonest_point(config, state, key, workdir)[0]
+    out[engine] = dishonest.dishonest_point(config, state, key, workdir)[0]
   assert out['inprocess']['n_pos'] >= 1 and out['inprocess']['n_neg'] >= 1
   _same_metrics(out['deployment'], out['inprocess'])
 
@@ -104,12 +107,12 @@ def test_the_canary_audit_reads_the_same_statistics(setup):
   (job seed, round, partition), so it is the same noise on every engine. (The central
   wrappers draw theirs in the server's process, which `jobs.serve` seeds: the default run's
   training part, equal on the Simulation Engine; CI time.)"""
-  setting = dp_audit.Setting('local_dp', 'local_dp', clipping_norm=1.0, delta=1e-5,
-                             num_sampled_clients=TINY.num_nodes, sensitivity=1.0,
-                             epsilon=1.0)
+  setting = dp_setting.Setting('local_dp', 'local_dp', clipping_norm=1.0, delta=1e-5,
+                               num_sampled_clients=TINY.num_nodes, sensitivity=1.0,
+                               epsilon=1.0)
   # A key whose coins put two canaries in each world.
   key = next(k for k in (jax.random.fold_in(setup[2], i) for i in range(64))
-             if canaries.canary_draws(jax.random.fold_in(k, 0), TINY)[0].sum() == 2)
+             if canary_design.canary_draws(jax.random.fold_in(k, 0), TINY)[0].sum() == 2)
   out = {}
   for engine in ('inprocess',) + OTHERS:
     workdir = _on(engine, setup)[3]
@@ -122,7 +125,7 @@ def test_the_imprint_server_recovers_the_same_inputs(setup):
   out = {}
   for engine in ('inprocess', 'deployment'):
     config, state, key, workdir = _on(engine, setup)
-    out[engine] = reconstruction_part.deployments(config, state, key, workdir)
+    out[engine] = reconstruction.deployments(config, state, key, workdir)
   ref = out['inprocess']
   assert sum(rec[1].sum() for rec in ref['flower']) > 0  # something was recovered
   for engine in ('deployment',):

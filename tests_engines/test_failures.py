@@ -14,9 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from fl_privacy.flower import engines
-from fl_privacy.flower import fedmia_part
-from fl_privacy.flower import jobs
+from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.parts import fedmia
 from tests_engines.conftest import alive
 from tests_engines.conftest import flower_processes
 from tests_engines.conftest import REPO
@@ -40,10 +41,10 @@ def _models(weights_by_round):
   return out
 
 
-@pytest.mark.parametrize('engine', engines.ENGINES)
+@pytest.mark.parametrize('engine', dispatch.ENGINES)
 def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, no_leftovers):
   job = _job(actions={(2, 1): 'raise'})
-  out = engines.run_job(engine, job, no_leftovers / 'job')
+  out = dispatch.run_job(engine, job, no_leftovers / 'job')
   assert [(x['round'], x['partition'], x['type']) for x in out['losses']] == [(2, 1, 'train')]
   assert out['losses'][0]['reason'].startswith('error: ')
   assert 'partition 1 fails in round 2' in out['losses'][0]['reason']
@@ -51,13 +52,13 @@ def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, n
   np.testing.assert_allclose(out['result']['models'], _models([[0, 1, 2], [0, 2]]), rtol=1e-6)
   # ... and the audit does not score a run that lost a reply.
   with pytest.raises(jobs.EngineError, match=r'lost 1 replies: round 2 partition 1 \(error'):
-    fedmia_part.check_complete(out, 'the run')
+    fedmia.check_complete(out, 'the run')
 
 
 def test_a_round_that_times_out_names_the_late_node(no_leftovers):
   job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=15.0, rounds=1)
-  with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
-    out = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
+  with deployment.LocalDeployment(3, no_leftovers / 'dep') as dep:
+    out = dispatch.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
   assert [(x['round'], x['partition'], x['reason']) for x in out['losses']] == [
       (1, 2, 'no reply within the timeout')]
   np.testing.assert_allclose(out['result']['models'], _models([[0, 1]]), rtol=1e-6)
@@ -71,11 +72,11 @@ def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_lef
   job = _job(actions={(1, 1): 'sleep:60'}, markers=str(markers), min_nodes=2,
              round_timeout=15.0, rounds=1)
   box = {}
-  with engines.LocalDeployment(3, no_leftovers / 'dep') as dep:
+  with deployment.LocalDeployment(3, no_leftovers / 'dep') as dep:
     def run():
       try:
-        box['out'] = engines.run_job('deployment', job, no_leftovers / 'job', deployment=dep,
-                                     run_timeout=240)
+        box['out'] = dispatch.run_job('deployment', job, no_leftovers / 'job', deployment=dep,
+                                      run_timeout=240)
       except Exception as e:  # pylint: disable=broad-except
         box['error'] = e
     thread = threading.Thread(target=run)
@@ -93,12 +94,12 @@ def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_lef
   assert (1, 1) in [(x['round'], x['partition']) for x in losses]
   assert {x['partition'] for x in losses} == {1}  # nothing else was lost
   with pytest.raises(jobs.EngineError, match=r'round 1 partition 1 \(no reply'):
-    fedmia_part.check_complete(box['out'], 'the run')
+    fedmia.check_complete(box['out'], 'the run')
 
 
 def test_processes_stop_when_the_block_raises(no_leftovers):
   with pytest.raises(KeyError, match='boom'):
-    with engines.LocalDeployment(2, no_leftovers / 'dep') as dep:
+    with deployment.LocalDeployment(2, no_leftovers / 'dep') as dep:
       pids = dep.pids()
       assert len(pids) == 3 and all(map(alive, pids))
       raise KeyError('boom')
@@ -109,8 +110,8 @@ def test_processes_stop_when_the_run_is_terminated(no_leftovers):
   """SIGTERM to the process holding a deployment (what `timeout` or a scheduler sends)."""
   pid_file = no_leftovers / 'pids'
   code = ('import sys, time\n'
-          'from fl_privacy.flower import engines\n'
-          f'with engines.LocalDeployment(2, {str(no_leftovers / "dep")!r}) as dep:\n'
+          'from fl_privacy.flower.engines import deployment\n'
+          f'with deployment.LocalDeployment(2, {str(no_leftovers / "dep")!r}) as dep:\n'
           f'  open({str(pid_file)!r}, "w").write(" ".join(map(str, dep.pids())))\n'
           '  time.sleep(600)\n')
   proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, env=dict(os.environ),
@@ -130,7 +131,7 @@ def test_processes_stop_when_the_run_is_terminated(no_leftovers):
 
 
 def test_a_run_without_a_job_fails_with_one_line(no_leftovers):
-  with engines.LocalDeployment(1, no_leftovers / 'dep') as dep:
+  with deployment.LocalDeployment(1, no_leftovers / 'dep') as dep:
     run_id = dep.submit({})
     entry = dep.wait(run_id, timeout=120)
   assert entry['status'] == 'finished:failed'
@@ -138,12 +139,12 @@ def test_a_run_without_a_job_fails_with_one_line(no_leftovers):
 
 
 def test_a_node_count_the_deployment_lacks_is_refused(no_leftovers):
-  with engines.LocalDeployment(1, no_leftovers / 'dep') as dep:
+  with deployment.LocalDeployment(1, no_leftovers / 'dep') as dep:
     with pytest.raises(ValueError, match='the deployment has 1 SuperNodes, the job needs 3'):
-      engines.run_job('deployment', _job(), no_leftovers / 'job', deployment=dep)
+      dispatch.run_job('deployment', _job(), no_leftovers / 'job', deployment=dep)
 
 
 def test_the_app_folder_names_our_server_and_client_apps():
-  text = (pathlib.Path(engines.APP_DIR) / 'pyproject.toml').read_text()
-  assert 'serverapp = "fl_privacy.flower.app:server_app"' in text
-  assert 'clientapp = "fl_privacy.flower.app:client_app"' in text
+  text = (pathlib.Path(deployment.APP_DIR) / 'pyproject.toml').read_text()
+  assert 'serverapp = "fl_privacy.flower.engines.app:server_app"' in text
+  assert 'clientapp = "fl_privacy.flower.engines.app:client_app"' in text

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from configs import digits
-from fl_privacy.flower import engines
-from fl_privacy.flower import fedmia_part
+from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.parts import fedmia
 
 
 @pytest.fixture(scope='module')
 def job_and_reference():
-  job = fedmia_part.fedmia_job(digits.get_config('smoke'), jax.random.key(3), 0)
-  return job, engines.run_job('inprocess', job)
+  job = fedmia.fedmia_job(digits.get_config('smoke'), jax.random.key(3), 0)
+  return job, dispatch.run_job('inprocess', job)
 
 
 def _equal(out, ref):
@@ -35,6 +36,6 @@ def _equal(out, ref):
 def test_flwr_run_on_a_simulation_federation_equals_the_in_process_run(job_and_reference,
                                                                       no_leftovers):
   job, ref = job_and_reference
-  with engines.LocalDeployment(job.num_nodes, no_leftovers / 'dep', simulation=True) as dep:
+  with deployment.LocalDeployment(job.num_nodes, no_leftovers / 'dep', simulation=True) as dep:
     out = dep.run(job, no_leftovers / 'job', timeout=600)
   _equal(out, ref)

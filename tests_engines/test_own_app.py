@@ -16,10 +16,12 @@ import pytest
 
 from flwr.common.constant import SUPERLINK_NODE_ID
 
-from fl_privacy.flower import engines
-from fl_privacy.flower import own_app
-from fl_privacy.flower import runner
 from tests_engines import own_app_part
+
+from fl_privacy.flower.audits import user_app
+from fl_privacy.flower.audits import user_rounds
+from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import inprocess
 
 NUM_REAL, NUM_CANARIES = 2, 4
 PYPROJECT = """\
@@ -56,7 +58,7 @@ def _toml(value):
 def _canary_seed() -> int:
   """The first seed whose 4 coins put two canaries in each world (the split needs both)."""
   return next(s for s in range(100)
-              if sum(own_app.canary_coin(s, i) for i in range(NUM_CANARIES)) == 2)
+              if sum(user_app.canary_coin(s, i) for i in range(NUM_CANARIES)) == 2)
 
 
 def _close(a, b, key):
@@ -77,8 +79,8 @@ def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
   configs = [{} for _ in range(NUM_REAL)] + own_app_part.canary_configs(NUM_CANARIES, seed)
   base = {'canary-seed': seed, 'num-nodes': nodes}
 
-  grid = runner.InProcessGrid([own_app_part.client_app] * nodes, node_configs=configs)
-  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+  grid = inprocess.InProcessGrid([own_app_part.client_app] * nodes, node_configs=configs)
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
     ref = own_app_part.serve(grid, {**base, 'out': str(no_leftovers / 'inprocess')})
 
   app = no_leftovers / 'app'
@@ -87,16 +89,16 @@ def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
   (app / 'pyproject.toml').write_text(PYPROJECT.format(config='\n'.join(
       f'{k} = {_toml(v)}' for k, v in declared.items())), encoding='utf-8')
   out = no_leftovers / 'deployment'
-  with engines.LocalDeployment(nodes, no_leftovers / 'dep', node_configs=configs) as dep:
+  with deployment.LocalDeployment(nodes, no_leftovers / 'dep', node_configs=configs) as dep:
     run_id = dep.submit({'out': str(out)}, app_dir=app)
     entry = dep.wait(run_id, timeout=900)
   assert entry['status'] == 'finished:completed', entry
-  got = json.loads((out / own_app.AUDIT_FILE).read_text())
+  got = json.loads((out / user_app.AUDIT_FILE).read_text())
 
   # The canaries were found by the query and kept their indices; the worlds are the seed's.
   assert (ref['num_canaries'], ref['n_in'], ref['n_out']) == (NUM_CANARIES, 2, 2)
-  meta, rounds = own_app.load_rounds(out / own_app.ROUNDS_FILE)
-  ref_meta, ref_rounds = own_app.load_rounds(no_leftovers / 'inprocess' / own_app.ROUNDS_FILE)
+  meta, rounds = user_rounds.load_rounds(out / user_app.ROUNDS_FILE)
+  ref_meta, ref_rounds = user_rounds.load_rounds(no_leftovers / 'inprocess' / user_app.ROUNDS_FILE)
   assert sorted(meta['canary_nodes'].values()) == list(range(NUM_CANARIES))
   assert meta['canary_nodes'] != ref_meta['canary_nodes']  # Flower's own node ids
   for r, s in zip(rounds, ref_rounds):
@@ -105,7 +107,7 @@ def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
     np.testing.assert_allclose(r.after, s.after, rtol=0, atol=1e-6)
   # The one-run bounds read only ranks: no two scores are within rounding of each other, so
   # the same ranks, the same bounds.
-  scores, _, _ = own_app.statistics(ref_rounds, NUM_CANARIES, own_app.DEFAULT_THREATS)
+  scores, _, _ = user_rounds.statistics(ref_rounds, NUM_CANARIES, user_app.DEFAULT_THREATS)
   for s in scores.values():
     assert np.min(np.diff(np.sort(s))) > 1e-4 * np.max(np.abs(s))
   assert set(got) == set(ref)

@@ -1,23 +1,27 @@
 """Auditing a real Flower deployment (Flower >= 1.42, Message API): an optional extra.
 
 `pip install -e '.[flower]'` installs Flower; nothing else in fl_privacy imports this package.
+Importing it checks the Flower version and imports neither JAX nor a subpackage: the public
+names below load on first use (PEP 562).
 
 - `bridge`: Flax parameter pytrees <-> Flower `ArrayRecord` (fixed order, checked against a
-  template, bit-exact round trip).
-- `strategies`: `RecordingStrategy` (wraps any Message-API strategy, records every client's
-  upload per round) with `recording_from_uploads` (the `fl.recording` format through
-  `fl.queries.measure`), and `DishonestStrategy` (the 2M+1 detector of
-  `attacks.dishonest` sent to target nodes, decided from their uploads), and
-  `ReconstructionStrategy` (the imprint block of `attacks.reconstruction.imprint` crafted into
-  the model sent to target nodes, their inputs recovered from their replies).
-- `client`: a JAX/Flax `ClientApp` (local FedAvg steps with `fl.local.fedavg`).
-- `runner`: `InProcessGrid` and `run`: a ServerApp strategy and N ClientApps in one process,
-  no network, no Ray.
-- `jobs`, `engines`, `app`: each deployment of `flower_audit` as a `jobs.Job`, run in process,
-  on Flower's Simulation Engine (Ray) or on a local Deployment Engine (SuperLink and SuperNode
-  processes, `flwr run flower_app`) by `engines.run_job`; `app` holds the Flower App's
-  ServerApp and ClientApp.
-- `own_app`: the canary audit of a user's own Flower app (canary SuperNodes beside theirs).
+  template, bit-exact round trip). `client`: a JAX/Flax `ClientApp` (`fl.local.fedavg` steps).
+- `strategies/`: server-side strategies wrapping any Message-API strategy (`base`):
+  `recording` (`RecordingStrategy`, `recording_from_uploads`), `dishonest`
+  (`DishonestStrategy`, the 2M+1 detector of `attacks.dishonest`), `reconstruction`
+  (`ReconstructionStrategy`, the imprint block of `attacks.reconstruction.imprint`).
+- `engines/`: where a deployment runs. `inprocess` (`InProcessGrid`, `run`: strategy and
+  ClientApps in one process), `jobs` (a deployment of `flower_audit` as a picklable `Job`),
+  `dispatch.run_job` (a job in process, on `simulation` (Flower's Simulation Engine) or on a
+  local `deployment` (SuperLink and SuperNodes, `flwr run flower_app`)), `app` (the Flower
+  App's ServerApp and ClientApp).
+- `audits/`: privacy audits of Flower's own code. `dp_setting` + `dp_games` (Flower's DP
+  wrappers as canary games), `canaries` (one-run canary audit of a whole deployment:
+  `canary_design`, `canary_deploy`, `canary_stats`), `user_app` + `user_strategy` +
+  `user_rounds` (the same audit added to a user's own Flower app).
+- `parts/`: the `flower_audit` experiment: `pipeline` (its plan), `config_checks`, `common`,
+  one module a part (`fedmia`, `dishonest`, `reconstruction`) and `tables`.
+- `inapp/`: owned separately (see its own docstring).
 
 Flower's telemetry is switched off (`FLWR_TELEMETRY_ENABLED=0`, unless the environment already
 says otherwise) before Flower is imported here.
@@ -59,25 +63,38 @@ if not FLWR_RANGE[0] <= _version(getattr(flwr, '__version__', '0.0')) < FLWR_RAN
       f'fl_privacy.flower needs {FLWR_REQUIREMENT} (the version it is tested against); '
       f'found flwr {getattr(flwr, "__version__", "?")}. Install the extra with `{INSTALL_HINT}`.')
 
-# pylint: disable=wrong-import-position
-from fl_privacy.flower import bridge
-from fl_privacy.flower import client
-from fl_privacy.flower import runner
-from fl_privacy.flower import strategies
-from fl_privacy.flower.bridge import from_array_record
-from fl_privacy.flower.bridge import param_names
-from fl_privacy.flower.bridge import to_array_record
-from fl_privacy.flower.client import make_client_app
-from fl_privacy.flower.runner import InProcessGrid
-from fl_privacy.flower.runner import run
-from fl_privacy.flower.strategies import DishonestStrategy
-from fl_privacy.flower.strategies import ReconstructionStrategy
-from fl_privacy.flower.strategies import RecordingStrategy
-from fl_privacy.flower.strategies import recording_from_uploads
+import importlib  # pylint: disable=wrong-import-position
 
-__all__ = [
-    'DishonestStrategy', 'INSTALL_HINT', 'InProcessGrid', 'ReconstructionStrategy',
-    'RecordingStrategy', 'bridge',
-    'client', 'from_array_record', 'make_client_app', 'param_names', 'recording_from_uploads',
-    'run', 'runner', 'strategies', 'to_array_record',
-]
+# Public name -> the module that defines it (or, for a module, its dotted path).
+_LAZY = {
+    'bridge': 'fl_privacy.flower.bridge',
+    'client': 'fl_privacy.flower.client',
+    'from_array_record': 'fl_privacy.flower.bridge',
+    'param_names': 'fl_privacy.flower.bridge',
+    'to_array_record': 'fl_privacy.flower.bridge',
+    'make_client_app': 'fl_privacy.flower.client',
+    'InProcessGrid': 'fl_privacy.flower.engines.inprocess',
+    'run': 'fl_privacy.flower.engines.inprocess',
+    'RecordingStrategy': 'fl_privacy.flower.strategies.recording',
+    'recording_from_uploads': 'fl_privacy.flower.strategies.recording',
+    'DishonestStrategy': 'fl_privacy.flower.strategies.dishonest',
+    'ReconstructionStrategy': 'fl_privacy.flower.strategies.reconstruction',
+}
+_MODULES = ('bridge', 'client')
+
+__all__ = ['INSTALL_HINT', *sorted(_LAZY)]
+
+
+def __getattr__(name: str):
+  """Loads a public name on first use (PEP 562), so importing the package (or a subpackage
+  such as `inapp`) does not import JAX."""
+  if name not in _LAZY:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  module = importlib.import_module(_LAZY[name])
+  value = module if name in _MODULES else getattr(module, name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_LAZY))

@@ -2,7 +2,7 @@
 
 `make_client_app` returns a `flwr.clientapp.ClientApp` with a `train` and an `evaluate`
 function. A node finds its data by `context.node_config['partition-id']` (what Flower's
-simulation engine and `runner.InProcessGrid` set; a deployed SuperNode sets it with
+simulation engine and `inprocess.InProcessGrid` set; a deployed SuperNode sets it with
 `--node-config "partition-id=<k>"`).
 
 train: reads the model from the message's only `ArrayRecord` (`bridge.from_array_record`,

@@ -95,7 +95,7 @@ def test_dp_audit_declares_the_fields_no_audited_mechanism_reads():
 
 
 def test_flower_audit_declares_the_parts_it_does_not_run():
-  from fl_privacy.flower import pipeline  # pylint: disable=g-import-not-at-top
+  from fl_privacy.flower.parts import pipeline  # pylint: disable=g-import-not-at-top
   config = digits.get_config()
   s = config.flower_audit
   unused = pipeline.unused_fields(config)

@@ -17,10 +17,10 @@ import pytest
 if importlib.util.find_spec('flwr') is None:
   collect_ignore_glob = ['test_[!o]*.py']  # keeps test_optional_import.py
 else:
-  from fl_privacy.flower import runner
+  from fl_privacy.flower.engines import inprocess
 
   @pytest.fixture(autouse=True)
   def flower_identity():
     """Flower's TaskIdentity (what its runtime sets), for strategies called directly."""
-    with runner.task_identity(runner.DEFAULT_RUN_ID, 1):
+    with inprocess.task_identity(inprocess.DEFAULT_RUN_ID, 1):
       yield

@@ -17,31 +17,35 @@ from flwr.clientapp.mod import LocalDpMod, adaptiveclipping_mod, fixedclipping_m
 from flwr.serverapp import strategy as flwr_strategy
 
 from fl_privacy.eval import auditing
-from fl_privacy.flower import canaries
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import runner
+from fl_privacy.flower.audits import canaries
+from fl_privacy.flower.audits import canary_deploy
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import canary_stats
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.engines import inprocess
 
 KEY = jax.random.key(7)
-SMALL = canaries.Design(num_canaries=48, num_real=16, num_rounds=3, dimension=256,
-                        num_null=64)
+SMALL = canary_design.Design(num_canaries=48, num_real=16, num_rounds=3, dimension=256,
+                             num_null=64)
 
 
 def _setting(wrapper, **kw):
-  base = dict(clipping_norm=0.1 if wrapper in dp_audit.ADAPTIVE else 1.0)
+  base = dict(clipping_norm=0.1 if wrapper in dp_setting.ADAPTIVE else 1.0)
   base.update(kw)
-  return dp_audit.Setting(wrapper, wrapper, **base)
+  return dp_setting.Setting(wrapper, wrapper, **base)
 
 
 def test_server_and_client_side_fixed_clipping_release_the_same_models_and_flower_states_rdp():
   """Same key: the same coins, directions and noise; clipping at the server (the wrapper) or
   at each node (fixedclipping_mod) gives the same global models. Flower's own accountant,
   passed to the wrapper, states T releases at z."""
-  server = canaries.deploy(_setting('server_fixed', noise_multiplier=1.0), SMALL, KEY)
-  client = canaries.deploy(_setting('client_fixed', noise_multiplier=1.0), SMALL, KEY)
+  server = canary_deploy.deploy(_setting('server_fixed', noise_multiplier=1.0), SMALL, KEY)
+  client = canary_deploy.deploy(_setting('client_fixed', noise_multiplier=1.0), SMALL, KEY)
   np.testing.assert_array_equal(server['included'], client['included'])
   np.testing.assert_allclose(server['models'], client['models'], rtol=0, atol=1e-5)
   assert server['models'].shape == (SMALL.num_rounds + 1, SMALL.dimension)
-  assert server['stated_flower'] == pytest.approx(dp_audit.flower_rdp_epsilon(
+  assert server['stated_flower'] == pytest.approx(dp_setting.flower_rdp_epsilon(
       1.0, SMALL.num_nodes, 1e-5, rounds=SMALL.num_rounds), rel=1e-9)
   # Flower's noise is there: the model moves on the null coordinates (no node writes them).
   null = server['models'][-1, SMALL.num_canaries:SMALL.num_canaries + SMALL.num_null]
@@ -53,26 +57,26 @@ def test_a_run_depends_on_its_key_only_and_restores_the_global_generators():
   np.random.seed(5)
   random.seed(5)
   np_before, py_before = np.random.get_state()[1].copy(), random.getstate()
-  a = canaries.deploy(setting, SMALL, KEY)
+  a = canary_deploy.deploy(setting, SMALL, KEY)
   np.testing.assert_array_equal(np.random.get_state()[1], np_before)
   assert random.getstate() == py_before
-  b = canaries.deploy(setting, SMALL, KEY)
+  b = canary_deploy.deploy(setting, SMALL, KEY)
   np.testing.assert_array_equal(a['models'], b['models'])
-  c = canaries.deploy(setting, SMALL, jax.random.fold_in(KEY, 1))
+  c = canary_deploy.deploy(setting, SMALL, jax.random.fold_in(KEY, 1))
   assert not np.array_equal(a['included'], c['included'])
 
 
 def test_canaries_are_fair_coins_and_dirac_canaries_are_orthogonal_to_everything_else():
   design = dataclasses.replace(SMALL, num_canaries=400, dimension=1024)
-  included, dirs = canaries.canary_draws(KEY, design)
+  included, dirs = canary_design.canary_draws(KEY, design)
   assert 150 < included.sum() < 250
   np.testing.assert_array_equal(dirs, np.eye(400, 1024))
-  real = canaries.real_updates(KEY, design)
+  real = canary_design.real_updates(KEY, design)
   assert not np.any(real[:, :, :design.num_canaries + design.num_null])
   norms = np.linalg.norm(real, axis=-1)
   np.testing.assert_allclose(norms[0], np.linspace(0.5, 2.0, design.num_real), rtol=1e-9)
   with pytest.raises(ValueError, match='dimension > num_canaries'):
-    canaries.Design(num_canaries=100, num_null=100, dimension=200)
+    canary_design.Design(num_canaries=100, num_null=100, dimension=200)
 
 
 def test_fixed_clipping_audit_recovers_the_mechanism_and_keeps_the_claim():
@@ -89,8 +93,8 @@ def test_fixed_clipping_audit_recovers_the_mechanism_and_keeps_the_claim():
   assert m['privacy_violation'] == 0 and m['accountant_violation'] == 0
   assert m['game_relation'] == 'zero_out'
   # The verdict is family-wise at 95%: four counted bounds (two threats), each at 98.75%.
-  assert m['counted_bounds'].split(',') == [f'{t}/{b}' for t in canaries.THREATS
-                                            for b in canaries.BOUNDS]
+  assert m['counted_bounds'].split(',') == [f'{t}/{b}' for t in canary_design.THREATS
+                                            for b in canary_design.BOUNDS]
   assert (m['verdict_confidence'], m['bound_confidence']) == (0.95, pytest.approx(0.9875))
   assert m['best_bound'] == max(m[name] for name in m['counted_bounds'].split(','))
 
@@ -100,7 +104,7 @@ def test_adaptive_clip_moves_the_wrong_way_and_noise_after_the_update_costs_epsi
   with most updates above the clip it shrinks every round (Andrew et al.'s rule, on the
   UNclipped fraction, would grow it), and each round's noise is drawn at the shrunk clip:
   the aggregates are worth more than the z the user asked for."""
-  for wrapper in dp_audit.ADAPTIVE:
+  for wrapper in dp_setting.ADAPTIVE:
     m = canaries.audit(_setting(wrapper, noise_multiplier=1.0), SMALL, KEY)
     clips = np.asarray(m['clips'])
     assert clips[0] == 0.1 and np.all(np.diff(clips) < 0), clips
@@ -119,7 +123,7 @@ def test_misconfigured_local_dp_is_caught_by_the_fit_and_every_upload_is_scored(
   assert bad['accountant_violation'] == 1 and ok['accountant_violation'] == 0
   # A deployment records LocalDpMod's uploads: both threats count, k = 4.
   assert ok['counted_bounds'] == bad['counted_bounds'] == ','.join(
-      canaries.counted_bounds(_setting('local_dp'), uploads_recorded=True))
+      canary_stats.counted_bounds(_setting('local_dp'), uploads_recorded=True))
   assert ok['bound_confidence'] == pytest.approx(0.9875)
 
 
@@ -153,13 +157,13 @@ def test_a_zero_update_makes_flowers_client_side_clip_fail_the_round(mod, wrappe
   update's norm (supercore/differential_privacy.py 55-56, 90-91). Nodes replying exactly w_t:
   each mod raises (an error reply) and the round releases no aggregate."""
   initial = ArrayRecord({'w': Array(np.ones(4, np.float32))})
-  with dp_audit.quiet_flower(py_logging.CRITICAL):
-    grid = runner.InProcessGrid([_zero_update_app([mod])] * 3)
-    result = runner.run(wrapper(), grid, initial, num_rounds=1)
+  with dp_games.quiet_flower(py_logging.CRITICAL):
+    grid = inprocess.InProcessGrid([_zero_update_app([mod])] * 3)
+    result = inprocess.run(wrapper(), grid, initial, num_rounds=1)
   assert 1 not in result.train_metrics_clientapp  # no aggregate in round 1
-  grid = runner.InProcessGrid([_zero_update_app([mod])] * 3, raise_client_errors=True)
-  with pytest.raises(ZeroDivisionError), dp_audit.quiet_flower(py_logging.CRITICAL):
-    runner.run(wrapper(), grid, initial, num_rounds=1)
+  grid = inprocess.InProcessGrid([_zero_update_app([mod])] * 3, raise_client_errors=True)
+  with pytest.raises(ZeroDivisionError), dp_games.quiet_flower(py_logging.CRITICAL):
+    inprocess.run(wrapper(), grid, initial, num_rounds=1)
 
 
 @pytest.mark.parametrize('wrapper', [
@@ -168,10 +172,10 @@ def test_a_zero_update_makes_flowers_client_side_clip_fail_the_round(mod, wrappe
 ])
 def test_a_zero_update_crashes_flowers_server_side_clip(wrapper):
   initial = ArrayRecord({'w': Array(np.ones(4, np.float32))})
-  with dp_audit.quiet_flower(), pytest.raises(ZeroDivisionError):
-    runner.run(wrapper(), runner.InProcessGrid([_zero_update_app([])] * 3), initial,
-               num_rounds=1)
+  with dp_games.quiet_flower(), pytest.raises(ZeroDivisionError):
+    inprocess.run(wrapper(), inprocess.InProcessGrid([_zero_update_app([])] * 3), initial,
+                  num_rounds=1)
   # The excluded canary's 1e-6 C update goes through.
-  fine = canaries.deploy(dp_audit.Setting('s', 'server_fixed'), SMALL, KEY)
+  fine = canary_deploy.deploy(dp_setting.Setting('s', 'server_fixed'), SMALL, KEY)
   assert np.isfinite(fine['models']).all()
 

@@ -18,21 +18,24 @@ from configs import digits
 from fl_privacy import validate
 from fl_privacy.eval import auditing
 from fl_privacy.fl import losses
-from fl_privacy.flower import canaries
-from fl_privacy.flower import config_checks as cc
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import jobs
+from fl_privacy.flower.audits import canaries
+from fl_privacy.flower.audits import canary_deploy
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import canary_stats
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.parts import config_checks as cc
 from tests.experiments import cli
 
 KEY = jax.random.key(23)
 # 16 nodes, half of them a round: k = 8; each canary in 0..4 of the T = 4 rounds.
-TINY = canaries.Design(num_canaries=12, num_real=4, num_rounds=4, dimension=40, num_null=8,
-                       confidence=0.9, fraction_train=0.5)
+TINY = canary_design.Design(num_canaries=12, num_real=4, num_rounds=4, dimension=40, num_null=8,
+                            confidence=0.9, fraction_train=0.5)
 
 
 def _setting(wrapper, **kw):
-  kw.setdefault('clipping_norm', 0.1 if wrapper in dp_audit.ADAPTIVE else 1.0)
-  return dp_audit.Setting(wrapper, wrapper, **kw)
+  kw.setdefault('clipping_norm', 0.1 if wrapper in dp_setting.ADAPTIVE else 1.0)
+  return dp_setting.Setting(wrapper, wrapper, **kw)
 
 
 # ------------------------------------------------------------------------ who is sampled ---
@@ -42,7 +45,7 @@ def test_flower_samples_k_of_n_nodes_a_round_and_only_they_move_the_model():
   almost no noise (z = 1e-6) round t moves canary coordinate i by C / k exactly when it
   sampled canary i and its coin is in (the excluded one's 1e-6 C / k is below the tolerance),
   and not at all otherwise: the recorded sample is the one that ran."""
-  run = canaries.deploy(_setting('server_fixed', noise_multiplier=1e-6), TINY, KEY)
+  run = canary_deploy.deploy(_setting('server_fixed', noise_multiplier=1e-6), TINY, KEY)
   sampled, part = run['sampled'], run['participation']
   assert sampled.shape == (4, 16) and sampled.dtype == bool
   np.testing.assert_array_equal(sampled.sum(axis=1), [8, 8, 8, 8])
@@ -58,20 +61,20 @@ def test_the_wrappers_get_k_and_flower_states_no_amplification():
   k; Flower's accountant (no amplification) states the same epsilon at q = 1/2 as at q = 1:
   T Gaussian releases at z over the population n."""
   nodes, dirs = list(range(4, 16)), np.eye(12, 40)
-  for wrapper in dp_audit.WRAPPERS:
+  for wrapper in dp_setting.WRAPPERS:
     # Flower's default count std k / 20 = 0.4 refuses z = 1 at k = 8.
-    st = canaries.build_strategy(_setting(wrapper, clipped_count_stddev=2.0), TINY, nodes,
-                                 dirs)
+    st = canary_deploy.build_strategy(_setting(wrapper, clipped_count_stddev=2.0), TINY, nodes,
+                                      dirs)
     inner = getattr(st, 'strategy', st)
     assert (inner.fraction_train, inner.min_train_nodes, inner.min_available_nodes) == (
         0.5, 8, 16), wrapper
     assert int(16 * inner.fraction_train) == TINY.sample_size == 8
     if wrapper != 'local_dp':
       assert st.num_sampled_clients == 8, wrapper
-  half = canaries.deploy(_setting('client_fixed', noise_multiplier=0.8), TINY, KEY)
-  full = canaries.deploy(_setting('client_fixed', noise_multiplier=0.8),
-                         dataclasses.replace(TINY, fraction_train=1.0), KEY)
-  want = dp_audit.flower_rdp_epsilon(0.8, 16, 1e-5, rounds=4)
+  half = canary_deploy.deploy(_setting('client_fixed', noise_multiplier=0.8), TINY, KEY)
+  full = canary_deploy.deploy(_setting('client_fixed', noise_multiplier=0.8),
+                              dataclasses.replace(TINY, fraction_train=1.0), KEY)
+  want = dp_setting.flower_rdp_epsilon(0.8, 16, 1e-5, rounds=4)
   assert half['stated_flower'] == pytest.approx(want, rel=1e-9)
   assert full['stated_flower'] == pytest.approx(want, rel=1e-9)
   assert full['sampled'].all()
@@ -100,13 +103,13 @@ def test_the_audit_scores_each_canary_on_its_sampled_rounds_only():
   """A tiny deployment at q = 1/2, audited; its statistic, bounds and fit recomputed here
   from the models and the recorded sample."""
   setting = _setting('server_fixed', noise_multiplier=0.5)
-  run = canaries.deploy(setting, TINY, KEY)
+  run = canary_deploy.deploy(setting, TINY, KEY)
   part, inc = run['participation'], run['included']
   counts = part.sum(axis=0)
   assert counts.min() < counts.max()  # canaries in different numbers of rounds
   assert (inc & (counts == 0)).any()  # an included canary never sampled: not in the fit
   all_it, last = _hand_fixed(run, run['directions'], part)
-  got = canaries.scores(setting, run, run['directions'], part)
+  got = canary_stats.scores(setting, run, run['directions'], part)
   np.testing.assert_allclose(got['all_iterates'], all_it, rtol=1e-10, atol=1e-12)
   np.testing.assert_allclose(got['last_iterate'], last, rtol=1e-10, atol=1e-12)
   # Sampling matters here: every round's sum ranks the canaries otherwise.
@@ -114,14 +117,14 @@ def test_the_audit_scores_each_canary_on_its_sampled_rounds_only():
   assert not np.allclose(all_it * np.sqrt(np.maximum(counts, 1)), unsampled)
   # The audit reads exactly these scores (the null: every round, standardised alike).
   m = canaries.audit(setting, TINY, KEY)
-  null_dirs = canaries.null_directions(jax.random.fold_in(KEY, 3), TINY)
+  null_dirs = canary_design.null_directions(jax.random.fold_in(KEY, 3), TINY)
   null_all, null_last = _hand_fixed(run, null_dirs, np.ones((4, 8), bool))
   taken = counts > 0
   for threat, s, nul in (('all_iterates', all_it, null_all), ('last_iterate', last, null_last)):
     a = auditing.audit_scores(s[inc], s[~inc], delta=1e-5, confidence=m['bound_confidence'])
     assert m[f'{threat}/epsilon_one_run'] == pytest.approx(a['epsilon_one_run'], abs=1e-12)
     assert (m[f'{threat}/n_in'], m[f'{threat}/n_out']) == (inc.sum(), (~inc).sum())
-    fit = canaries.gaussian_fit(s[inc & taken], nul, 1e-5, confidence=0.9, bootstrap=0)
+    fit = canary_stats.gaussian_fit(s[inc & taken], nul, 1e-5, confidence=0.9, bootstrap=0)
     assert m[f'{threat}/fit_mu'] == pytest.approx(fit['fit_mu'], rel=1e-9)
     assert m[f'{threat}/fit_n_in'] == int((inc & taken).sum())
   # What the metrics say of the sampling, and the canary sampled most's exact epsilon.
@@ -134,7 +137,7 @@ def test_the_audit_scores_each_canary_on_its_sampled_rounds_only():
       auditing.gdp_epsilon(math.sqrt(counts.max()) / 0.5, 1e-5), rel=1e-12)
   assert m['exact_epsilon_last_iterate'] == pytest.approx(
       auditing.gdp_epsilon(counts.max() / (0.5 * 2.0), 1e-5), rel=1e-12)
-  assert m['stated_epsilon'] == pytest.approx(dp_audit.flower_rdp_epsilon(0.5, 16, 1e-5, 4))
+  assert m['stated_epsilon'] == pytest.approx(dp_setting.flower_rdp_epsilon(0.5, 16, 1e-5, 4))
 
 
 def _synthetic_run(rng, t=4, m=6, d=10, clips=None):
@@ -156,8 +159,8 @@ def test_adaptive_and_local_dp_statistics_over_sampled_rounds_by_hand():
   w = c[:-1] / c[1:] ** 2
   w = w / w.mean()
   deltas = np.diff(run['models'], axis=0)
-  for wrapper in dp_audit.ADAPTIVE:
-    got = canaries.scores(_setting(wrapper), run, run['directions'], rounds)
+  for wrapper in dp_setting.ADAPTIVE:
+    got = canary_stats.scores(_setting(wrapper), run, run['directions'], rounds)
     for i in range(6):
       own = np.flatnonzero(rounds[:, i])
       want = (sum(w[s] * deltas[s, i] for s in own) / math.sqrt(
@@ -165,7 +168,7 @@ def test_adaptive_and_local_dp_statistics_over_sampled_rounds_by_hand():
       assert got['all_iterates'][i] == pytest.approx(want, rel=1e-12, abs=1e-15), (wrapper, i)
       last = (run['models'][-1, i] - run['models'][0, i]) / math.sqrt(np.sum(c[1:] ** 2))
       assert got['last_iterate'][i] == pytest.approx(last if len(own) else 0.0, rel=1e-12)
-  local = canaries.scores(_setting('local_dp'), run, run['directions'], rounds)
+  local = canary_stats.scores(_setting('local_dp'), run, run['directions'], rounds)
   for i in range(6):
     own = np.flatnonzero(rounds[:, i])
     want = (sum(run['upload_projections'][s, i] for s in own) / math.sqrt(len(own))
@@ -173,7 +176,7 @@ def test_adaptive_and_local_dp_statistics_over_sampled_rounds_by_hand():
     assert local['all_iterates'][i] == pytest.approx(want, rel=1e-12, abs=1e-15)
   # Unsampled uploads are NaN in a deployment: never read.
   run['upload_projections'] = np.where(rounds, run['upload_projections'], np.nan)
-  again = canaries.scores(_setting('local_dp'), run, run['directions'], rounds)
+  again = canary_stats.scores(_setting('local_dp'), run, run['directions'], rounds)
   np.testing.assert_array_equal(again['all_iterates'], local['all_iterates'])
 
 
@@ -184,21 +187,21 @@ def test_each_canarys_mu_and_the_exact_epsilon_is_the_most_sampled_ones():
   counts = np.array([4, 2, 1, 1])
   design = TINY  # k = 8 of 16, T = 4 (the mus read the sample given, not m)
   run = {'participation': rounds, 'clips': np.array([0.1, 0.2, 0.15, 0.3, 0.25])}
-  fixed = canaries.canary_mus(_setting('server_fixed', noise_multiplier=2.0), design, run,
-                              rounds)
+  fixed = canary_stats.canary_mus(_setting('server_fixed', noise_multiplier=2.0), design, run,
+                                  rounds)
   np.testing.assert_allclose(fixed['all_iterates'], np.sqrt(counts) / 2.0, rtol=1e-12)
   np.testing.assert_allclose(fixed['last_iterate'], counts / (2.0 * 2.0), rtol=1e-12)
-  out = canaries.exact_epsilons(_setting('server_fixed', noise_multiplier=2.0), design, run,
-                                1e-5)
+  out = canary_stats.exact_epsilons(_setting('server_fixed', noise_multiplier=2.0), design, run,
+                                    1e-5)
   assert out['exact_epsilon_all_iterates'] == pytest.approx(auditing.gdp_epsilon(1.0, 1e-5))
   assert out['exact_epsilon_last_iterate'] == pytest.approx(auditing.gdp_epsilon(1.0, 1e-5))
   assert out['exact_epsilon_all_iterates_median_canary'] == pytest.approx(
       auditing.gdp_epsilon((math.sqrt(2) + 1) / 2 / 2.0, 1e-5))  # mus 1, 0.71, 0.5, 0.5
   s = _setting('server_adaptive', noise_multiplier=0.5, clipped_count_stddev=2.0)
-  std_b, z = dp_audit.adaptive_noise(dataclasses.replace(s, num_sampled_clients=8))
+  std_b, z = dp_setting.adaptive_noise(dataclasses.replace(s, num_sampled_clients=8))
   c = run['clips']
   per_round = c[:-1] / (z * c[1:])
-  adaptive = canaries.canary_mus(s, design, run, rounds)
+  adaptive = canary_stats.canary_mus(s, design, run, rounds)
   for i in range(4):
     own = np.flatnonzero(rounds[:, i])
     mu_all = math.sqrt(sum(per_round[t] ** 2 for t in own))
@@ -207,13 +210,13 @@ def test_each_canarys_mu_and_the_exact_epsilon_is_the_most_sampled_ones():
         sum(c[t] for t in own) / (z * math.sqrt(np.sum(c[1:] ** 2))), rel=1e-12)
     assert adaptive['with_counts'][i] == pytest.approx(
         math.sqrt(mu_all ** 2 + len(own) / std_b ** 2), rel=1e-12)
-  out = canaries.exact_epsilons(s, design, run, 1e-5)
+  out = canary_stats.exact_epsilons(s, design, run, 1e-5)
   assert out['exact_epsilon_with_counts'] == pytest.approx(
       auditing.gdp_epsilon(float(adaptive['with_counts'].max()), 1e-5), rel=1e-12)
   assert (out['noise_multiplier_aggregate'], out['clipped_count_stddev']) == (z, std_b)
   local = _setting('local_dp', clipping_norm=0.5, sensitivity=0.5, epsilon=2.0)
-  sigma = dp_audit.local_dp_std(0.5, 2.0, 1e-5)
-  mus = canaries.canary_mus(local, design, run, rounds)
+  sigma = dp_setting.local_dp_std(0.5, 2.0, 1e-5)
+  mus = canary_stats.canary_mus(local, design, run, rounds)
   np.testing.assert_allclose(mus['all_iterates'], np.sqrt(counts) * 0.5 / sigma, rtol=1e-12)
   np.testing.assert_allclose(mus['last_iterate'], counts * 0.5 / (sigma * math.sqrt(8 * 4)),
                              rtol=1e-12)
@@ -228,22 +231,22 @@ def test_fraction_one_is_the_audit_of_before_and_its_standardised_twin(monkeypat
   design = dataclasses.replace(TINY, fraction_train=1.0)
   setting = _setting('server_adaptive', noise_multiplier=1.0, clipped_count_stddev=2.0)
   explicit = canaries.audit(setting, design, KEY)
-  absent = canaries.audit(setting, canaries.Design(
+  absent = canaries.audit(setting, canary_design.Design(
       num_canaries=12, num_real=4, num_rounds=4, dimension=40, num_null=8, confidence=0.9),
                           KEY)
   assert {k: v for k, v in explicit.items() if k != 'seconds'} == {
       k: v for k, v in absent.items() if k != 'seconds'}
   assert (explicit['sampling'], explicit['sample_size'], explicit['rounds_per_canary_min'],
           explicit['canaries_never_sampled']) == ('none', 16, 4, 0)
-  monkeypatch.setattr(canaries, '_sampled_scores', None)  # would raise if called
+  monkeypatch.setattr(canary_stats, '_sampled_scores', None)  # would raise if called
   assert canaries.audit(setting, design, KEY)['all_iterates/fit_mu'] == explicit[
       'all_iterates/fit_mu']
   monkeypatch.undo()
-  run = canaries.deploy(setting, design, KEY)
+  run = canary_deploy.deploy(setting, design, KEY)
   assert run['sampled'].all()
-  plain = canaries.scores(setting, run, run['directions'])
-  standard = canaries.scores(setting, run, run['directions'], np.ones((4, 12), bool))
-  for threat in canaries.THREATS:
+  plain = canary_stats.scores(setting, run, run['directions'])
+  standard = canary_stats.scores(setting, run, run['directions'], np.ones((4, 12), bool))
+  for threat in canary_design.THREATS:
     ratio = standard[threat] / plain[threat]
     np.testing.assert_allclose(ratio, ratio[0], rtol=1e-9)
     assert ratio[0] > 0
@@ -252,36 +255,37 @@ def test_fraction_one_is_the_audit_of_before_and_its_standardised_twin(monkeypat
 def test_a_point_carries_the_new_fields_only_off_their_defaults():
   """A stored point of another sampling or real-client setting is not reused, and a
   default point's params (and the key drawn from them) stay those of before."""
-  assert canaries.Design().point_params() == {}
-  assert canaries.Design(fraction_train=1.0, real_clients='fixed').point_params() == {}
-  assert canaries.Design(fraction_train=0.1).point_params() == {'fraction_train': 0.1}
-  assert canaries.Design(real_clients='trained').point_params() == {'real_clients': 'trained'}
+  assert canary_design.Design().point_params() == {}
+  assert canary_design.Design(fraction_train=1.0, real_clients='fixed').point_params() == {}
+  assert canary_design.Design(fraction_train=0.1).point_params() == {'fraction_train': 0.1}
+  assert canary_design.Design(real_clients='trained').point_params() == {'real_clients': 'trained'}
 
 
 # ---------------------------------------------------------------------- trained real nodes ---
 
-TRAINED = canaries.Design(num_canaries=4, num_real=28, num_rounds=3, dimension=256, num_null=4,
-                          real_clients='trained')
+TRAINED = canary_design.Design(num_canaries=4, num_real=28, num_rounds=3, dimension=256, num_null=4,
+                               real_clients='trained')
 
 
 def _train_loss(design, models):
-  return canaries.digits_metrics(design, models, split='train')['loss']
+  return canary_design.digits_metrics(design, models, split='train')['loss']
 
 
 def test_trained_real_nodes_descend_the_digits_loss_along_its_gradient():
   """The MLP 64 -> 3 -> 10 (235 parameters of 256) at z = 0.01: the global model's training
   loss falls every round, and round 1 moves its weights (off the canaries' and the null's
   coordinates) along minus the gradient of the real nodes' examples at the initial model."""
-  assert canaries.mlp_hidden(256) == 3 and canaries.model_unravel(TRAINED.dimension)[0] == 235
-  run = canaries.deploy(_setting('server_fixed', noise_multiplier=0.01), TRAINED, KEY)
+  assert canary_design.mlp_hidden(256) == 3
+  assert canary_design.model_unravel(TRAINED.dimension)[0] == 235
+  run = canary_deploy.deploy(_setting('server_fixed', noise_multiplier=0.01), TRAINED, KEY)
   models = run['models']
   assert np.any(models[0, :235]) and not np.any(models[0, 235:])  # initialised, then padding
   loss = _train_loss(TRAINED, models)
   assert all(b < a for a, b in zip(loss, loss[1:])), loss
-  size, unravel = canaries.model_unravel(TRAINED.dimension)
-  trainer = canaries.RealTrainer(KEY, TRAINED)
+  size, unravel = canary_design.model_unravel(TRAINED.dimension)
+  trainer = canary_design.RealTrainer(KEY, TRAINED)
   x, y = trainer.x.reshape(-1, 8, 8, 1), trainer.y.reshape(-1)
-  loss_fn = losses.make_loss_fn(canaries.trained_model(TRAINED.dimension).apply)
+  loss_fn = losses.make_loss_fn(canary_design.trained_model(TRAINED.dimension).apply)
   grad = jax.jit(lambda flat: jax.flatten_util.ravel_pytree(jax.grad(loss_fn)(
       unravel(flat), x, y))[0])(np.asarray(models[0, :size], np.float32))
   step = (models[1] - models[0])[8:size]
@@ -298,18 +302,18 @@ def test_a_real_node_trains_from_keys_of_round_and_partition_rebuilt_from_small_
               seed=3)
   blob = pickle.dumps(jobs.Job('training', TRAINED.num_nodes, args, seed=3))
   assert len(blob) < 2000
-  trainer = canaries.RealTrainer(KEY, TRAINED)
-  w = canaries.initial_model(jax.random.fold_in(KEY, 6), TRAINED).astype(np.float64)
+  trainer = canary_design.RealTrainer(KEY, TRAINED)
+  w = canary_design.initial_model(jax.random.fold_in(KEY, 6), TRAINED).astype(np.float64)
   a = trainer(w, 1, 0)
   assert a.dtype == np.float32 and a.shape == (256,)
   np.testing.assert_array_equal(a, trainer(w, 1, 0))
   np.testing.assert_array_equal(a[235:], w[235:].astype(np.float32))
   assert not np.array_equal(a, trainer(w, 2, 0)) and not np.array_equal(a, trainer(w, 1, 1))
   rebuilt = pickle.loads(blob).args
-  again = canaries._real(rebuilt)  # pylint: disable=protected-access
+  again = canary_deploy._real(rebuilt)  # pylint: disable=protected-access
   np.testing.assert_array_equal(again(w, 1, 0), a)
   # Disjoint digits per node (28 x 16 <= 1,438).
-  idx = canaries.real_shards(jax.random.fold_in(KEY, 7), TRAINED, 1438)
+  idx = canary_design.real_shards(jax.random.fold_in(KEY, 7), TRAINED, 1438)
   assert idx.shape == (28, 16) and len(np.unique(idx)) == 28 * 16
 
 
@@ -378,9 +382,9 @@ def test_real_clients_is_one_of_two_and_trained_needs_room_for_the_mlp():
            'at least 85 with trained real clients (the digits MLP 64 -> h -> 10 with h >= 1)',
            84)
   with pytest.raises(ValueError, match='trained real clients need dimension >= 85'):
-    canaries.Design(directions='random', dimension=84, real_clients='trained')
+    canary_design.Design(directions='random', dimension=84, real_clients='trained')
   with pytest.raises(ValueError, match=r'fraction_train must be in \(0, 1\]'):
-    canaries.Design(fraction_train=0.0)
+    canary_design.Design(fraction_train=0.0)
 
 
 @pytest.mark.parametrize('override, field', [

@@ -9,9 +9,9 @@ import pytest
 
 from configs import digits
 from fl_privacy import validate
-from fl_privacy.flower import canaries
-from fl_privacy.flower import config_checks as cc
-from fl_privacy.flower import dp_audit
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.parts import config_checks as cc
 
 
 def _config(**training):
@@ -33,15 +33,15 @@ def test_training_design_holds_the_sections_values_and_sorted_settings():
   config = _config(num_canaries=10, num_real=30, num_rounds=4, dimension=18, canary_norm=1,
                    real_norm=0.5, num_null=7, confidence=0.9, directions='dirac')
   design, settings = cc.check_training(config)
-  assert design == canaries.Design(num_canaries=10, num_real=30, num_rounds=4, dimension=18,
-                                   canary_norm=1.0, real_norm=0.5, num_null=7, confidence=0.9,
-                                   directions='dirac')
+  assert design == canary_design.Design(num_canaries=10, num_real=30, num_rounds=4, dimension=18,
+                                        canary_norm=1.0, real_norm=0.5, num_null=7, confidence=0.9,
+                                        directions='dirac')
   assert type(design.canary_norm) is float and type(design.confidence) is float
   # In WRAPPERS' order, each with the deployment's nodes as its n.
-  assert [s.wrapper for s in settings] == list(dp_audit.WRAPPERS)
+  assert [s.wrapper for s in settings] == list(dp_setting.WRAPPERS)
   assert {s.num_sampled_clients for s in settings} == {design.num_nodes} == {40}
   t = config.flower_audit.training.settings
-  local = settings[dp_audit.WRAPPERS.index('local_dp')]
+  local = settings[dp_setting.WRAPPERS.index('local_dp')]
   assert (local.label, local.epsilon, local.sensitivity) == (
       'local_dp_eps1', float(t.local_dp_eps1.epsilon), float(t.local_dp_eps1.sensitivity))
   # Equal wrappers sort by label.
@@ -108,19 +108,19 @@ def _entry(wrapper, **kw):
   return ml_collections.ConfigDict(dict(wrapper=wrapper, **fields))
 
 
-@pytest.mark.parametrize('wrapper', dp_audit.WRAPPERS)
+@pytest.mark.parametrize('wrapper', dp_setting.WRAPPERS)
 def test_setting_is_built_from_exactly_its_wrappers_fields(wrapper):
   s = cc.check_setting('x', _entry(wrapper))
   want = dict(_FIELDS.get(wrapper, _FIELDS['server_fixed' if 'fixed' in wrapper else
                                            'server_adaptive']))
-  assert s == dp_audit.Setting('x', wrapper, **want)
+  assert s == dp_setting.Setting('x', wrapper, **want)
   assert type(s.clipping_norm) is float
   if s.central:
     assert type(s.num_sampled_clients) is int
   # In the training section n is the deployment's nodes, whatever the entry says.
   t = cc.check_setting('x', _entry(wrapper), 'training', nodes=9)
   assert t.num_sampled_clients == 9 and type(t.num_sampled_clients) is int
-  assert t == dp_audit.Setting('x', wrapper, **{**want, 'num_sampled_clients': 9})
+  assert t == dp_setting.Setting('x', wrapper, **{**want, 'num_sampled_clients': 9})
 
 
 @pytest.mark.parametrize('wrapper,field,ok,bad,allowed', [
@@ -164,15 +164,15 @@ def test_setting_wrapper_is_required_and_one_of_flowers():
   _refused(lambda: cc.check_setting('x', entry), 'dp.settings.x.wrapper',
            'set (the wrapper reads it; configs/_flower_audit.py)', None)
   _refused(lambda: cc.check_setting('x', _entry('adaptive')), 'dp.settings.x.wrapper',
-           f'one of {dp_audit.WRAPPERS}', 'adaptive')
+           f'one of {dp_setting.WRAPPERS}', 'adaptive')
 
 
 def test_adaptive_noise_multiplier_below_twice_the_count_noise():
   # Flower's adaptive wrappers refuse z >= 2 sigma_b (sigma_b defaults to n / 20).
-  assert cc.adaptive_ok(dp_audit.Setting('x', 'server_adaptive', noise_multiplier=0.5,
-                                         num_sampled_clients=10))
-  assert not cc.adaptive_ok(dp_audit.Setting('x', 'server_adaptive', noise_multiplier=1.0,
-                                             num_sampled_clients=10))
+  assert cc.adaptive_ok(dp_setting.Setting('x', 'server_adaptive', noise_multiplier=0.5,
+                                           num_sampled_clients=10))
+  assert not cc.adaptive_ok(dp_setting.Setting('x', 'server_adaptive', noise_multiplier=1.0,
+                                               num_sampled_clients=10))
   cc.check_setting('x', _entry('server_adaptive', noise_multiplier=0.59, num_sampled_clients=6))
   _refused(lambda: cc.check_setting('x', _entry('server_adaptive', noise_multiplier=0.6,
                                                 num_sampled_clients=6)),

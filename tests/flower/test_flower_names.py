@@ -23,12 +23,13 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def _flower_imports() -> list[tuple[str, str, str | None]]:
   """(file, module, name or None) of every Flower import under fl_privacy/flower/."""
   found = []
-  for path in sorted((REPO / 'fl_privacy' / 'flower').glob('*.py')):
+  for path in sorted((REPO / 'fl_privacy' / 'flower').rglob('*.py')):
+    name = str(path.relative_to(REPO / 'fl_privacy' / 'flower'))
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and (node.module or '').split('.')[0] == 'flwr':
-        found += [(path.name, node.module, a.name) for a in node.names]
+        found += [(name, node.module, a.name) for a in node.names]
       elif isinstance(node, ast.Import):
-        found += [(path.name, a.name, None) for a in node.names
+        found += [(name, a.name, None) for a in node.names
                   if a.name.split('.')[0] == 'flwr']
   return found
 

@@ -10,9 +10,10 @@ from flwr.app import Message
 import numpy as np
 import pytest
 
-from fl_privacy.flower import engines
-from fl_privacy.flower import jobs
-from fl_privacy.flower import runner
+from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.engines import inprocess
+from fl_privacy.flower.engines import jobs
 
 TOY = 'tests_engines.toy_part'
 
@@ -43,14 +44,14 @@ def test_a_saved_job_loads_back_and_the_result_path_sits_beside_it(tmp_path):
 
 
 def _grid(job, node_ids=None, node_configs=None):
-  return runner.InProcessGrid([jobs.client_app_for(job)] * job.num_nodes, node_ids=node_ids,
-                              node_configs=node_configs)
+  return inprocess.InProcessGrid([jobs.client_app_for(job)] * job.num_nodes, node_ids=node_ids,
+                                 node_configs=node_configs)
 
 
 def test_the_partition_query_maps_every_node_and_refuses_a_partition_twice():
   job = _job()
   grid = _grid(job, node_ids=[77, 5, 900])
-  with runner.task_identity(grid.run.run_id, runner.SUPERLINK_NODE_ID):
+  with inprocess.task_identity(grid.run.run_id, inprocess.SUPERLINK_NODE_ID):
     assert jobs.partition_map(grid, 3, timeout=5) == {77: 0, 5: 1, 900: 2}
     with pytest.raises(jobs.EngineError, match=r'2 of 3 nodes connected after 1 s'):
       jobs.partition_map(_grid(_job(2)), 3, timeout=1)
@@ -59,7 +60,7 @@ def test_the_partition_query_maps_every_node_and_refuses_a_partition_twice():
       jobs.partition_map(twice, 3, timeout=5)
 
 
-class _Shuffled(runner.InProcessGrid):
+class _Shuffled(inprocess.InProcessGrid):
   """Replies in reverse order, node `drop`'s training replies lost (what a real grid may do:
   a node gone after it said its partition)."""
 
@@ -78,7 +79,7 @@ def test_the_ordered_grid_lists_and_returns_by_partition_and_names_what_it_lost(
   grid = _Shuffled([jobs.client_app_for(job)] * 3, node_ids=[30, 20, 10], drop=20)
   ordered = jobs.OrderedGrid(grid, {30: 0, 20: 1, 10: 2})
   assert ordered.get_node_ids() == [30, 20, 10]
-  with runner.task_identity(grid.run.run_id, runner.SUPERLINK_NODE_ID):
+  with inprocess.task_identity(grid.run.run_id, inprocess.SUPERLINK_NODE_ID):
     out = jobs.serve(job, grid)
   # Round 1: node 30 (partition 0) raised, node 20 (partition 1) never answers.
   lost = [(x['round'], x['partition'], x['reason'].split(':')[0]) for x in out['losses']]
@@ -91,13 +92,13 @@ def test_replies_reach_the_strategy_in_partition_order_whatever_their_order():
   """FedAvg sums in the order it gets the replies; in float32 that order shows."""
   seen = []
 
-  class Spy(runner.InProcessGrid):
+  class Spy(inprocess.InProcessGrid):
     def send_and_receive(self, messages, *, timeout=None):
       return list(reversed(list(super().send_and_receive(messages, timeout=timeout))))
 
   grid = Spy([jobs.client_app_for(_job())] * 3, node_ids=[5, 6, 7])
   ordered = jobs.OrderedGrid(grid, {5: 2, 6: 0, 7: 1})
-  with runner.task_identity(grid.run.run_id, runner.SUPERLINK_NODE_ID):
+  with inprocess.task_identity(grid.run.run_id, inprocess.SUPERLINK_NODE_ID):
     messages = [Message(jobs.RecordDict(), dst_node_id=n, message_type='query')
                 for n in (5, 6, 7)]
     for reply in ordered.send_and_receive(messages, timeout=5):
@@ -121,10 +122,10 @@ def test_the_server_generators_are_seeded_for_the_job_and_restored_after():
 def test_the_in_process_engine_runs_the_job_with_the_seeded_sampling():
   """FedAvg samples with Python's `random`: the job's seed fixes which nodes train."""
   job = jobs.Job(TOY, 6, dict(rounds=3, fraction=0.5, min_nodes=6), seed=4)
-  a, b = engines.run_job('inprocess', job), engines.run_job('inprocess', job)
+  a, b = dispatch.run_job('inprocess', job), dispatch.run_job('inprocess', job)
   np.testing.assert_array_equal(np.stack(a['result']['models']),
                                 np.stack(b['result']['models']))
-  other = engines.run_job('inprocess', jobs.Job(TOY, 6, job.args, seed=5))
+  other = dispatch.run_job('inprocess', jobs.Job(TOY, 6, job.args, seed=5))
   assert not np.array_equal(np.stack(a['result']['models']),
                             np.stack(other['result']['models']))
 
@@ -132,9 +133,9 @@ def test_the_in_process_engine_runs_the_job_with_the_seeded_sampling():
 def test_an_unknown_engine_is_refused():
   with pytest.raises(ValueError, match=r"engine must be one of \('inprocess', 'simulation', "
                      r"'deployment'\)"):
-    engines.run_job('ray', _job())
+    dispatch.run_job('ray', _job())
 
 
 def test_the_deployment_bound_is_memory_over_a_node():
-  assert engines.max_deployment_nodes(available=int(24e9)) == 32
-  assert engines.max_deployment_nodes(available=int(1e8)) == 1
+  assert deployment.max_deployment_nodes(available=int(24e9)) == 32
+  assert deployment.max_deployment_nodes(available=int(1e8)) == 1

@@ -20,11 +20,13 @@ from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from flwr.supercore.privacy_accounting import SamplingMethod
 
 from fl_privacy.eval import auditing
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import jobs
-from fl_privacy.flower import own_app
-from fl_privacy.flower import runner
-from fl_privacy.flower import strategies
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.audits import user_app
+from fl_privacy.flower.audits import user_rounds
+from fl_privacy.flower.audits import user_strategy
+from fl_privacy.flower.engines import inprocess
+from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.strategies import recording as recording_lib
 
 SEED = 11
 CLIP = 1.0
@@ -89,15 +91,16 @@ def user_client_app(calls: list | None = None, mods=()) -> ClientApp:
 
 
 def _canary_configs(k: int, seed: int = SEED, **extra):
-  return own_app.canary_node_configs(
+  return user_rounds.canary_node_configs(
       k, seed=seed, canary_norm=NORM, clip_norm=CLIP, **{
           'num-examples': EXAMPLES, 'canary-metrics': 'train_loss',
           'canary-eval-metrics': 'eval_loss', **extra})
 
 
-def _grid(num_real: int, num_canaries: int, **kw) -> runner.InProcessGrid:
-  apps, configs = own_app.client_apps(user_client_app(), num_real, _canary_configs(num_canaries))
-  return runner.InProcessGrid(apps, node_configs=configs, raise_client_errors=True, **kw)
+def _grid(num_real: int, num_canaries: int, **kw) -> inprocess.InProcessGrid:
+  apps, configs = user_rounds.client_apps(user_client_app(), num_real,
+                                          _canary_configs(num_canaries))
+  return inprocess.InProcessGrid(apps, node_configs=configs, raise_client_errors=True, **kw)
 
 
 def _dp(n: int, z: float, *, accountant: bool = True, fraction_train: float = 1.0,
@@ -120,14 +123,14 @@ def _run(strategy, grid, rounds: int, *, seed: int = 3, observed: list | None = 
   def observe(server_round, arrays):
     if observed is not None:
       observed.append(_flat(arrays))
-  with dp_audit.quiet_flower(), jobs.seeded(seed):
-    return runner.run(strategy, grid, _model(), num_rounds=rounds, evaluate_fn=observe)
+  with dp_games.quiet_flower(), jobs.seeded(seed):
+    return inprocess.run(strategy, grid, _model(), num_rounds=rounds, evaluate_fn=observe)
 
 
 def _audit(num_real, num_canaries, z, rounds, **kw):
   grid = _grid(num_real, num_canaries)
   n = num_real + num_canaries
-  strategy = own_app.CanaryAuditStrategy(
+  strategy = user_strategy.CanaryAuditStrategy(
       _dp(n, z, accountant=kw.pop('accountant', True)), seed=SEED, canary_norm=NORM,
       clip_norm=CLIP, delta=DELTA, num_null=256, **kw)
   _run(strategy, grid, rounds)
@@ -141,12 +144,12 @@ def _same(a, b) -> bool:
 
 
 def _send(grid, messages):
-  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
     return list(grid.send_and_receive(messages))
 
 
 def _train(grid, record, nodes=None, message_type='train'):
-  with runner.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
     messages = [Message(RecordDict({'arrays': record, 'config': ConfigRecord(
         {'server-round': 1})}), dst_node_id=n, message_type=message_type)
                 for n in (nodes or grid.get_node_ids())]
@@ -160,7 +163,7 @@ def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_di
   """Any model: float32 and float64 arrays of several shapes (a step counter stays out of the
   directions, unchanged). Included: + canary_norm C v_i; excluded: + 1e-6 C v_i (exact on a
   zero model); v_i and the coin are what the server redraws from (seed, i)."""
-  coins = [own_app.canary_coin(SEED, i) for i in range(8)]
+  coins = [user_app.canary_coin(SEED, i) for i in range(8)]
   assert any(coins) and not all(coins)
   k_in, k_out = coins.index(True), coins.index(False)
   record = ArrayRecord({'a': Array(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)),
@@ -169,8 +172,8 @@ def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_di
   zero = ArrayRecord({'a': Array(np.zeros((3, 4), np.float32)),
                       'step': Array(np.asarray([7], np.int64)),
                       'b': Array(np.zeros((2, 3, 5), np.float64))})
-  grid = runner.InProcessGrid([own_app.canary_client_app] * 8,
-                              node_configs=_canary_configs(8), raise_client_errors=True)
+  grid = inprocess.InProcessGrid([user_app.canary_client_app] * 8,
+                                 node_configs=_canary_configs(8), raise_client_errors=True)
   ids = grid.get_node_ids()
   dim = 12 + 30
   for sent in (record, zero):
@@ -182,8 +185,8 @@ def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_di
         assert got[key].numpy().dtype == sent[key].numpy().dtype
         assert got[key].numpy().shape == sent[key].numpy().shape
       np.testing.assert_array_equal(got['step'].numpy(), [7])
-      update = own_app.flat_model(got) - own_app.flat_model(sent)
-      want = scale * own_app.canary_direction(SEED, i, dim)
+      update = user_app.flat_model(got) - user_app.flat_model(sent)
+      want = scale * user_app.canary_direction(SEED, i, dim)
       # float32 rounding of the model's values (|w| <= 1) bounds the error of the included
       # update; on a zero model the idle update is exact to float32's relative precision.
       if scale > 1 or sent is zero:
@@ -192,17 +195,17 @@ def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_di
       assert abs(np.linalg.norm(update) - scale) <= (1e-6 * scale if sent is zero else 2e-6)
     metrics = replies[ids[k_in]].content['metrics']
     assert dict(metrics) == {'train_loss': 0.0, 'num-examples': EXAMPLES}
-  assert np.linalg.norm(own_app.canary_direction(SEED, 3, 5)) == pytest.approx(1.0, rel=1e-12)
-  assert not np.allclose(own_app.canary_direction(SEED, 0, dim),
-                         own_app.canary_direction(SEED, 1, dim))
+  assert np.linalg.norm(user_app.canary_direction(SEED, 3, 5)) == pytest.approx(1.0, rel=1e-12)
+  assert not np.allclose(user_app.canary_direction(SEED, 0, dim),
+                         user_app.canary_direction(SEED, 1, dim))
 
 
 def test_an_update_that_rounding_would_erase_still_moves_the_model():
   """A float32 model of values 1e4: 1e-6 C v_i is below half an ulp everywhere, so the reply
   moves the coordinate of the largest |v_i| by one ulp (Flower's clip divides by the norm)."""
   big = ArrayRecord({'w': Array(np.full(50, 1e4, np.float32))})
-  update = 1e-6 * own_app.canary_direction(SEED, 0, 50)
-  got = own_app.add_to_model(big, update)['w'].numpy()
+  update = 1e-6 * user_app.canary_direction(SEED, 0, 50)
+  got = user_app.add_to_model(big, update)['w'].numpy()
   moved = np.flatnonzero(got != np.float32(1e4))
   assert moved.tolist() == [int(np.argmax(np.abs(update)))]
   assert np.sign(got[moved[0]] - 1e4) == np.sign(update[moved[0]])
@@ -216,10 +219,10 @@ def test_evaluate_replies_weigh_zero_and_the_query_says_who_is_a_canary():
     assert dict(replies[node].content['metrics']) == {'eval_loss': 0.0, 'num-examples': 0}
   for node in ids[:2]:
     assert replies[node].content['metrics']['num-examples'] == EXAMPLES
-  found = own_app.discover_canaries(grid)
-  assert {n: info[own_app.INDEX_KEY] for n, info in found.items()} == {
+  found = user_strategy.discover_canaries(grid)
+  assert {n: info[user_app.INDEX_KEY] for n, info in found.items()} == {
       ids[2 + i]: i for i in range(4)}
-  assert all(info[own_app.SEED_KEY] == SEED for info in found.values())
+  assert all(info[user_app.SEED_KEY] == SEED for info in found.values())
 
 
 def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users_app():
@@ -236,9 +239,9 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
   user.train('custom')(lambda msg, context: Message(
       RecordDict({'custom': ConfigRecord({'ok': 1})}), reply_to=msg))
   configs = [{}, {}] + _canary_configs(2)
-  wrapped = runner.InProcessGrid([own_app.with_canaries(user)] * 4, node_configs=configs,
-                                 raise_client_errors=True)
-  plain = runner.InProcessGrid([user] * 4, node_configs=configs, raise_client_errors=True)
+  wrapped = inprocess.InProcessGrid([user_app.with_canaries(user)] * 4, node_configs=configs,
+                                    raise_client_errors=True)
+  plain = inprocess.InProcessGrid([user] * 4, node_configs=configs, raise_client_errors=True)
   ids = wrapped.get_node_ids()
   got, want = _train(wrapped, _model()), _train(plain, _model(), ids[:2])
   for node in ids[:2]:
@@ -256,33 +259,33 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
   custom = _train(wrapped, _model(), ids[:1], message_type='train.custom')
   assert custom[ids[0]].content['custom']['ok'] == 1
   calls.clear()
-  found = own_app.discover_canaries(wrapped)
+  found = user_strategy.discover_canaries(wrapped)
   assert sorted(found) == ids[2:] and calls == []
-  with runner.task_identity(wrapped.run.run_id, SUPERLINK_NODE_ID):
+  with inprocess.task_identity(wrapped.run.run_id, SUPERLINK_NODE_ID):
     own = [Message(RecordDict({'config': ConfigRecord({'x': 1})}), dst_node_id=ids[0],
                    message_type='query')]
   assert _send(wrapped, own)[0].content['mine']['hello'] == 1 and calls == [('query', 0)]
   seen.clear()
-  bare = runner.InProcessGrid([own_app.with_canaries(user, canary_mods=[])] * 4,
-                              node_configs=configs, raise_client_errors=True)
+  bare = inprocess.InProcessGrid([user_app.with_canaries(user, canary_mods=[])] * 4,
+                                 node_configs=configs, raise_client_errors=True)
   _train(bare, _model())
   assert sorted(seen) == [0, 1]
   with pytest.raises(TypeError, match='ClientApp'):
-    own_app.with_canaries(lambda msg, context: msg)
+    user_app.with_canaries(lambda msg, context: msg)
 
 
 def test_a_misconfigured_canary_node_is_refused():
   with pytest.raises(ValueError, match='canary-norm must be >= 1'):
-    own_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-seed': 1,
-                                           'canary-norm': 0.5, 'clip-norm': 1.0})
+    user_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-seed': 1,
+                                            'canary-norm': 0.5, 'clip-norm': 1.0})
   with pytest.raises(ValueError, match=r"\['canary-seed'\]"):
-    own_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-norm': 2.0,
-                                           'clip-norm': 1.0})
-  assert own_app.CanaryConfig.from_node_config({'partition-id': 0}) is None
+    user_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-norm': 2.0,
+                                            'clip-norm': 1.0})
+  assert user_app.CanaryConfig.from_node_config({'partition-id': 0}) is None
   # The server refuses canaries whose seed is not its own (it would redraw other coins).
   grid = _grid(2, 4)
-  strategy = own_app.CanaryAuditStrategy(_dp(6, 1.0), seed=SEED + 1, canary_norm=NORM,
-                                         clip_norm=CLIP, delta=DELTA)
+  strategy = user_strategy.CanaryAuditStrategy(_dp(6, 1.0), seed=SEED + 1, canary_norm=NORM,
+                                               clip_norm=CLIP, delta=DELTA)
   with pytest.raises(ValueError, match='canary-seed'):
     _run(strategy, grid, 1)
 
@@ -298,12 +301,12 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
   clipping: that threat's bound reaches the most the canaries can certify."""
   num_real, k, z, rounds = 4, 64, 1.0, 3
   n = num_real + k
-  log = strategies.UploadLog()
+  log = recording_lib.UploadLog()
   template = {name: np.zeros(s, np.float32) for name, s in SHAPES.items()}
-  recording = strategies.RecordingStrategy(_dp(n, z), template, observer=log)
-  audit = own_app.CanaryAuditStrategy(recording, seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                      delta=DELTA, num_null=32, keep_models=True,
-                                      threats=('all_iterates', 'last_iterate', 'uploads'))
+  recording = recording_lib.RecordingStrategy(_dp(n, z), template, observer=log)
+  audit = user_strategy.CanaryAuditStrategy(recording, seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                            delta=DELTA, num_null=32, keep_models=True,
+                                            threats=('all_iterates', 'last_iterate', 'uploads'))
   seen, bare_seen = [], []
   result = _run(audit, _grid(num_real, k), rounds, observed=seen)
   bare = _run(_dp(n, z), _grid(num_real, k), rounds, observed=bare_seen)
@@ -311,7 +314,7 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
   np.testing.assert_array_equal(_flat(result.arrays), _flat(bare.arrays))
   assert result.evaluate_metrics_clientapp == bare.evaluate_metrics_clientapp
   assert len(audit.rounds) == rounds
-  directions = np.stack([own_app.canary_direction(SEED, i, DIM) for i in range(k + 32)])
+  directions = np.stack([user_app.canary_direction(SEED, i, DIM) for i in range(k + 32)])
   nodes = {i: n for n, i in audit.canary_nodes.items()}
   for t, r in enumerate(audit.rounds):
     np.testing.assert_array_equal(r.model, seen[t])
@@ -334,12 +337,12 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
 def test_discovered_and_given_canary_nodes_give_the_same_audit():
   grid = _grid(4, 32)
   nodes = grid.get_node_ids()
-  given = own_app.CanaryAuditStrategy(
+  given = user_strategy.CanaryAuditStrategy(
       _dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP, delta=DELTA, num_null=32,
       canary_nodes={nodes[4 + i]: i for i in range(32)})
-  learnt = own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
-                                       clip_norm=CLIP, delta=DELTA, num_null=32,
-                                       num_canaries=32)
+  learnt = user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                             clip_norm=CLIP, delta=DELTA, num_null=32,
+                                             num_canaries=32)
   _run(given, grid, 2)
   _run(learnt, _grid(4, 32), 2)
   assert learnt.canary_nodes == given.canary_nodes
@@ -348,8 +351,8 @@ def test_discovered_and_given_canary_nodes_give_the_same_audit():
   for key, value in a.items():
     assert _same(value, b[key]), key
   with pytest.raises(ValueError, match='33 expected'):
-    own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                delta=DELTA, canary_nodes={n: i for i, n in enumerate(
+    user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                      delta=DELTA, canary_nodes={n: i for i, n in enumerate(
                                     nodes[4:])}, num_canaries=33)
 
 
@@ -377,7 +380,7 @@ def test_the_bounds_stay_below_the_exact_epsilon_of_a_noisy_wrapper():
     error = math.sqrt(1 / m[f'{threat}/fit_n_in'] + mu ** 2 / (2 * m[f'{threat}/n_null']))
     assert abs(m[f'{threat}/fit_mu'] - mu) < 3 * error, (threat, m[f'{threat}/fit_mu'], error)
   # The null directions see Flower's noise alone: std sqrt(T) z C / n over the rounds.
-  _, null, _ = own_app.statistics(strategy.rounds, k, ('all_iterates',))
+  _, null, _ = user_rounds.statistics(strategy.rounds, k, ('all_iterates',))
   assert np.std(null['all_iterates']) == pytest.approx(math.sqrt(rounds) * z * CLIP / n,
                                                        rel=0.2)
 
@@ -395,9 +398,9 @@ def test_client_sampling_scores_each_canary_over_its_own_rounds():
   """FedAvg trains 18 of 36 nodes a round (Python's random.sample): the server knows whom it
   sampled, so each canary counts its own rounds."""
   grid = _grid(4, 32)
-  strategy = own_app.CanaryAuditStrategy(_dp(36, 2.0, accountant=False, fraction_train=0.5),
-                                         seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                         delta=DELTA, num_null=32)
+  strategy = user_strategy.CanaryAuditStrategy(_dp(36, 2.0, accountant=False, fraction_train=0.5),
+                                               seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                               delta=DELTA, num_null=32)
   _run(strategy, grid, 3)
   m = strategy.audit()
   assert m['sampling'] == 'fixed_size_without_replacement'
@@ -413,18 +416,18 @@ def test_statistics_are_the_sums_of_the_recorded_projections():
   before, after = rng.normal(size=(t, k + null)), rng.normal(size=(t, k + null))
   ups = rng.normal(size=(t, k))
   part = np.ones((t, k), bool)
-  rounds = [own_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+  rounds = [user_rounds.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
             for r in range(t)]
-  s, nul, _ = own_app.statistics(rounds, k, own_app.THREATS)
+  s, nul, _ = user_rounds.statistics(rounds, k, user_app.THREATS)
   np.testing.assert_allclose(s['all_iterates'], (after - before)[:, :k].sum(0))
   np.testing.assert_allclose(nul['all_iterates'], (after - before)[:, k:].sum(0))
   np.testing.assert_allclose(s['last_iterate'], after[-1, :k] - before[0, :k])
   np.testing.assert_allclose(s['uploads'], ups.sum(0))
   part[1, 0] = False
   part[:, 2] = False
-  rounds = [own_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+  rounds = [user_rounds.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
             for r in range(t)]
-  s, nul, _ = own_app.statistics(rounds, k, own_app.THREATS)
+  s, nul, _ = user_rounds.statistics(rounds, k, user_app.THREATS)
   d = after - before
   np.testing.assert_allclose(s['all_iterates'], [(d[0, 0] + d[2, 0]) / math.sqrt(2),
                                                  d[:, 1].sum() / math.sqrt(3), 0.0])
@@ -437,16 +440,16 @@ def test_statistics_are_the_sums_of_the_recorded_projections():
 
 def test_the_rounds_and_the_audit_are_written_and_audit_again_offline(tmp_path):
   grid = _grid(4, 32)
-  strategy = own_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
-                                         clip_norm=CLIP, delta=DELTA, num_null=32,
-                                         directory=tmp_path)
+  strategy = user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                               clip_norm=CLIP, delta=DELTA, num_null=32,
+                                               directory=tmp_path)
   _run(strategy, grid, 2)
   m = strategy.audit()
-  saved = json.loads((tmp_path / own_app.AUDIT_FILE).read_text())
+  saved = json.loads((tmp_path / user_app.AUDIT_FILE).read_text())
   assert saved['all_iterates/epsilon_one_run'] == m['all_iterates/epsilon_one_run']
-  meta, rounds = own_app.load_rounds(tmp_path / own_app.ROUNDS_FILE)
-  again = own_app.audit_rounds(rounds, seed=meta['seed'], num_canaries=meta['num_canaries'],
-                               delta=DELTA, confidence=0.95, stated=strategy.stated())
+  meta, rounds = user_rounds.load_rounds(tmp_path / user_app.ROUNDS_FILE)
+  again = user_rounds.audit_rounds(rounds, seed=meta['seed'], num_canaries=meta['num_canaries'],
+                                   delta=DELTA, confidence=0.95, stated=strategy.stated())
   for key, value in again.items():
     assert _same(value, m[key]), key
 
@@ -454,8 +457,8 @@ def test_the_rounds_and_the_audit_are_written_and_audit_again_offline(tmp_path):
 def test_the_most_k_canaries_can_certify():
   """The one-run bounds' ceiling (every guess right), at c = 0.95 over 4 counted bounds:
   16 canaries certify nothing, more canaries more (the doc's table)."""
-  reach = {k: own_app.max_certifiable(k // 2, k - k // 2, delta=DELTA, confidence=0.95,
-                                      num_counted=4) for k in (16, 64, 256)}
+  reach = {k: user_rounds.max_certifiable(k // 2, k - k // 2, delta=DELTA, confidence=0.95,
+                                          num_counted=4) for k in (16, 64, 256)}
   assert reach[16] == 0.0 and 0 < reach[64] < reach[256]
   direct = auditing.audit_scores(np.ones(32), np.zeros(32), delta=DELTA,
                                  confidence=1 - 0.05 / 4)

@@ -12,8 +12,10 @@ import pytest
 
 from configs import digits
 from fl_privacy import validate
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import pipeline
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.parts import fedmia
+from fl_privacy.flower.parts import pipeline
+from fl_privacy.flower.parts import tables
 from fl_privacy.pipelines import base
 from tests import figure_checks
 from tests.experiments import cli
@@ -50,7 +52,7 @@ def test_smoke_run_writes_the_four_parts_the_tables_and_the_figure(smoke):
 def test_training_part_audits_every_wrapper_over_every_round(smoke):
   _, results = smoke
   points = {p['params']['setting']: p for p in _points(results, 'training')}
-  assert {p['params']['wrapper'] for p in points.values()} == set(dp_audit.WRAPPERS)
+  assert {p['params']['wrapper'] for p in points.values()} == set(dp_setting.WRAPPERS)
   for name, p in points.items():
     m, q = p['metrics'], p['params']
     assert q['num_rounds'] == 3 and q['num_canaries'] == 64, name
@@ -61,7 +63,7 @@ def test_training_part_audits_every_wrapper_over_every_round(smoke):
     assert m['privacy_violation'] == 0.0, name
   fixed = points['server_fixed_z1']['metrics']
   assert fixed['stated_epsilon_source'] == 'flwr RdpAccountant (privacy_spent)'
-  assert math.isclose(fixed['stated_epsilon'], dp_audit.flower_rdp_epsilon(1.0, 128, 1e-5, 3),
+  assert math.isclose(fixed['stated_epsilon'], dp_setting.flower_rdp_epsilon(1.0, 128, 1e-5, 3),
                       rel_tol=1e-9)
   for name in ('server_adaptive_z1', 'client_adaptive_z1'):
     clips = points[name]['metrics']['clips']
@@ -117,14 +119,14 @@ def test_misconfigured_local_dp_is_flagged_and_the_others_are_not(smoke):
 def test_dp_figure_is_readable(smoke, monkeypatch, tmp_path):
   _, results = smoke
   with figure_checks.capture(monkeypatch) as found:
-    pipeline.dp_figure(results['points'], str(tmp_path))
+    tables.dp_figure(results['points'], str(tmp_path))
   assert found == {pipeline.FIGURE: []}
 
 
 def test_pipeline_interface_and_wrapper_names_agree():
   from configs import _flower_audit  # pylint: disable=import-outside-toplevel
   assert isinstance(base.load('flower_audit'), base.Pipeline)
-  assert _flower_audit.WRAPPERS == dp_audit.WRAPPERS == pipeline.WRAPPERS
+  assert _flower_audit.WRAPPERS == dp_setting.WRAPPERS == pipeline.WRAPPERS
   assert _flower_audit.PARTS == pipeline.PARTS
   # The reconstruction part is opt-in: the default run does what it did before it existed.
   assert 'reconstruction' not in digits.get_config().flower_audit.parts
@@ -186,16 +188,15 @@ def test_two_replicates_each_stored_and_reported_over_both(tmp_path, monkeypatch
   two replicates of the FedMIA part."""
   import jax  # pylint: disable=import-outside-toplevel
   from fl_privacy.eval import replicated  # pylint: disable=import-outside-toplevel
-  from fl_privacy.flower import fedmia_part  # pylint: disable=import-outside-toplevel
   config = _config(replicates=2, parts=('fedmia',), model='mlp')
   state, key = pipeline.prepare(config), jax.random.key(0)
-  seen, keys = [], fedmia_part._keys  # pylint: disable=protected-access
-  monkeypatch.setattr(fedmia_part, '_keys', lambda k: seen.append(k) or keys(k))
-  m, n = fedmia_part.fedmia_point(config, state, key, 'native', 'fedmia_i', str(tmp_path))
+  seen, keys = [], fedmia._keys  # pylint: disable=protected-access
+  monkeypatch.setattr(fedmia, '_keys', lambda k: seen.append(k) or keys(k))
+  m, n = fedmia.fedmia_point(config, state, key, 'native', 'fedmia_i', str(tmp_path))
   # Replicate r trains with key fold_in(run key, r).
   assert [jax.random.key_data(k).tolist() for k in seen] == [
       jax.random.key_data(jax.random.fold_in(key, r)).tolist() for r in (0, 1)]
-  assert len(list((tmp_path / fedmia_part.RECORDINGS).glob('*.npz'))) == 2
+  assert len(list((tmp_path / fedmia.RECORDINGS).glob('*.npz'))) == 2
   assert m['replicates'] == 2 and m['interval_method'] == 't' and len(m['conditional']) == 2
   aucs = m['auc_replicates']
   assert len(aucs) == 2 and aucs[0] != aucs[1]  # independent deployments
@@ -205,9 +206,9 @@ def test_two_replicates_each_stored_and_reported_over_both(tmp_path, monkeypatch
   # Resumed from the stored recordings, with no training at all.
   def no_training(*args, **kwargs):
     raise AssertionError('trained again')
-  monkeypatch.setattr(fedmia_part, 'native_training', no_training)
-  resumed, _ = fedmia_part.fedmia_point(config, dict(state, cache={}), key, 'native',
-                                        'fedmia_i', str(tmp_path))
+  monkeypatch.setattr(fedmia, 'native_training', no_training)
+  resumed, _ = fedmia.fedmia_point(config, dict(state, cache={}), key, 'native',
+                                   'fedmia_i', str(tmp_path))
   assert resumed['auc_replicates'] == aucs
 
 

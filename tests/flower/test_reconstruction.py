@@ -12,8 +12,8 @@ from fl_privacy.attacks.reconstruction import imprint
 from fl_privacy.attacks.reconstruction import metrics
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client
-from fl_privacy.flower import runner
-from fl_privacy.flower import strategies
+from fl_privacy.flower.engines import inprocess
+from fl_privacy.flower.strategies import reconstruction
 from tests.flower import common
 
 NODES, PER_NODE, BINS = 2, 4, 8
@@ -44,11 +44,11 @@ def test_strategy_recovers_a_one_step_batch_alone_in_its_bins_exactly():
   variables = model.init(jax.random.key(0), shards[0][0][:1])
   app = client.make_client_app(model, shards, key=jax.random.key(1), optimizer=common.SGD,
                                epochs=1, batch_size=PER_NODE, matmul_precision='highest')
-  grid = runner.InProcessGrid([app] * NODES)
-  strategy = strategies.ReconstructionStrategy(
+  grid = inprocess.InProcessGrid([app] * NODES)
+  strategy = reconstruction.ReconstructionStrategy(
       _fedavg(), variables, cuts, key=jax.random.key(2), nodes=grid.get_node_ids(),
       aggregate_targets=True)
-  runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
+  inprocess.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
   assert sorted(r.node_id for r in strategy.recoveries) == grid.get_node_ids()
   for rec in strategy.recoveries:
     x_true = shards[grid.get_node_ids().index(rec.node_id)][0]
@@ -64,7 +64,7 @@ def test_nodes_get_models_crafted_with_their_own_keys():
   shards, cuts = _deployment()
   model = imprint.inject(common.mlp(), BINS)
   variables = model.init(jax.random.key(0), shards[0][0][:1])
-  strategy = strategies.ReconstructionStrategy(
+  strategy = reconstruction.ReconstructionStrategy(
       _fedavg(), variables, cuts, key=jax.random.key(2), nodes=[1, 2])
   a, b = strategy.craft(variables, 1, 1), strategy.craft(variables, 1, 2)
   c = strategy.craft(variables, 2, 1)
@@ -77,16 +77,16 @@ def test_nodes_get_models_crafted_with_their_own_keys():
 def test_bad_inputs_are_refused_naming_what_is_wrong():
   variables = common.init(common.mlp())
   with pytest.raises(ValueError, match='imprint.inject'):
-    strategies.ReconstructionStrategy(_fedavg(), variables, np.zeros(BINS),
-                                      key=jax.random.key(0), nodes=[1])
+    reconstruction.ReconstructionStrategy(_fedavg(), variables, np.zeros(BINS),
+                                          key=jax.random.key(0), nodes=[1])
   imprinted = imprint.inject(common.mlp(), BINS).init(
       jax.random.key(0), np.zeros((1, common.DIM), np.float32))
   with pytest.raises(ValueError, match='8 thresholds'):
-    strategies.ReconstructionStrategy(_fedavg(), imprinted, np.zeros(BINS - 1),
-                                      key=jax.random.key(0), nodes=[1])
+    reconstruction.ReconstructionStrategy(_fedavg(), imprinted, np.zeros(BINS - 1),
+                                          key=jax.random.key(0), nodes=[1])
   with pytest.raises(ValueError, match='at least one target'):
-    strategies.ReconstructionStrategy(_fedavg(), imprinted, np.zeros(BINS),
-                                      key=jax.random.key(0), nodes=[])
+    reconstruction.ReconstructionStrategy(_fedavg(), imprinted, np.zeros(BINS),
+                                          key=jax.random.key(0), nodes=[])
 
 
 def test_a_node_whose_client_app_fails_yields_an_empty_recovery_and_leaves_the_aggregate():
@@ -96,11 +96,11 @@ def test_a_node_whose_client_app_fails_yields_an_empty_recovery_and_leaves_the_a
   # One shard for two nodes: the second node's ClientApp raises (partition-id out of range).
   app = client.make_client_app(model, shards[:1], key=jax.random.key(1), optimizer=common.SGD,
                                epochs=1, batch_size=PER_NODE, template=variables)
-  grid = runner.InProcessGrid([app] * NODES)
+  grid = inprocess.InProcessGrid([app] * NODES)
   first, second = grid.get_node_ids()
-  strategy = strategies.ReconstructionStrategy(
+  strategy = reconstruction.ReconstructionStrategy(
       _fedavg(), variables, cuts, key=jax.random.key(2), nodes=[second])
-  runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
+  inprocess.run(strategy, grid, bridge.to_array_record(variables), num_rounds=1)
   (rec,) = strategy.recoveries
   assert rec.node_id == second and rec.num_examples == -1 and rec.inputs.shape == (0, common.DIM)
   assert first not in {n for _, n in strategy.sent}

@@ -17,8 +17,9 @@ from fl_privacy.fl import losses
 from fl_privacy.fl import rounds
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client
-from fl_privacy.flower import runner
-from fl_privacy.flower import strategies
+from fl_privacy.flower.engines import inprocess
+from fl_privacy.flower.strategies import dishonest
+from fl_privacy.flower.strategies import recording
 from tests.flower import common
 
 EPOCHS, BATCH = 2, 4
@@ -37,10 +38,10 @@ def federation():
   key = jax.random.key(7)
   app = client.make_client_app(model, data, key=key, optimizer=common.SGD, epochs=EPOCHS,
                                batch_size=BATCH)
-  grid = runner.InProcessGrid([app] * 3, raise_client_errors=True, keep_delivered=True)
-  log = strategies.UploadLog()
-  strategy = strategies.RecordingStrategy(_fedavg(), variables, observer=log)
-  result = runner.run(strategy, grid, bridge.to_array_record(variables), num_rounds=2)
+  grid = inprocess.InProcessGrid([app] * 3, raise_client_errors=True, keep_delivered=True)
+  log = recording.UploadLog()
+  strategy = recording.RecordingStrategy(_fedavg(), variables, observer=log)
+  result = inprocess.run(strategy, grid, bridge.to_array_record(variables), num_rounds=2)
   clients = rounds.pad_clients([x for x, _ in data], [y for _, y in data])
   reference, _ = rounds.run(losses.make_loss_fn(model.apply), variables, clients, key=key,
                             num_rounds=2, optimizer=common.SGD, epochs=EPOCHS,
@@ -79,7 +80,7 @@ def test_the_uploads_are_what_the_client_app_computes(federation):
   model, data, log = federation['model'], federation['data'], federation['log']
   r = log.rounds[1]
   k = 2
-  node = runner.FIRST_NODE_ID + k
+  node = inprocess.FIRST_NODE_ID + k
   from fl_privacy.fl import local  # pylint: disable=import-outside-toplevel
   params = jax.tree_util.tree_map(jnp.asarray, r.global_params)
   want = jax.jit(lambda p, x, y, kk: local.fedavg(
@@ -101,8 +102,8 @@ def test_flower_fedavg_matches_fl_rounds_run(federation):
 
 def test_recording_from_a_flower_run_has_the_recording_layout(federation):
   qx, qy = common.synthetic(9, 5)
-  rec = strategies.recording_from_uploads(federation['model'].apply, federation['log'].rounds,
-                                          qx, qy, chunk_size=5)
+  rec = recording.recording_from_uploads(federation['model'].apply, federation['log'].rounds,
+                                         qx, qy, chunk_size=5)
   assert {k: v.shape for k, v in rec.items()} == {
       'loss': (2, 3, 5), 'cos': (2, 3, 5), 'diff': (2, 3, 5), 'margin': (2, 3, 5),
       'grad_sq': (2, 5), 'rounds': (2,), 'node_ids': (3,), 'num_examples': (2, 3)}
@@ -124,9 +125,9 @@ def _echo_app(fail_node=None):
 
 
 def test_client_errors_become_error_replies_and_content_is_isolated():
-  grid = runner.InProcessGrid([_echo_app(fail_node=1002)] * 3)
+  grid = inprocess.InProcessGrid([_echo_app(fail_node=1002)] * 3)
   shared = RecordDict({'config': ConfigRecord({'x': 1})})
-  with runner.task_identity(5, SUPERLINK_NODE_ID):
+  with inprocess.task_identity(5, SUPERLINK_NODE_ID):
     messages = [Message(shared, n, MessageType.TRAIN) for n in grid.get_node_ids()]
   replies = grid.send_and_receive(messages)
   assert [m.metadata.src_node_id for m in replies] == [1001, 1002, 1003]
@@ -137,33 +138,33 @@ def test_client_errors_become_error_replies_and_content_is_isolated():
   assert replies[2].content['config']['touched'] == 1003
   assert 'touched' not in shared['config']
   assert grid.pull_messages([replies[0].metadata.reply_to_message_id]) == []  # pulled once
-  raising = runner.InProcessGrid([_echo_app(fail_node=1001)], raise_client_errors=True)
-  with runner.task_identity(5, SUPERLINK_NODE_ID):
+  raising = inprocess.InProcessGrid([_echo_app(fail_node=1001)], raise_client_errors=True)
+  with inprocess.task_identity(5, SUPERLINK_NODE_ID):
     message = Message(RecordDict({'config': ConfigRecord()}), 1001, MessageType.TRAIN)
   with pytest.raises(RuntimeError, match='client exploded'):
     raising.push_messages([message])
 
 
 def test_grid_refuses_unknown_nodes_and_bad_setups():
-  grid = runner.InProcessGrid([_echo_app()] * 2, node_ids=[7, 8])
-  with runner.task_identity(1, SUPERLINK_NODE_ID):
+  grid = inprocess.InProcessGrid([_echo_app()] * 2, node_ids=[7, 8])
+  with inprocess.task_identity(1, SUPERLINK_NODE_ID):
     message = Message(RecordDict(), 9, MessageType.TRAIN)
   with pytest.raises(ValueError, match='node 9, which is not in the grid'):
     grid.push_messages([message])
   with pytest.raises(ValueError, match='distinct and not 1'):
-    runner.InProcessGrid([_echo_app()] * 2, node_ids=[1, 2])
+    inprocess.InProcessGrid([_echo_app()] * 2, node_ids=[1, 2])
   with pytest.raises(ValueError, match='2 node ids for 3'):
-    runner.InProcessGrid([_echo_app()] * 3, node_ids=[4, 5])
+    inprocess.InProcessGrid([_echo_app()] * 3, node_ids=[4, 5])
   from flwr.supercore.run import Run  # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match='run 5: .*run_id=5'):
     grid.set_run(Run.create_empty(5))
   with pytest.raises(TypeError, match='Message-API strategy'):
-    runner.run(object(), grid, bridge.to_array_record({'w': np.zeros(2)}), num_rounds=1)
+    inprocess.run(object(), grid, bridge.to_array_record({'w': np.zeros(2)}), num_rounds=1)
 
 
 def test_task_identity_is_restored():
   saved = (TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id)
-  with runner.task_identity(42, 43, 44):
+  with inprocess.task_identity(42, 43, 44):
     assert (TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id) == (42, 43, 44)
   assert (TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id) == saved
 
@@ -178,12 +179,12 @@ def test_dishonest_server_in_a_running_federation():
   target = (data[1][0][3], data[1][1][3])  # inside node 1002's data
   app = client.make_client_app(model, data, key=jax.random.key(0), optimizer=common.SGD,
                                epochs=1, batch_size=BATCH, matmul_precision='highest')
-  grid = runner.InProcessGrid([app] * 3, raise_client_errors=True, keep_delivered=True)
-  strategy = strategies.DishonestStrategy(_fedavg(), model, target, nodes=[1002, 1003],
-                                          num_components=m, optimizer=common.SGD,
-                                          batch_size=BATCH)
+  grid = inprocess.InProcessGrid([app] * 3, raise_client_errors=True, keep_delivered=True)
+  strategy = dishonest.DishonestStrategy(_fedavg(), model, target, nodes=[1002, 1003],
+                                         num_components=m, optimizer=common.SGD,
+                                         batch_size=BATCH)
   honest = bridge.to_array_record(variables)
-  runner.run(strategy, grid, honest, num_rounds=1)
+  inprocess.run(strategy, grid, honest, num_rounds=1)
   train = {msg.metadata.dst_node_id: msg for msg in grid.delivered
            if msg.metadata.message_type == MessageType.TRAIN}
   honest_bytes = [(k, v.data) for k, v in honest.items()]

@@ -19,7 +19,8 @@ from flwr.serverapp.strategy import FedAvg, FedMedian
 from fl_privacy.attacks import dishonest
 from fl_privacy.fl import queries
 from fl_privacy.flower import bridge
-from fl_privacy.flower import strategies
+from fl_privacy.flower.strategies import dishonest as dishonest_lib
+from fl_privacy.flower.strategies import recording
 from tests.flower import common
 
 NODES = (11, 22, 33)
@@ -77,8 +78,8 @@ def _record_bytes(record: ArrayRecord):
 
 def test_recorded_uploads_equal_what_the_clients_sent():
   variables = common.init(common.mlp())
-  log = strategies.UploadLog()
-  strategy = strategies.RecordingStrategy(_fedavg(), variables, observer=log)
+  log = recording.UploadLog()
+  strategy = recording.RecordingStrategy(_fedavg(), variables, observer=log)
   arrays = bridge.to_array_record(variables)
   messages = strategy.configure_train(1, arrays, ConfigRecord(), NodeList())
   replies, sent = _replies(messages, variables, error_node=22)
@@ -102,7 +103,7 @@ def test_the_inner_aggregate_is_bit_identical_to_the_unwrapped_strategy():
   arrays = bridge.to_array_record(variables)
   for make in (_fedavg, lambda: FedMedian(min_train_nodes=3, min_available_nodes=3)):
     plain = make()
-    wrapped = strategies.RecordingStrategy(make(), variables, observer=strategies.UploadLog())
+    wrapped = recording.RecordingStrategy(make(), variables, observer=recording.UploadLog())
     config = ConfigRecord({'lr': 0.1})
     plain_msgs = list(plain.configure_train(1, arrays, ConfigRecord({'lr': 0.1}), NodeList()))
     wrapped_msgs = wrapped.configure_train(1, arrays, config, NodeList())
@@ -120,15 +121,15 @@ def test_the_inner_aggregate_is_bit_identical_to_the_unwrapped_strategy():
 
 def test_rounds_stream_to_npz_files_that_load_back_identically(tmp_path):
   variables = common.init(common.mlp())
-  log = strategies.UploadLog()
-  strategy = strategies.RecordingStrategy(_fedavg(), variables, directory=tmp_path,
-                                          observer=log)
+  log = recording.UploadLog()
+  strategy = recording.RecordingStrategy(_fedavg(), variables, directory=tmp_path,
+                                         observer=log)
   arrays = bridge.to_array_record(variables)
   for t in (1, 2):
     messages = strategy.configure_train(t, arrays, ConfigRecord(), NodeList())
     strategy.aggregate_train(t, _replies(messages, variables, error_node=33 * (t == 2))[0])
   assert sorted(p.name for p in tmp_path.iterdir()) == ['round_00001.npz', 'round_00002.npz']
-  loaded = strategies.load_rounds(tmp_path, variables)
+  loaded = recording.load_rounds(tmp_path, variables)
   for mem, disk in zip(log.rounds, loaded):
     assert disk.server_round == mem.server_round
     np.testing.assert_array_equal(disk.node_ids, mem.node_ids)
@@ -138,21 +139,21 @@ def test_rounds_stream_to_npz_files_that_load_back_identically(tmp_path):
     assert len(disk.uploads) == len(mem.uploads)
     assert all(_tree_bits_equal(a, b) for a, b in zip(disk.uploads, mem.uploads))
   with pytest.raises(bridge.RecordMismatchError, match="'global/params/fc1/bias'"):
-    strategies.load_round(tmp_path / 'round_00001.npz', common.init(common.mlp((5, 4))))
+    recording.load_round(tmp_path / 'round_00001.npz', common.init(common.mlp((5, 4))))
 
 
 def test_recording_from_uploads_is_queries_measure_of_the_updates():
   model = common.mlp()
   variables = common.init(model)
-  log = strategies.UploadLog()
-  strategy = strategies.RecordingStrategy(_fedavg(), variables, observer=log)
+  log = recording.UploadLog()
+  strategy = recording.RecordingStrategy(_fedavg(), variables, observer=log)
   globals_ = [variables, _perturbed(variables, 99)]
   for t, w in enumerate(globals_, start=1):
     messages = strategy.configure_train(t, bridge.to_array_record(w), ConfigRecord(),
                                         NodeList())
     strategy.aggregate_train(t, _replies(messages, w)[0])
   qx, qy = common.synthetic(5, 7)
-  rec = strategies.recording_from_uploads(model.apply, log.rounds, qx, qy, chunk_size=3)
+  rec = recording.recording_from_uploads(model.apply, log.rounds, qx, qy, chunk_size=3)
   assert rec['loss'].shape == rec['cos'].shape == rec['diff'].shape == (2, 3, 7)
   assert rec['grad_sq'].shape == (2, 7) and rec['loss'].dtype == np.float32
   np.testing.assert_array_equal(rec['rounds'], [0, 1])
@@ -171,9 +172,9 @@ def test_recording_from_uploads_is_queries_measure_of_the_updates():
                                       NodeList())
   strategy.aggregate_train(3, _replies(messages, variables, error_node=22)[0])
   with pytest.raises(ValueError, match=r'round 3 has no upload of node\(s\) \[22\]'):
-    strategies.recording_from_uploads(model.apply, log.rounds, qx, qy)
-  sub = strategies.recording_from_uploads(model.apply, log.rounds, qx, qy, chunk_size=3,
-                                          node_ids=[33, 11])
+    recording.recording_from_uploads(model.apply, log.rounds, qx, qy)
+  sub = recording.recording_from_uploads(model.apply, log.rounds, qx, qy, chunk_size=3,
+                                         node_ids=[33, 11])
   np.testing.assert_array_equal(sub['node_ids'], [33, 11])
   # Same measurements up to float rounding (XLA's programs differ with K).
   np.testing.assert_allclose(sub['loss'][:2], rec['loss'][:, [2, 0]], rtol=1e-6, atol=1e-6)
@@ -184,24 +185,24 @@ def test_wrong_inner_type_is_refused():
   from flwr.server.strategy import FedAvg as LegacyFedAvg  # pylint: disable=import-outside-toplevel
   for inner in (object(), LegacyFedAvg()):
     with pytest.raises(TypeError, match=r'flwr\.serverapp\.strategy\.Strategy'):
-      strategies.RecordingStrategy(inner, variables, observer=strategies.UploadLog())
+      recording.RecordingStrategy(inner, variables, observer=recording.UploadLog())
   with pytest.raises(TypeError, match='legacy'):
-    strategies.DishonestStrategy(LegacyFedAvg(), common.mlp(), (np.zeros(8), 0), nodes=[1],
-                                 num_components=1, optimizer=common.SGD, batch_size=4)
+    dishonest_lib.DishonestStrategy(LegacyFedAvg(), common.mlp(), (np.zeros(8), 0), nodes=[1],
+                                    num_components=1, optimizer=common.SGD, batch_size=4)
 
   class OwnLoop(FedAvg):
     def start(self, *args, **kwargs):  # pylint: disable=signature-differs
       raise AssertionError
 
   with pytest.raises(TypeError, match='overrides start'):
-    strategies.RecordingStrategy(OwnLoop(), variables, observer=strategies.UploadLog())
+    recording.RecordingStrategy(OwnLoop(), variables, observer=recording.UploadLog())
   with pytest.raises(ValueError, match='records nothing'):
-    strategies.RecordingStrategy(FedAvg(), variables)
+    recording.RecordingStrategy(FedAvg(), variables)
 
 
 def test_aggregate_without_configure_is_refused():
   variables = common.init(common.mlp())
-  strategy = strategies.RecordingStrategy(_fedavg(), variables, observer=strategies.UploadLog())
+  strategy = recording.RecordingStrategy(_fedavg(), variables, observer=recording.UploadLog())
   with pytest.raises(RuntimeError, match='without its configure_train'):
     strategy.aggregate_train(4, [])
 
@@ -214,7 +215,7 @@ M = 2
 def _dishonest(target, inner=None, **kw):
   model = common.mlp(hidden=(2 * M, 2))
   kw = dict(dict(nodes=[22], num_components=M, optimizer=common.SGD, batch_size=4), **kw)
-  return model, strategies.DishonestStrategy(inner or _fedavg(), model, target, **kw)
+  return model, dishonest_lib.DishonestStrategy(inner or _fedavg(), model, target, **kw)
 
 
 def test_crafted_model_goes_to_the_target_node_only():
@@ -311,8 +312,8 @@ def test_recording_around_the_dishonest_server_keeps_what_each_node_received():
   x, y = common.synthetic(1, 5)
   model, dishonest_server = _dishonest((x[0], y[0]))
   variables = common.init(model)
-  log = strategies.UploadLog()
-  strategy = strategies.RecordingStrategy(dishonest_server, variables, observer=log)
+  log = recording.UploadLog()
+  strategy = recording.RecordingStrategy(dishonest_server, variables, observer=log)
   arrays = bridge.to_array_record(variables)
   messages = strategy.configure_train(1, arrays, ConfigRecord(), NodeList())
   strategy.aggregate_train(1, _replies(messages, variables)[0])

@@ -1,28 +1,5 @@
-"""Flower's three engines behind one call: `run_job(engine, job, ...)`.
-
-A `jobs.Job` names what a Flower run executes (a `flower_audit` part's server side and the
-ClientApp its nodes run) by data only, so any process can rebuild it. `run_job` runs it on:
-
-- `inprocess`: `runner.InProcessGrid` (our own `Grid`, one process, function calls; the fast
-  path of the tests).
-- `simulation`: Flower's Simulation Engine, `flwr.simulation.run_simulation` with the Ray
-  backend (`flwr[simulation]`): the ServerApp in a thread of this process, each ClientApp call
-  in a Ray actor process with its own JAX runtime (`SIMULATION_BACKEND`: one CPU an actor, as
-  many actors as cores; no GPU).
-- `deployment`: Flower's Deployment Engine on loopback (`LocalDeployment`): one
-  `flower-superlink` and N `flower-supernode` processes on 127.0.0.1 with `--insecure` and free
-  ports, each node with `partition-id` / `num-partitions` in its `--node-config`; the job is
-  submitted with `flwr run <flower_app> <connection> --run-config job=<path>`; the SuperLink
-  starts the ServerApp (`flwr-serverapp`), each SuperNode one `flwr-clientapp` process a
-  message; messages travel as protobuf over Flower 1.42's HTTP Fleet API (gRPC before 1.42).
-  The ServerApp writes its result beside the job file; every process the run started is
-  stopped on every exit path (process groups; SIGTERM -> SIGKILL).
-
-Whatever the engine, the server side gets the Grid through `jobs.serve`, which first asks
-every node its `partition-id` (a `query` message) and hands the job an `OrderedGrid`: node ids
-listed by partition and replies sorted by partition, so that FedAvg samples and sums in the
-same order on every engine (Flower's own grids return replies in arrival order and its node
-ids are random), and that records what each round lost (error replies, no reply).
+"""A local Deployment Engine (`LocalDeployment`: one SuperLink and N SuperNodes started
+with Flower's CLI) running jobs with `flwr run` on the repository's Flower App.
 """
 
 from __future__ import annotations
@@ -36,18 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
 
 # pylint: disable=wrong-import-position
-from fl_privacy.flower import jobs as jobs_lib
-from fl_privacy.flower import runner
 
-ENGINES = ('inprocess', 'simulation', 'deployment')
+from fl_privacy.flower.engines import jobs as jobs_lib
+
+
 # The repository's Flower App (pyproject.toml with [tool.flwr.app]); `flwr run` builds it.
 APP_DIR = pathlib.Path(__file__).resolve().parents[2] / 'flower_app'
 CONNECTION = 'fl-privacy-local'
@@ -78,105 +54,6 @@ def _available_memory() -> int:
   except OSError:
     pass
   return int(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))
-
-
-def simulation_backend(num_cpus: int | None = None) -> dict[str, Any]:
-  """`backend_config` for `run_simulation` on this machine: Ray gets every core, each
-  ClientApp actor one CPU and no GPU (so as many actors as cores run at once)."""
-  cpus = int(num_cpus or os.cpu_count() or 1)
-  return {'init_args': {'num_cpus': cpus, 'num_gpus': 0, 'logging_level': 'error',
-                        'log_to_driver': False},
-          'client_resources': {'num_cpus': 1, 'num_gpus': 0}}
-
-
-_SHARED: list['LocalDeployment'] = []
-
-
-@contextlib.contextmanager
-def using(deployment: 'LocalDeployment') -> Iterator['LocalDeployment']:
-  """Inside the block, `run_job(engine='deployment', ...)` submits every job whose node
-  count matches to `deployment` (a running `LocalDeployment`) instead of starting one a job:
-  one SuperLink and one set of SuperNodes for several runs, as a deployment serves them."""
-  _SHARED.append(deployment)
-  try:
-    yield deployment
-  finally:
-    _SHARED.remove(deployment)
-
-
-def run_job(engine: str, job: jobs_lib.Job, workdir: str | os.PathLike | None = None, *,
-            startup_timeout: float = 120.0, run_timeout: float = 3600.0,
-            deployment: 'LocalDeployment | None' = None) -> Any:
-  """Runs `job` on `engine`; returns what the job's server side returned (`jobs.serve`).
-
-  Args:
-    engine: One of `ENGINES`.
-    job: The job (its `num_nodes` nodes have partitions 0..N-1).
-    workdir: Where the deployment keeps its job file, result and logs (deployment only;
-      default a temporary directory, removed after).
-    startup_timeout, run_timeout: Seconds the deployment may take to start, and to run.
-    deployment: A running `LocalDeployment` to submit to (its nodes must match the job's);
-      None: the one of an enclosing `using` block with as many nodes, else one started for
-      this job and stopped after.
-  """
-  if engine not in ENGINES:
-    raise ValueError(f'engine must be one of {ENGINES} (got {engine!r})')
-  if engine == 'inprocess':
-    grid = runner.InProcessGrid([jobs_lib.client_app_for(job)] * job.num_nodes)
-    with runner.task_identity(grid.run.run_id, runner.SUPERLINK_NODE_ID):
-      return jobs_lib.serve(job, grid)
-  if engine == 'simulation':
-    return _simulate(job)
-  with contextlib.ExitStack() as stack:
-    if workdir is None:
-      workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='flwr-job-'))
-    if deployment is None:
-      deployment = next((d for d in reversed(_SHARED) if d.num_nodes == job.num_nodes), None)
-    if deployment is None:
-      deployment = stack.enter_context(LocalDeployment(
-          job.num_nodes, pathlib.Path(workdir) / 'deployment', startup_timeout=startup_timeout))
-    elif deployment.num_nodes != job.num_nodes:
-      raise ValueError(f'the deployment has {deployment.num_nodes} SuperNodes, the job needs '
-                       f'{job.num_nodes}')
-    return deployment.run(job, pathlib.Path(workdir), timeout=run_timeout)
-
-
-def _simulate(job: jobs_lib.Job) -> Any:
-  # pylint: disable=import-outside-toplevel
-  try:
-    import ray  # noqa: F401  (flwr exits the process without it; say so in one line instead)
-  except ImportError as e:
-    raise jobs_lib.EngineError(
-        "engine 'simulation' needs Flower's Ray backend: pip install -e '.[flower]'") from e
-  from flwr.simulation import run_simulation
-  sink: dict[str, Any] = {}
-  with tempfile.TemporaryDirectory(prefix='flwr-sim-') as tmp:
-    path = jobs_lib.save(job, pathlib.Path(tmp) / 'job.pkl')
-    try:
-      with _quiet_deprecation():
-        run_simulation(jobs_lib.server_app_for(job, sink), jobs_lib.client_app_for(str(path)),
-                       num_supernodes=job.num_nodes, backend_config=simulation_backend())
-    finally:
-      if ray.is_initialized():
-        ray.shutdown()
-  if 'error' in sink:
-    raise sink['error']
-  if 'result' not in sink:
-    raise jobs_lib.EngineError('the Simulation Engine stopped before the ServerApp returned')
-  return sink['result']
-
-
-@contextlib.contextmanager
-def _quiet_deprecation() -> Iterator[None]:
-  # `run_simulation` warns that it is deprecated (in favour of `flwr run`) on every call.
-  import logging  # pylint: disable=import-outside-toplevel
-  logger = logging.getLogger('flwr')
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
 
 
 # ------------------------------------------------------------------------ local deployment ---
@@ -528,4 +405,3 @@ def _raise_on_sigterm(signum, frame) -> None:
                    'stopped; the same command with the same --workdir resumes at the first '
                    'point not stored\n')
   raise SystemExit(128 + signum)
-

@@ -1,8 +1,8 @@
-"""The `fedmia` and `dishonest` parts of `flower_audit` (split out of `pipeline`).
+"""The `fedmia` part of `flower_audit`, and the trained deployment `parts.dishonest` attacks.
 
 `flower_deployment` trains a FedAvg deployment of Flower `ClientApp`s on the engine of
 `flower_audit.engine` wrapped in `RecordingStrategy` and measures the recorded rounds
-(`strategies.recording_from_uploads`); `native_training` runs the same training in
+(`recording.recording_from_uploads`); `native_training` runs the same training in
 fl_privacy's own simulation (`fl.recording.record_shards`); `fedmia_point` scores one attack
 on one of them (`attacks.passive.evaluate.evaluate`, aligned scoring) and `dishonest_point`
 runs `DishonestStrategy` (one crafted round per target) against the trained deployment.
@@ -16,7 +16,7 @@ headline is the mean over replicates, `interval_method` names its interval, the
 single-deployment intervals sit under `conditional`). The dishonest part attacks replicate 0.
 Live trainings are cached in the pipeline's `state['cache']`.
 
-Engines (`flower_audit.engine`, `engines.run_job`): each deployment is a `jobs.Job` (part
+Engines (`flower_audit.engine`, `dispatch.run_job`): each deployment is a `jobs.Job` (part
 'fedmia': the recorded training of one replicate; 'dishonest': the crafted rounds from its
 final model), run in process, on Flower's Simulation Engine or on a local Deployment Engine;
 the nodes rebuild their model, shards and keys from the job (`job_client`), the server side is
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging as py_logging
 import math
-import os
 from typing import Any
 
 from absl import logging
@@ -40,17 +39,18 @@ from flwr.serverapp.strategy import FedAvg
 
 from fl_privacy import data as data_lib
 from fl_privacy.attacks.passive import evaluate as evaluate_lib
-from fl_privacy.eval import stats
 from fl_privacy.fl import recording as recording_lib
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import engines
-from fl_privacy.flower import jobs
-from fl_privacy.flower import strategies
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.parts import common
+from fl_privacy.flower.strategies import recording as strategies_recording
 from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.report import ArtifactStore
 from fl_privacy.report import point_key
+
 
 # Folder of the stored per-replicate recordings.
 RECORDINGS = 'deployments'
@@ -72,7 +72,7 @@ def _keys(key):
 
 def _fedavg(k: int) -> FedAvg:
   """FedAvg over all k nodes, no federated evaluation (its warning about that silenced)."""
-  with dp_audit.quiet_flower():
+  with dp_games.quiet_flower():
     return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=k,
                   min_available_nodes=k)
 
@@ -83,25 +83,13 @@ def _queries(state, parts):
                                  data_lib.to_float(test.x), test.y, parts)
 
 
-def engine(config) -> str:
-  """The Flower engine the deployments run on (`flower_audit.engine`)."""
-  return str(config.flower_audit.get('engine', 'inprocess'))
-
-
-def job_workdir(workdir: str | None, name: str) -> str | None:
-  """Where a deployment's job, result and process logs go (`<workdir>/flower_jobs/<name>`)."""
-  return None if workdir is None else os.path.join(workdir, 'flower_jobs', name)
-
-
 def _node_inputs(config, key, replicate: int, train=None, model=None) -> dict[str, Any]:
   """What every process of replicate `replicate`'s deployment derives from the config and the
   run key alone: the model, the shards' indices, w_0 and the nodes' training key."""
-  # pylint: disable=import-outside-toplevel
-  from fl_privacy.flower import pipeline
   if train is None:
     train = data_lib.load(config.data)['train']
   if model is None:
-    model = pipeline.make_model(config, train)
+    model = common.make_model(config, train)
   key = fedmia_replicates.key(key, replicate)
   parts = shards(config, {'train': train}, key)
   init_key, train_key = _keys(key)
@@ -129,9 +117,6 @@ def job_client(args):
       template=n['init'])
 
 
-dishonest_client = job_client
-
-
 def job_server(args, grid) -> dict[str, Any]:
   """FedAvg over every node for `num_rounds`, wrapped in `RecordingStrategy`: the recorded
   rounds (`RoundUploads`, every `record_every`-th) and the final model (numpy)."""
@@ -139,10 +124,10 @@ def job_server(args, grid) -> dict[str, Any]:
   s = config.flower_audit
   k = int(s.num_clients)
   every = int(s.record_every)
-  log = strategies.UploadLog()
+  log = strategies_recording.UploadLog()
   kept = lambda r: log(r) if r.server_round % every == 0 else None  # noqa: E731
-  strategy = strategies.RecordingStrategy(_fedavg(k), n['init'], observer=kept)
-  with dp_audit.quiet_flower(py_logging.WARNING):
+  strategy = strategies_recording.RecordingStrategy(_fedavg(k), n['init'], observer=kept)
+  with dp_games.quiet_flower(py_logging.WARNING):
     result = strategy.start(grid, bridge.to_array_record(n['init']),
                             num_rounds=int(s.num_rounds))
   return dict(rounds=log.rounds, final=bridge.from_array_record(result.arrays, n['init']))
@@ -171,13 +156,13 @@ def flower_deployment(config, state, key, replicate: int = 0,
   n = _node_inputs(config, key, replicate, state['train'], state['model'])
   qx, qy, owner = _queries(state, n['parts'])
   logging.info('flower_audit: Flower FedAvg on engine %s, %d ClientApps, %d rounds',
-               engine(config), int(s.num_clients), int(s.num_rounds))
-  out = engines.run_job(engine(config), fedmia_job(config, key, replicate),
-                        job_workdir(workdir, f'fedmia_{int(replicate)}'))
+               common.engine(config), int(s.num_clients), int(s.num_rounds))
+  out = dispatch.run_job(common.engine(config), fedmia_job(config, key, replicate),
+                         common.job_workdir(workdir, f'fedmia_{int(replicate)}'))
   check_complete(out, 'the FedMIA deployment')
-  rec = strategies.recording_from_uploads(state['model'].apply, out['result']['rounds'], qx, qy,
-                                          chunk_size=int(s.chunk_size),
-                                          node_ids=out['node_ids'])
+  rec = strategies_recording.recording_from_uploads(
+      state['model'].apply, out['result']['rounds'], qx, qy, chunk_size=int(s.chunk_size),
+      node_ids=out['node_ids'])
   cache[name] = dict(recording=rec, owner=owner, final=out['result']['final'],
                      parts=n['parts'], init=n['init'], losses=out['losses'])
   return cache[name]
@@ -220,7 +205,7 @@ def recording(config, state, key, deployment: str, replicate: int,
   artifacts = None if workdir is None else ArtifactStore(workdir, RECORDINGS)
   params = {'deployment': deployment, 'replicate': int(replicate)}
   if deployment == 'flower':  # another engine's recording is not this run's
-    params['engine'] = engine(config)
+    params['engine'] = common.engine(config)
   arrays = None if artifacts is None else artifacts.load(params)
   if arrays is None:
     run = (flower_deployment(config, state, key, replicate, workdir) if deployment == 'flower'
@@ -253,72 +238,3 @@ def fedmia_point(config, state, key, deployment: str, attack: str,
   metrics.update(recorded_rounds=[int(r) + 1 for r in np.asarray(rec['rounds'])],
                  num_clients=int(s.num_clients))
   return metrics, int(metrics.get('n_pos', 0)) + int(metrics.get('n_neg', 0))
-
-
-def dishonest_server(args, grid) -> list[list[tuple[int, bool, float]]]:
-  """One crafted round per target (`DishonestStrategy`, from the trained model `final`):
-  per target, (node id, decision, delta) of every node, in partition order."""
-  config, _, n = _unpack(args)
-  s, d = config.flower_audit, config.flower_audit.dishonest
-  nodes = grid.get_node_ids()
-  out = []
-  for x, y in args['targets']:
-    strategy = strategies.DishonestStrategy(
-        _fedavg(len(nodes)), n['model'], (x, y), nodes=nodes,
-        num_components=int(d.num_components), optimizer=optimizer(config),
-        batch_size=int(s.batch_size), epsilon=float(d.epsilon), threshold=float(d.threshold),
-        aggregate_targets=True, template=n['init'])
-    with dp_audit.quiet_flower(py_logging.WARNING):
-      strategy.start(grid, bridge.to_array_record(args['final']), num_rounds=1)
-    out.append([(int(dec.node_id), bool(dec.member), float(dec.delta))
-                for dec in strategy.decisions])
-  return out
-
-
-def dishonest_point(config, state, key, workdir: str | None = None) -> tuple[dict, int]:
-  """DishonestStrategy against the trained deployment (replicate 0), one crafted round per
-  target, on `flower_audit.engine` (a deployment of its own after the training's)."""
-  s, d = config.flower_audit, config.flower_audit.dishonest
-  run = flower_deployment(config, state, key, 0, workdir)
-  parts = run['parts']
-  rng = data_lib.rng_from_key(point_key(key, {'part': 'dishonest', 'targets': 1}))
-  train, test = state['train'], state['test']
-  xf, test_x = data_lib.to_float(train.x), data_lib.to_float(test.x)
-  targets = []  # (x, y, owner node index or -1)
-  owners = rng.integers(0, len(parts), int(d.targets_in))
-  for k in owners:
-    i = int(rng.choice(parts[int(k)]))
-    targets.append((xf[i], int(train.y[i]), int(k)))
-  for i in rng.choice(len(test_x), int(d.targets_out), replace=False):
-    targets.append((test_x[int(i)], int(test.y[int(i)]), -1))
-  job = jobs.Job('dishonest', int(s.num_clients), _job_args(
-      config, key, 0, targets=[(x, y) for x, y, _ in targets], final=run['final']),
-                 seed=_seed(key, 0, 'dishonest'))
-  out = engines.run_job(engine(config), job, job_workdir(workdir, 'dishonest'))
-  check_complete(out, 'the dishonest server\'s deployment')
-  member, decided, in_target = [], [], []
-  deltas = []
-  for (_, _, owner), decisions in zip(targets, out['result']):
-    for node, dec, delta in decisions:
-      k = out['partitions'][node]
-      member.append(k == owner)
-      decided.append(dec)
-      in_target.append(owner >= 0)
-      deltas.append(delta)
-  member, decided = np.asarray(member), np.asarray(decided)
-  in_target = np.asarray(in_target)
-  n_pos, n_neg = int(member.sum()), int((~member).sum())
-  metrics = {}
-  metrics.update(stats.rate('tpr', int((decided & member).sum()), n_pos))
-  metrics.update(stats.rate('fpr', int((decided & ~member).sum()), n_neg))
-  out_neg = ~member & ~in_target
-  metrics.update(stats.rate('fpr_out_targets', int((decided & out_neg).sum()),
-                            int(out_neg.sum())))
-  metrics.update(n_pos=n_pos, n_neg=n_neg, n_out_target_decisions=int(out_neg.sum()),
-                 targets_in=int(d.targets_in), targets_out=int(d.targets_out),
-                 nan_decisions=int(np.isnan(deltas).sum()),
-                 delta_member_mean=float(np.nanmean(np.asarray(deltas)[member]))
-                 if n_pos else float('nan'),
-                 delta_nonmember_mean=float(np.nanmean(np.asarray(deltas)[~member]))
-                 if n_neg else float('nan'))
-  return metrics, n_pos + n_neg

@@ -5,7 +5,7 @@ A `Job` names a `flower_audit` part (`PARTS`: the module holding the part's
 arguments (picklable: configs, numpy arrays, raw key data) and the seed of the server
 process's global generators (FedAvg samples nodes with Python's `random`; Flower's DP
 wrappers draw their noise from numpy's). Any process can rebuild a job from its pickle, so
-the same job runs on every engine (`engines.run_job`):
+the same job runs on every engine (`dispatch.run_job`):
 
 - `client_app_for(ref)`: a thin `ClientApp` (pickled cheaply to Ray's actors) whose train and
   evaluate build the part's ClientApp from the job on the node's first message (cached per
@@ -16,7 +16,8 @@ the same job runs on every engine (`engines.run_job`):
   returns {'result', 'partitions', 'node_ids' (by partition), 'losses'}.
 - `server_app_for(job, sink)`: a `ServerApp` running `serve` and leaving its return in `sink`
   (the Simulation Engine runs the ServerApp in a thread of this process). The deployment's
-  ServerApp is `fl_privacy.flower.app.server_app`, reading the job's path from the run config.
+  ServerApp is `fl_privacy.flower.engines.app.server_app`, reading the job's path from the run
+  config.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 
+
 # Part name -> module defining job_client(args) and job_server(args, grid).
-PARTS = {'fedmia': 'fl_privacy.flower.fedmia_part',
-         'dishonest': 'fl_privacy.flower.fedmia_part',
-         'reconstruction': 'fl_privacy.flower.reconstruction_part',
-         'training': 'fl_privacy.flower.canaries'}
+PARTS = {'fedmia': 'fl_privacy.flower.parts.fedmia',
+         'dishonest': 'fl_privacy.flower.parts.dishonest',
+         'reconstruction': 'fl_privacy.flower.parts.reconstruction',
+         'training': 'fl_privacy.flower.audits.canary_deploy'}
 PARTITION_KEY = 'partition-id'
 QUERY_KEY = 'fl-privacy'
 
@@ -162,7 +164,8 @@ def _resolve(ref: Job | str, context: Context) -> Job:
   path = ref or str(context.run_config.get('job', ''))
   if not path:
     raise ValueError("the run config has no 'job' (the path of a pickled "
-                     'fl_privacy.flower.jobs.Job); `python -m experiments.flower_audit` writes '
+                     'fl_privacy.flower.engines.jobs.Job); `python -m experiments.flower_audit` '
+                     'writes '
                      'one, see docs/experiments/flower_audit.md')
   return load(path)
 

@@ -2,13 +2,13 @@
 
 What `python -m experiments.flower_audit` runs (a `pipelines.base.Pipeline`; fields:
 configs/_flower_audit.py; results: docs/experiments/flower_audit.md). Four default parts (the
-first two in `fedmia_part`, tables and figure in `tables`) and one opt-in:
+first two in `fedmia` and `dishonest`, tables and figure in `tables`) and one opt-in:
 
 1. `fedmia`: a FedAvg deployment of `num_clients` Flower ClientApps (`client.make_client_app`,
    IID shards of digits) driven by Flower's own `FedAvg` round loop on the in-process grid
-   (`runner.InProcessGrid`), wrapped in `RecordingStrategy`; the FedMIA table (aligned
+   (`inprocess.InProcessGrid`), wrapped in `RecordingStrategy`; the FedMIA table (aligned
    scoring, `attacks.passive.evaluate.evaluate`) from the recorded uploads
-   (`strategies.recording_from_uploads`), and the same table from fl_privacy's own simulation
+   (`recording.recording_from_uploads`), and the same table from fl_privacy's own simulation
    of the same training (`fl.recording.record_shards`: same shards, keys, initial model and
    optimizer). Points carry `deployment` = 'flower' or 'native'. `replicates` independent
    deployments (keys fold_in(run key, r), each stored under `deployments/`); each point's
@@ -18,13 +18,13 @@ first two in `fedmia_part`, tables and figure in `tables`) and one opt-in:
    shards (one member decision each at their node) and from the test split; TPR and FPR with
    Clopper-Pearson intervals (`eval.stats.rate`).
 3. `dp`: Flower's DP wrappers and mods against their stated epsilon
-   (`fl_privacy.flower.dp_audit`), and the figure `flower_dp_audit.png` (stated vs
+   (`fl_privacy.flower.audits.dp_games`), and the figure `flower_dp_audit.png` (stated vs
    empirical epsilon, y = x): one round per game, 4,000 games.
 4. `training`: every DP wrapper over every round of one deployment with canary clients
-   (`fl_privacy.flower.canaries`): Steinke et al.'s one-run bounds and Andrew et al.'s
+   (`fl_privacy.flower.audits.canaries`): Steinke et al.'s one-run bounds and Andrew et al.'s
    Gaussian-fit estimate against Flower's stated epsilon over the rounds; the verdict at
    family-wise `training.confidence` (each of the k counted bounds at 1 - (1 - c) / k).
-5. `reconstruction` (opt-in, not in the default `parts`; `reconstruction_part`):
+5. `reconstruction` (opt-in, not in the default `parts`; `parts.reconstruction`):
    `ReconstructionStrategy` sends the imprint-crafted model (Fowl et al. 2022) to every node of
    a deployment of `reconstruction.num_nodes` ClientApps (B = 8, E = 1 by default) and recovers
    their inputs from the replies; the same attack in fl_privacy's simulation beside it
@@ -43,30 +43,29 @@ import numpy as np
 
 from fl_privacy import data as data_lib
 from fl_privacy import defenses
-from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
-from fl_privacy.flower import canaries
-from fl_privacy.flower import config_checks
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import engines
-from fl_privacy.flower import fedmia_part
-from fl_privacy.flower import reconstruction_part
-from fl_privacy.flower import tables as tables_lib
-from fl_privacy.flower.fedmia_part import dishonest_point
-from fl_privacy.flower.fedmia_part import fedmia_point
-from fl_privacy.flower.fedmia_part import flower_deployment  # noqa: F401 (re-exported)
-from fl_privacy.flower.fedmia_part import native_training  # noqa: F401 (re-exported)
-from fl_privacy.flower.tables import dp_figure
-from fl_privacy.flower.tables import tables_markdown
+from fl_privacy.flower.audits import canaries
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.audits import dp_setting
+from fl_privacy.flower.engines import deployment as deployment_lib
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.parts import common
+from fl_privacy.flower.parts import config_checks
+from fl_privacy.flower.parts import dishonest
+from fl_privacy.flower.parts import fedmia
+from fl_privacy.flower.parts import reconstruction
+from fl_privacy.flower.parts import tables as tables_lib
 from fl_privacy.pipelines import base
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
 from fl_privacy.report import summary
 
+
 NAME = 'flower_audit'
 PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
-WRAPPERS = dp_audit.WRAPPERS
+WRAPPERS = dp_setting.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
 MODELS = ('flower_cnn', 'mlp')
 # The canary game's sizes a training point's params carry (a changed size is a new point).
@@ -133,7 +132,7 @@ def validate_config(config) -> dict[str, Any]:
   settings."""
   s = config.flower_audit
   parts = validate.subset_of(config, 'flower_audit.parts', PARTS)
-  validate.one_of(config, 'flower_audit.engine', engines.ENGINES)
+  validate.one_of(config, 'flower_audit.engine', dispatch.ENGINES)
   # Only FedMIA needs two non-target clients; the other parts run on any deployment of >= 2.
   validate.checked(config, 'flower_audit.num_clients', validate.number(
       3, integer=True, words='FedMIA needs two non-target clients') if 'fedmia' in parts else
@@ -175,7 +174,7 @@ def validate_config(config) -> dict[str, Any]:
                                     if st.central else st.epsilon, -st.sensitivity, st.label))
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
-  reconstruction_part.validate_section(config)
+  reconstruction.validate_section(config)
   if 'defense' in config:
     defenses.check_honoured(config.defense, NAME, ('none',), "it deploys Flower's own DP "
                             'wrappers (flower_audit.dp.settings)')
@@ -190,9 +189,9 @@ def _check_deployment_size(config, parts, design) -> None:
   """On the Deployment Engine every node is a SuperNode process, and each of its messages a
   ClientApp process, a round's all at once: refuse node counts this machine's memory cannot
   hold (`engines.max_deployment_nodes`)."""
-  bound = engines.max_deployment_nodes()
+  bound = deployment_lib.max_deployment_nodes()
   reason = (f"engine 'deployment' runs at most {bound} nodes on this machine: a SuperNode and "
-            f'a ClientApp process, ~{engines.NODE_BYTES / 1e9:.1f} GB a node, all at once; '
+            f'a ClientApp process, ~{deployment_lib.NODE_BYTES / 1e9:.1f} GB a node, all at once; '
             "engine 'simulation' runs more")
   if set(parts) & {'fedmia', 'dishonest'}:
     validate.checked(config, 'flower_audit.num_clients', validate.Rule(
@@ -251,8 +250,8 @@ def prepare(config) -> dict[str, Any]:
                    int(s.per_client))
   state.update(train=train, test=test, cache={})
   if 'reconstruction' in state['parts']:
-    reconstruction_part.prepare(config, state)
-  model = make_model(config, train)
+    reconstruction.prepare(config, state)
+  model = common.make_model(config, train)
   # The dishonest detector's room: M <= trunk features, 2M <= units of fc1.
   template = jax.eval_shape(model.init, jax.random.key(0),
                             jax.ShapeDtypeStruct((1,) + train.x.shape[1:], np.float32))
@@ -264,29 +263,17 @@ def prepare(config) -> dict[str, Any]:
   return state
 
 
-def make_model(config, train):
-  """The clients' model: Flower's tutorial CNN ('SAME' convolutions on 8x8 digits) or an MLP
-  with two hidden layers."""
-  s = config.flower_audit
-  if s.model == 'flower_cnn':
-    validate.require(train.is_image, 'flower_audit.model', 'mlp on feature vectors',
-                     s.model)
-    return models_lib.FlowerCNN(train.num_classes, padding='SAME')
-  return models_lib.make('mlp', train.num_classes, field='flower_audit.model',
-                         hidden=tuple(int(h) for h in s.hidden))
-
-
-def dp_point(config, setting: dp_audit.Setting, key) -> tuple[dict, int]:
+def dp_point(config, setting: dp_setting.Setting, key) -> tuple[dict, int]:
   d = config.flower_audit.dp
-  metrics = dp_audit.audit(setting, key, int(d.num_trials), dimension=int(d.dimension),
+  metrics = dp_games.audit(setting, key, int(d.num_trials), dimension=int(d.dimension),
                            canary_norm=float(d.canary_norm), confidence=float(d.confidence))
   return metrics, int(d.num_trials)
 
 
-def training_point(config, setting: dp_audit.Setting, design: canaries.Design, key,
+def training_point(config, setting: dp_setting.Setting, design: canary_design.Design, key,
                    workdir: str | None = None) -> tuple[dict, int]:
-  engine = fedmia_part.engine(config)
-  return (canaries.audit(setting, design, key, engine=engine, workdir=fedmia_part.job_workdir(
+  engine = common.engine(config)
+  return (canaries.audit(setting, design, key, engine=engine, workdir=common.job_workdir(
       workdir, f'training_{setting.label}')), int(design.num_canaries))
 
 
@@ -294,7 +281,7 @@ def engine_param(config, deployment: str) -> dict[str, str]:
   """{'engine': flower_audit.engine} for a point a Flower engine runs ('flower'
   deployments), {} for fl_privacy's own simulation ('native') and the DP games (no
   deployment: they call Flower's wrappers on one round's updates)."""
-  return {'engine': fedmia_part.engine(config)} if deployment == 'flower' else {}
+  return {'engine': common.engine(config)} if deployment == 'flower' else {}
 
 
 def _report_violation(params, metrics) -> None:
@@ -325,15 +312,15 @@ def plan(config, state, store, key) -> list[base.Point]:
         params = {'part': 'fedmia', 'deployment': dep, 'attack': attack,
                   **engine_param(config, dep)}
         points.append(base.Point(
-            params, lambda dep=dep, a=attack: fedmia_point(config, state, key, dep, a,
-                                                           store.workdir),
+            params, lambda dep=dep, a=attack: fedmia.fedmia_point(config, state, key, dep, a,
+                                                                  store.workdir),
             unit='scores'))
   if 'dishonest' in state['parts']:
     params = {'part': 'dishonest', 'deployment': 'flower',
               'num_components': int(s.dishonest.num_components),
               **engine_param(config, 'flower')}
-    points.append(base.Point(params, lambda: dishonest_point(config, state, key,
-                                                             store.workdir),
+    points.append(base.Point(params, lambda: dishonest.dishonest_point(config, state, key,
+                                                                       store.workdir),
                              unit='decisions'))
   if 'dp' in state['parts']:
     for setting in state['settings']:
@@ -358,15 +345,15 @@ def plan(config, state, store, key) -> list[base.Point]:
           unit='canaries', after=lambda m, p=params: _report_violation(p, m)))
   if 'reconstruction' in state['parts']:
     for dep in DEPLOYMENTS:
-      params = {**reconstruction_part.point_params(config, dep), **engine_param(config, dep)}
+      params = {**reconstruction.point_params(config, dep), **engine_param(config, dep)}
       points.append(base.Point(
-          params, lambda dep=dep: reconstruction_part.point(config, state, key, dep,
-                                                            store.workdir),
+          params, lambda dep=dep: reconstruction.point(config, state, key, dep,
+                                                       store.workdir),
           unit='examples'))
   return points
 
 
 def figures(config, state, store, key) -> None:
   del config, state, key
-  atomic.atomic_write_text(f'{store.workdir}/{TABLES}', tables_markdown(store.points))
-  dp_figure(store.points, store.workdir)
+  atomic.atomic_write_text(f'{store.workdir}/{TABLES}', tables_lib.tables_markdown(store.points))
+  tables_lib.dp_figure(store.points, store.workdir)

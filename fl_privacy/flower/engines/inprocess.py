@@ -42,6 +42,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+
 # Node ids of `InProcessGrid` when none are given: FIRST_NODE_ID, FIRST_NODE_ID + 1, ...
 # (distinct from the partition indices 0..N-1 and from SUPERLINK_NODE_ID).
 FIRST_NODE_ID = 1001

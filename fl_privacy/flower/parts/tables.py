@@ -9,13 +9,14 @@ import math
 
 import numpy as np
 
-from fl_privacy.flower import dp_audit
+from fl_privacy.flower.audits import dp_setting
 from fl_privacy.pipelines import fedmia_replicates
 from fl_privacy.report import figures as figures_lib
 
+
 FIGURE = 'flower_dp_audit'
 TABLES = 'flower_audit.md'
-WRAPPERS = dp_audit.WRAPPERS
+WRAPPERS = dp_setting.WRAPPERS
 
 def _finite(v) -> float:
   try:
@@ -154,7 +155,7 @@ def tables_markdown(points: list[dict]) -> str:
           f'{"YES" if _finite(m["accountant_violation"]) > 0 else "no"} |')
     lines += ['', 'Adaptive wrappers: the aggregate of the first round only, its noise drawn '
               'at the clip after the round\'s update (in / out worlds). Not audited here: ' +
-              ', '.join(dp_audit.NOT_AUDITED) + ' (the `training` part audits every round).',
+              ', '.join(dp_setting.NOT_AUDITED) + ' (the `training` part audits every round).',
               '']
   lines += training_markdown([p for p in points if p['params'].get('part') == 'training'])
   lines += reconstruction_markdown(
@@ -260,7 +261,7 @@ def training_markdown(points: list[dict]) -> list[str]:
           f'{"YES" if _finite(m["privacy_violation"]) > 0 else "no"} | '
           f'{"YES" if _finite(m["accountant_violation"]) > 0 else "no"} |')
   adaptive = [p for p in points if 'clips' in p['metrics'] and
-              p['params']['wrapper'] in dp_audit.ADAPTIVE]
+              p['params']['wrapper'] in dp_setting.ADAPTIVE]
   if adaptive:
     lines += ['', 'Adaptive clipping, the clip after each round (Flower 1.42), and the exact '
               'epsilon of the aggregates at z (as claimed), as run, and with the noisy counts:',

@@ -4,7 +4,8 @@ A deployment of `num_nodes` Flower ClientApps (`client.make_client_app`) whose m
 the imprint block of Fowl et al. (ICLR 2022) in front of the audit's model
 (`attacks.reconstruction.imprint.inject`), each holding `per_client` IID digits of the train
 split, is driven for one round by Flower's FedAvg loop on the in-process grid, wrapped in
-`strategies.ReconstructionStrategy`: every node receives a model crafted with its own key
+`ReconstructionStrategy` (`strategies.reconstruction`): every node receives a model crafted
+with its own key
 (thresholds at the mean-brightness quantiles of the test split, the distribution the server
 knows), trains it for real (E epochs of B) and replies; the server recovers its inputs from the
 reply. The `native` deployment is the same attack in fl_privacy's own simulation: the same
@@ -37,11 +38,14 @@ from fl_privacy.fl import losses
 from fl_privacy.fl import rounds
 from fl_privacy.flower import bridge
 from fl_privacy.flower import client as client_lib
-from fl_privacy.flower import config_checks
-from fl_privacy.flower import dp_audit
-from fl_privacy.flower import jobs
-from fl_privacy.flower import strategies
+from fl_privacy.flower.audits import dp_games
+from fl_privacy.flower.engines import dispatch
+from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.parts import common
+from fl_privacy.flower.parts import config_checks
+from fl_privacy.flower.strategies import reconstruction as strategies_reconstruction
 from fl_privacy.report import point_key
+
 
 PREFIX = 'flower_audit.reconstruction'
 # The one attacked round: the server is dishonest from the start, so the native simulation
@@ -75,7 +79,7 @@ def prepare(config, state) -> None:
 
 
 def _fedavg(k: int) -> FedAvg:
-  with dp_audit.quiet_flower():
+  with dp_games.quiet_flower():
     return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=k,
                   min_available_nodes=k)
 
@@ -93,13 +97,11 @@ def _native_trained(model, optimizer, epochs: int, batch_size: int):
 def _inputs(config, key, train=None, test=None, model=None) -> dict[str, Any]:
   """What every process of the imprint deployment derives from the config and the run key:
   shards, thresholds, the model with its imprint block, w_0 and the keys."""
-  # pylint: disable=import-outside-toplevel
-  from fl_privacy.flower import pipeline
   if train is None or test is None:
     splits = data_lib.load(config.data)
     train, test = splits['train'], splits['test']
   if model is None:
-    model = pipeline.make_model(config, train)
+    model = common.make_model(config, train)
   r = config.flower_audit.reconstruction
   k, bins = int(r.num_nodes), int(r.num_bins)
   parts = data_lib.beta_partition(point_key(key, {'partition': 'reconstruction'}), train.y,
@@ -138,11 +140,11 @@ def job_server(args, grid) -> dict[str, Any]:
   config, n = _unpack(args)
   r = config.flower_audit.reconstruction
   nodes = grid.get_node_ids()
-  strategy = strategies.ReconstructionStrategy(
+  strategy = strategies_reconstruction.ReconstructionStrategy(
       _fedavg(len(nodes)), n['variables'], n['cuts'], key=n['craft_key'], nodes=nodes,
       rounds=[ROUND], scale=float(r.scale), restore_scale=float(r.restore_scale),
       aggregate_targets=True, key_ids=grid.partitions)
-  with dp_audit.quiet_flower(py_logging.WARNING):
+  with dp_games.quiet_flower(py_logging.WARNING):
     strategy.start(grid, bridge.to_array_record(n['variables']), num_rounds=1)
   by_node = {rec.node_id: rec for rec in strategy.recoveries}
   return dict(recoveries=[(by_node[v].inputs, by_node[v].valid, by_node[v].bins)
@@ -157,20 +159,17 @@ def deployments(config, state, key, workdir: str | None = None) -> dict[str, Any
   cache = state['cache']
   if 'reconstruction' in cache:
     return cache['reconstruction']
-  # pylint: disable=import-outside-toplevel
-  from fl_privacy.flower import engines
-  from fl_privacy.flower import fedmia_part
   r = config.flower_audit.reconstruction
   n = _inputs(config, key, state['train'], state['test'], state['model'])
   k = int(r.num_nodes)
   logging.info('flower_audit: imprint server on engine %s, %d ClientApps of %d digits, B = %d, '
-               'E = %d', fedmia_part.engine(config), k, int(r.per_client), int(r.batch_size),
+               'E = %d', common.engine(config), k, int(r.per_client), int(r.batch_size),
                int(r.local_epochs))
   job = jobs.Job('reconstruction', k, dict(config=config, key=np.asarray(jax.random.key_data(
       key))), seed=int(jax.random.bits(point_key(key, {'reconstruction': 'server_seed'}),
                                        dtype=np.uint32)))
-  out = engines.run_job(fedmia_part.engine(config), job,
-                        fedmia_part.job_workdir(workdir, 'reconstruction'))
+  out = dispatch.run_job(common.engine(config), job,
+                         common.job_workdir(workdir, 'reconstruction'))
   trained_fn = _native_trained(n['model'], n['optimizer'], int(r.local_epochs),
                                int(r.batch_size))
   native = []
@@ -187,7 +186,7 @@ def deployments(config, state, key, workdir: str | None = None) -> dict[str, Any
 
 def imprint_recover(n, r, sent, trained, num_examples: int):
   """What the server recovers from `trained` (the native twin of a node's reply)."""
-  strategy = strategies.ReconstructionStrategy(
+  strategy = strategies_reconstruction.ReconstructionStrategy(
       _fedavg(1), n['variables'], n['cuts'], key=n['craft_key'], nodes=[0],
       scale=float(r.scale), restore_scale=float(r.restore_scale))
   return strategy.recover(sent, jax.tree_util.tree_map(np.asarray, trained), num_examples)

@@ -1,5 +1,5 @@
 """The Flower App's components (`flower_app/pyproject.toml` names them):
-`fl_privacy.flower.app:server_app` and `fl_privacy.flower.app:client_app`.
+`fl_privacy.flower.engines.app:server_app` and `fl_privacy.flower.engines.app:client_app`.
 
 Under `flwr run flower_app <connection> --run-config "job='<path>'"` the SuperLink's
 `flwr-serverapp` runs `server_app`: it loads the `jobs.Job` pickled at `job`, runs
@@ -23,7 +23,8 @@ os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_privacy.flower import jobs
+from fl_privacy.flower.engines import jobs
+
 
 client_app = jobs.client_app_for('')
 server_app = ServerApp()
@@ -40,7 +41,7 @@ def main(grid: Grid, context: Context) -> None:
   if not path:
     raise ValueError("the run config has no 'job': run `python -m experiments.flower_audit "
                      "--config.flower_audit.engine=deployment`, or pass --run-config "
-                     "\"job='<path of a pickled fl_privacy.flower.jobs.Job>'\"")
+                     "\"job='<path of a pickled fl_privacy.flower.engines.jobs.Job>'\"")
   job = jobs.load(path)
   try:
     out = jobs.serve(job, grid)

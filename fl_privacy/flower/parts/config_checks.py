@@ -1,7 +1,7 @@
 """The `flower_audit` section's DP settings and canary-game sizes, checked by their rules.
 
 `check_setting(name, s, section, nodes)`: one `dp.settings` / `training.settings` entry checked
-by its wrapper's fields and turned into a `dp_audit.Setting`; `check_training(config)`: the
+by its wrapper's fields and turned into a `dp_setting.Setting`; `check_training(config)`: the
 `training` section's canary design (client sampling and trained real nodes included) and
 settings. Split out of `flower.pipeline` (whose
 `validate_config` calls them) to keep the pipeline within its 350 lines.
@@ -10,10 +10,11 @@ settings. Split out of `flower.pipeline` (whose
 from __future__ import annotations
 
 from fl_privacy import validate
-from fl_privacy.flower import canaries
-from fl_privacy.flower import dp_audit
+from fl_privacy.flower.audits import canary_design
+from fl_privacy.flower.audits import dp_setting
 
-WRAPPERS = dp_audit.WRAPPERS
+
+WRAPPERS = dp_setting.WRAPPERS
 
 POSITIVE_INT = validate.number(1, integer=True)
 _CENTRAL_FIELDS = ('noise_multiplier', 'num_sampled_clients')
@@ -38,15 +39,15 @@ _PRESENT = validate.Rule('set (the wrapper reads it; configs/_flower_audit.py)',
                          lambda v: v is not None)
 
 
-def check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit.Setting:
-  """One `<section>.settings` entry checked by its wrapper's rules, as a `dp_audit.Setting`
+def check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_setting.Setting:
+  """One `<section>.settings` entry checked by its wrapper's rules, as a `dp_setting.Setting`
   (`training`: no `num_sampled_clients`, which is `nodes`, the nodes FedAvg samples a
   round)."""
   prefix = f'flower_audit.{section}.settings.{name}'
   _PRESENT.check(f'{prefix}.wrapper', s.get('wrapper'))
   _SETTING_RULES['wrapper'].check(f'{prefix}.wrapper', s.wrapper)
   fields = ('clipping_norm', 'delta') + {'local_dp': _LOCAL_FIELDS}.get(
-      s.wrapper, _ADAPTIVE_FIELDS if s.wrapper in dp_audit.ADAPTIVE else _CENTRAL_FIELDS)
+      s.wrapper, _ADAPTIVE_FIELDS if s.wrapper in dp_setting.ADAPTIVE else _CENTRAL_FIELDS)
   if section == 'training':
     fields = tuple(f for f in fields if f != 'num_sampled_clients')
   for field in fields:
@@ -55,12 +56,12 @@ def check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit
   kw = {f: (int(s[f]) if f == 'num_sampled_clients' else float(s[f])) for f in fields}
   if section == 'training':
     kw['num_sampled_clients'] = int(nodes)
-  if s.wrapper in dp_audit.ADAPTIVE:
+  if s.wrapper in dp_setting.ADAPTIVE:
     std = s.get('clipped_count_stddev')
     _SETTING_RULES['clipped_count_stddev'].check(f'{prefix}.clipped_count_stddev', std)
     kw['clipped_count_stddev'] = None if std is None else float(std)
-  setting = dp_audit.Setting(name, s.wrapper, **kw)
-  if s.wrapper in dp_audit.ADAPTIVE:
+  setting = dp_setting.Setting(name, s.wrapper, **kw)
+  if s.wrapper in dp_setting.ADAPTIVE:
     # Flower refuses z >= 2 clipped_count_stddev (default num_sampled_clients / 20).
     validate.Rule('below 2 x clipped_count_stddev (default num_sampled_clients / 20), which '
                   'Flower\'s adaptive wrappers require', lambda z: adaptive_ok(setting)).check(
@@ -68,15 +69,15 @@ def check_setting(name: str, s, section: str = 'dp', nodes: int = 0) -> dp_audit
   return setting
 
 
-def adaptive_ok(setting: dp_audit.Setting) -> bool:
+def adaptive_ok(setting: dp_setting.Setting) -> bool:
   try:
-    dp_audit.adaptive_noise(setting)
+    dp_setting.adaptive_noise(setting)
   except ValueError:
     return False
   return True
 
 
-def check_training(config) -> tuple[canaries.Design, list[dp_audit.Setting]]:
+def check_training(config) -> tuple[canary_design.Design, list[dp_setting.Setting]]:
   """The `training` section: the canary game's sizes and its settings."""
   t = config.flower_audit.training
   for field in ('num_canaries', 'num_rounds', 'dimension', 'num_null'):
@@ -89,7 +90,7 @@ def check_training(config) -> tuple[canaries.Design, list[dp_audit.Setting]]:
   validate.checked(config, 'flower_audit.training.real_norm', _POSITIVE)
   validate.checked(config, 'flower_audit.training.confidence',
                    validate.number(0.5, 1, low_open=True, high_open=True))
-  validate.one_of(config, 'flower_audit.training.directions', canaries.DIRECTIONS)
+  validate.one_of(config, 'flower_audit.training.directions', canary_design.DIRECTIONS)
   if t.directions == 'dirac':
     validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
         f'above num_canaries + num_null ({int(t.num_canaries) + int(t.num_null)}) with '
@@ -100,13 +101,13 @@ def check_training(config) -> tuple[canaries.Design, list[dp_audit.Setting]]:
   validate.checked(config, 'flower_audit.training.fraction_train', validate.Rule(
       f'at least one node a round: int({nodes} nodes x fraction_train) >= 1',
       lambda q: int(nodes * float(q)) >= 1))
-  validate.one_of(config, 'flower_audit.training.real_clients', canaries.REAL_CLIENTS)
+  validate.one_of(config, 'flower_audit.training.real_clients', canary_design.REAL_CLIENTS)
   if t.real_clients == 'trained':
     validate.checked(config, 'flower_audit.training.dimension', validate.Rule(
-        f'at least {canaries.MIN_TRAINED_DIMENSION} with trained real clients (the digits '
+        f'at least {canary_design.MIN_TRAINED_DIMENSION} with trained real clients (the digits '
         'MLP 64 -> h -> 10 with h >= 1)',
-        lambda d: int(d) >= canaries.MIN_TRAINED_DIMENSION))
-  design = canaries.Design(
+        lambda d: int(d) >= canary_design.MIN_TRAINED_DIMENSION))
+  design = canary_design.Design(
       num_canaries=int(t.num_canaries), num_real=int(t.num_real), num_rounds=int(t.num_rounds),
       dimension=int(t.dimension), canary_norm=float(t.canary_norm),
       real_norm=float(t.real_norm), num_null=int(t.num_null),
