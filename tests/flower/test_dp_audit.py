@@ -1,4 +1,4 @@
-"""Flower's own DP audited with canary games (`fl_privacy.flower.dp_audit`)."""
+"""Flower's own DP audited with canary games (`fl_privacy.flower.audits.dp_games`)."""
 
 from __future__ import annotations
 
