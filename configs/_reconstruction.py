@@ -34,12 +34,15 @@ def _defenses(smoke: bool) -> ml_collections.ConfigDict:
   d.quantize = (16, 8, 4)                  # bits b: 2^b levels per tensor
   d.mixup = (0.2, 0.5, 1.0)                # alpha of Beta(alpha, alpha)
   d.augment = (1, 2, 4)                    # cumulative level (crop; + h-flip; + v-flip/rot.; + jitter)
-  # Input LDP (epsilon per release of one example, replace-one, against the server):
-  d.bitrand = (8.0, 4.0, 1.0)              # BitRand on the pixels' fixed-point bits
-  d.ome = (8.0, 4.0, 1.0)                  # OME on the same bits
-  d.gaussian = (8.0, 4.0, 1.0)             # nominal epsilon of N(0, sigma^2) on the pixels
-  # LDP-SGD on the client's whole upload (clipped to `dp_clip`): epsilon per report.
-  d.ldp_sgd = (8.0, 4.0, 1.0)
+  # Input LDP (epsilon per release of one example, replace-one, against the server), swept
+  # from where utility recovers (BitRand 0.9 at 30, OME 0.7 at 1e4 in a probe of 3 trainings)
+  # down to 1, where it is at chance:
+  d.bitrand = (100.0, 30.0, 8.0, 4.0, 1.0)   # BitRand on the pixels' fixed-point bits
+  d.ome = (1e4, 1000.0, 100.0, 8.0, 1.0)     # OME on the same bits
+  d.gaussian = (1000.0, 100.0, 30.0, 8.0, 1.0)   # nominal epsilon of N(0, sigma^2) on the pixels
+  # LDP-SGD on the client's whole upload (clipped to `dp_clip`): epsilon per report. One
+  # client's LDP-SGD report trains nothing at any epsilon probed (up to 1e5): chance.
+  d.ldp_sgd = (1000.0, 8.0, 1.0)
   return d
 
 
@@ -89,17 +92,25 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       without a defense and at every swept defense point: restore_scales (`imprint.craft`'s
       restore scale) x placements (`imprint.PLACEMENTS`: thresholds at the public quantiles or
       evenly over the public range) x widths (`imprint.num_bins` and the `num_bins` given
-      here, each at least the client's N; empty by default: every other width is a
-      compilation per defense, about 10 s each here) is its grid, each candidate scored on `trials` public
-      clients (the public split, keys of their own) under the same defense; the best (most
-      examples above the PSNR threshold, then exact; ties: the fixed setting, tried first)
-      attacks the same private clients as the fixed server. restore_scales = () turns it off.
-      Restore scales and placements are traced operands: no compilation.
+      here, each at least the client's N; every other width is a compilation per defense) x
+      structures (`imprint.STRUCTURES`: the paper's cumulative layer, breaching's sparse
+      one-hot one) is its first pass, then the best of it averaged over each of `rounds`
+      rounds (the same model sent again, the defense's noise fresh each round). Each
+      candidate is scored on `trials` simulated clients drawn from `pool` examples held out
+      of `split` (never a client's; apart from the public split, which sets the thresholds,
+      the value grid and the utility's test accuracy), keys of their own, under the same
+      defense; the best (most examples above the PSNR threshold, then exact after rounding to
+      the value grid; ties: the fixed setting, tried first, and fewer rounds) attacks the
+      same private clients as the fixed server, and the paired difference adaptive - fixed
+      per client is reported (`attacks.reconstruction.paired`). restore_scales = () turns it
+      off (and holds nothing out). Restore scales, placements, structures and rounds are
+      traced operands: no compilation.
     dp_sgd_samplings: DP-SGD's batch samplings swept ('poisson', 'shuffle').
     dp_clip, dp_delta: the DP defenses' and LDP-SGD's clip norm, and the delta of the epsilon
       labels (the Gaussian input mechanism's too).
     utility: rounds, examples, trials of the utility training (test accuracy of the honest
-      model trained by one client under each defense).
+      model trained by one client under each defense; the interval takes each training as a
+      cluster, `metrics.clustered_rate`, so it needs several: 10 by default).
     bootstrap_resamples: of every mean's interval.
     grid_images: true vs recovered images per attack in the figure.
 
@@ -137,14 +148,16 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.defenses = _defenses(smoke)
   s.defense_attacks = ('imprint',)
   s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 3200.0, 32000.0),
-                                              placements=('quantile', 'uniform'), num_bins=(),
-                                              trials=64))
+                                              placements=('quantile', 'uniform'),
+                                              num_bins=(1024,),
+                                              structures=('cumulative', 'sparse'),
+                                              rounds=(1, 4), trials=64, pool=300))
   # Poisson only by default: the shuffled sampling recovers the same (0 / 0 / 0 at z = 1e-3, 1e-2, 1
   # and 0.178 for the adaptive server at 1e-3 in a run with both) and changes only the epsilon label.
   s.dp_sgd_samplings = ('poisson',)
   s.dp_clip = 1.0
   s.dp_delta = 1e-5
-  s.utility = ml_collections.ConfigDict(dict(rounds=10, examples=256, trials=2))
+  s.utility = ml_collections.ConfigDict(dict(rounds=10, examples=256, trials=10))
   s.bootstrap_resamples = 1000
   s.grid_images = 8
   if dataset == 'cifar10':
@@ -157,7 +170,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.learning_rates = ()
     s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 3200.0),
                                                 placements=('quantile',), num_bins=(),
-                                                trials=8))
+                                                structures=('cumulative', 'sparse'),
+                                                rounds=(1, 2), trials=8, pool=100))
     s.batch_sizes = (1, 8)
     s.num_batches = (1,)
     s.epochs = (1,)
@@ -165,7 +179,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.inversion = ml_collections.ConfigDict(dict(steps=20, learning_rate=0.1, tv_weight=0.01,
                                                  restarts=1))
     s.dp_sgd_samplings = ('poisson',)
-    s.utility = ml_collections.ConfigDict(dict(rounds=2, examples=64, trials=1))
+    s.utility = ml_collections.ConfigDict(dict(rounds=2, examples=64, trials=2))
     s.bootstrap_resamples = 100
     s.grid_images = 4
   return s

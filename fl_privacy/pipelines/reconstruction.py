@@ -31,8 +31,9 @@ from fl_privacy import validate
 from fl_privacy.attacks.reconstruction import game as game_lib
 from fl_privacy.attacks.reconstruction import imprint
 from fl_privacy.attacks.reconstruction import metrics as rec_metrics
+from fl_privacy.attacks.reconstruction import paired
+from fl_privacy.attacks.reconstruction import value_grid
 from fl_privacy.eval import runner
-from fl_privacy.eval import stats
 from fl_privacy.fl import client
 from fl_privacy.fl import optimizers as optimizers_lib
 from fl_privacy.pipelines import base
@@ -47,6 +48,10 @@ NAME = 'reconstruction'
 PREFIX = 'reconstruction'
 ATTACKS = game_lib.ATTACKS
 MODELS = ('mlp', 'flower_cnn')
+# The most rounds an adaptive server averages (each is a client round per trial).
+MAX_ROUNDS = 64
+# The stream of the config's seed that draws the tuning pool out of the clients' split.
+TUNE_STREAM = 0x74756E65
 IMAGES = reconstruction_figures.IMAGES
 validate_sweep = reconstruction_defenses.validate_sweep
 sweep_points = reconstruction_defenses.sweep_points
@@ -58,17 +63,19 @@ output_layer = runs.output_layer
 point_key = runs.point_key
 
 SUMMARY = (
-    summary.Table('Reconstruction (rates over examples: 95% Clopper-Pearson; PSNR: bootstrap '
-                  'over trials)', (
+    summary.Table('Reconstruction (rates over examples, 95% intervals with the client as the '
+                  'unit; adaptive - fixed: paired over clients; PSNR: bootstrap over trials)', (
         summary.param('attack'), summary.param('server'), summary.param('defense'),
         summary.param('strength'), summary.param('batch_size', 'B'),
         summary.param('num_batches', 'J'), summary.param('epochs', 'E'),
         summary.param('learning_rate', 'lr'), summary.rate('exact', 'exact'),
-        summary.rate('recovered', 'PSNR>thr'), summary.metric('psnr_mean', 'PSNR', digits=1),
+        summary.rate('exact_grid', 'exact, grid'), summary.rate('recovered', 'PSNR>thr'),
+        summary.rate('recovered_diff', 'adapt.-fixed'), summary.metric('psnr_mean', 'PSNR', digits=1),
         summary.metric('ssim_mean', 'SSIM', digits=2), summary.rate('label_acc', 'label'),
         summary.metric('dp_epsilon', 'eps', digits=3), summary.seconds()),
         where={'kind': 'attack'}),
-    summary.Table('Utility under each defense (test accuracy: 95% Clopper-Pearson)', (
+    summary.Table('Utility under each defense (test accuracy: 95% interval, trainings as '
+                'clusters)', (
         summary.param('defense'), summary.param('strength'),
         summary.rate('test_accuracy', 'test acc.'), summary.seconds()),
         where={'kind': 'utility'}),
@@ -103,6 +110,12 @@ def validate_config(config) -> None:
   for field in ('learning_rates', 'adaptive.restore_scales'):
     validate.checked(config, f'{p}.{field}', positives)
   validate.subset_of(config, f'{p}.adaptive.placements', imprint.PLACEMENTS)
+  validate.subset_of(config, f'{p}.adaptive.structures', imprint.STRUCTURES)
+  validate.checked(config, f'{p}.adaptive.rounds', validate.Rule(
+      f'a tuple of integers in [1, {MAX_ROUNDS}] (the rounds the adaptive server may average; '
+      'empty or (1,): one round)', lambda v: all(
+          isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= MAX_ROUNDS for r in v)))
+  validate.positive(config, f'{p}.adaptive.pool', integer=True)
   validate.checked(config, f'{p}.adaptive.num_bins', validate.Rule(
       'a tuple of integers >= 1 (other widths of the imprint layer; empty: the config\'s '
       'only)', lambda v: all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 4096
@@ -164,7 +177,8 @@ def unused_fields(config) -> dict[str, str]:
     out.update({f'{p}.{f}': why for f in fields})
   if 'imprint' in attacks and not adaptive:
     why = 'read only by the adaptive server, which adaptive.restore_scales = () turns off'
-    out.update({f'{p}.adaptive.{f}': why for f in ('placements', 'trials', 'num_bins')})
+    out.update({f'{p}.adaptive.{f}': why for f in ('placements', 'trials', 'num_bins',
+                                                    'structures', 'rounds', 'pool')})
   if not multi:
     why = 'read only by the J and E sweeps, which no attack of multi_step_attacks runs'
     out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs', 'learning_rates')})
@@ -231,6 +245,9 @@ def prepare(config) -> dict:
                    f'{s.split!r} (the server knows the distribution, not the clients\' data)',
                    s.public_split)
   pool, public = splits[s.split], splits[s.public_split]
+  adaptive = len(tuple(s.adaptive.restore_scales)) > 0 and 'imprint' in (
+      tuple(s.attacks) + tuple(s.defense_attacks))
+  clients, tuning = tuning_split(config, len(pool), adaptive)
   # PSNR and SSIM read pixels in [0, 1] and the figures draw images: feature vectors have
   # neither (they reached matplotlib after the results were written).
   validate.require(pool.is_image, 'data.name', 'an image dataset (reconstruction scores and '
@@ -240,8 +257,9 @@ def prepare(config) -> dict:
   largest = max([p['batch_size'] * p['num_batches'] for p in points] or [1])
   data_lib.require_examples(config.data, f'its {s.split!r} split', len(pool), largest,
                             'the largest client of the sweep')
-  validate.require(largest <= len(pool), f'{PREFIX}.batch_sizes', f'clients of at most '
-                   f'{len(pool)} examples (the {s.split} split)', largest)
+  validate.require(largest <= len(clients), f'{PREFIX}.batch_sizes', f'clients of at most '
+                   f'{len(clients)} examples (the {s.split} split less the tuning pool, '
+                   'adaptive.pool)', largest)
   imprinted = [p['batch_size'] * p['num_batches'] for p in points if p['attack'] == 'imprint']
   imprinted += [int(s.center.imprint)] if 'imprint' in s.defense_attacks and s.defenses else []
   need = max(imprinted or [0])
@@ -252,14 +270,15 @@ def prepare(config) -> dict:
     # The utility client trains on minibatches of the imprint's B from its examples; more
     # examples than the split ran on the whole split while the config said otherwise.
     u = int(s.utility.examples)
-    validate.require(int(s.center.imprint) <= u <= len(pool), f'{PREFIX}.utility.examples',
-                     f'in [center.imprint = {s.center.imprint} (its minibatch), {len(pool)} '
-                     f'(the {s.split} split)]', u)
+    validate.require(int(s.center.imprint) <= u <= len(clients),
+                     f'{PREFIX}.utility.examples', f'in [center.imprint = {s.center.imprint} '
+                     f'(its minibatch), {len(clients)} (the {s.split} split less the tuning '
+                     'pool)]', u)
   if 'imprint' in s.attacks + tuple(s.defense_attacks) and len(tuple(s.adaptive.restore_scales)):
-    validate.require(int(s.center.imprint) <= len(public), f'{PREFIX}.center.imprint',
-                     f'at most {len(public)} (the {s.public_split} split, from which the '
-                     'adaptive server draws its simulated clients)', s.center.imprint)
     n0 = int(s.center.imprint) * int(s.center.num_batches)
+    validate.require(n0 <= len(tuning), f'{PREFIX}.adaptive.pool', f'at least {n0} examples '
+                     '(the tuning pool from which the adaptive server draws its simulated '
+                     'clients of center.imprint x center.num_batches)', s.adaptive.pool)
     validate.require(all(int(w) >= n0 for w in s.adaptive.num_bins),
                      f'{PREFIX}.adaptive.num_bins', f'widths of at least {n0} bins (the '
                      'clients the adaptive server attacks: center.imprint x '
@@ -279,15 +298,17 @@ def prepare(config) -> dict:
   x_public = data_lib.to_float(public.x)
   cuts = jnp.asarray(imprint.thresholds(x_public, int(s.imprint.num_bins), s.imprint.statistic),
                      jnp.float32)
+  x_all, y_all = data_lib.to_float(pool.x), np.asarray(pool.y)
   # Both pools padded to one length (real rows first; `game.draw` reads only those): the
-  # adaptive server's public clients run in the private clients' programs.
-  rows = max(len(pool), len(public))
+  # adaptive server's tuning clients run in the private clients' programs.
+  rows = max(len(clients), len(tuning), 1)
   pad = lambda a: jnp.asarray(np.concatenate([a, np.zeros((rows - len(a),) + a.shape[1:],
                                                           a.dtype)]))
   state = dict(pool=pool, test=public, points=points, sweep=sweep_points(config),
-               x=pad(data_lib.to_float(pool.x)), y=pad(np.asarray(pool.y)),
-               x_public=pad(x_public), y_public=pad(np.asarray(public.y)),
-               pool_size=len(pool), public_size=len(public),
+               x=pad(x_all[clients]), y=pad(y_all[clients]),
+               x_tune=pad(x_all[tuning]), y_tune=pad(y_all[tuning]),
+               x_public=x_public, pool_size=len(clients), tune_size=len(tuning),
+               public_size=len(public), grid=value_grid.learn(x_public),
                cuts=cuts, cuts_by={('quantile', int(s.imprint.num_bins)): cuts}, model=model)
   for p in points:
     base_defense(config, state, p)
@@ -298,57 +319,94 @@ def prepare(config) -> dict:
   return state
 
 
+def tuning_split(config, size: int, adaptive: bool) -> tuple[np.ndarray, np.ndarray]:
+  """(client rows, tuning rows) of the clients' split of `size` examples: `adaptive.pool`
+  examples drawn at random (the config's seed, a stream of its own) are held out for the
+  adaptive server's simulated clients, so that its tuning sees neither a private client's
+  example nor the public split that sets its thresholds, the value grid and the utility's
+  test accuracy. Without the adaptive server every row is a client's."""
+  rows = np.arange(size)
+  if not adaptive:
+    return rows, rows[:0]
+  k = int(config.reconstruction.adaptive.pool)
+  validate.require(k < size, f'{PREFIX}.adaptive.pool', f'fewer than {size} examples (the '
+                   f'{config.reconstruction.split} split; the rest are the clients\')',
+                   config.reconstruction.adaptive.pool)
+  rng = np.random.default_rng(np.random.SeedSequence([int(config.seed), TUNE_STREAM]))
+  held = np.zeros(size, bool)
+  held[rng.choice(size, k, replace=False)] = True
+  return rows[~held], rows[held]
+
+
 def attack_point(config, state, store, key, p: dict, defense: defenses.Configured,
                  extra: dict, images: dict, group: tuple | None = None,
                  branch: int = 0, server: str = 'fixed') -> base.Point:
   """Attack point `p` under `defense` (strength `branch` of the swept `group`, if any), by the
   paper's fixed server or (`server='adaptive'`, imprint only) the server that first tunes its
-  restore scale and bin placement on public clients under the same defense (`runs.tune`) and
-  then attacks the same private clients as the fixed one."""
+  restore scale, bin placement, width, structure and rounds on the tuning pool under the same
+  defense (`runs.tune`) and then attacks the same private clients as the fixed one; its
+  metrics then hold the paired differences adaptive - fixed (`paired`, `*_diff`)."""
   s = config.reconstruction
   params = dict(kind='attack', server=server, **p, **extra)
-
-  # The fixed server's metrics of this point, for its adaptive twin (same clients, same keys).
+  # The fixed server's per-client counts of this point, for its adaptive twin (same clients).
   twin = tuple(sorted((k, v) for k, v in params.items() if k != 'server'))
-  fixed_metrics = state.setdefault('fixed_metrics', {})
+  counts = state.setdefault('fixed_counts', {})
+  fixed = state.setdefault('fixed_metrics', {})
+  n = p['batch_size'] * p['num_batches']
+  x, y = np.asarray(state['x']), np.asarray(state['y'])
+
+  def run(**kw):
+    out = runs.simulate(config, state, p, group or (defense.hooks,), branch, key, **kw)
+    scores = rec_metrics.score_trials(out, x, n=n, psnr_threshold=float(s.psnr_threshold),
+                                      grid=state['grid'])
+    return out, scores
 
   def compute():
     hooks = group or (defense.hooks,)
-    n = p['batch_size'] * p['num_batches']
-    chosen = {}
+    chosen, out, mine = {}, None, None
     if server == 'adaptive':
       chosen = runs.tune(config, state, p, hooks, branch, key)
-      setting = (chosen['restore_scale'], chosen['placement'], chosen['num_bins'])
-      if setting == runs.candidates(config, n)[0] and twin in fixed_metrics:
+      setting = (chosen['restore_scale'], chosen['placement'], chosen['num_bins'],
+                 chosen['structure'])
+      if setting == runs.fixed_setting(config) and chosen['rounds'] == 1 and twin in fixed:
         # The fixed server's own setting on the same private clients: its outcome, exactly
         # (the same program, knobs, thresholds and keys), not recomputed.
-        m = dict(fixed_metrics[twin])
-        out = None
+        m, mine = dict(fixed[twin]), counts[twin]
       else:
-        out = runs.simulate(config, state, p, hooks, branch, key,
-                            knobs=runs.knobs_of(config, state, p, chosen['restore_scale']),
-                            cuts=runs.cuts_for(config, state, chosen['placement'],
-                                               chosen['num_bins']),
-                            num_bins=chosen['num_bins'])
+        out, scores = run(knobs=runs.knobs_of(config, state, p, chosen['restore_scale'],
+                                              structure=chosen['structure'],
+                                              rounds=chosen['rounds']),
+                          cuts=runs.cuts_for(config, state, chosen['placement'],
+                                             chosen['num_bins']),
+                          num_bins=chosen['num_bins'])
+        mine = _counts(scores)
+      if twin not in counts:   # a resumed run: the fixed point was read back, not computed
+        counts[twin] = _counts(run()[1])
     else:
-      out = runs.simulate(config, state, p, hooks, branch, key)
-    x, y = np.asarray(state['x']), np.asarray(state['y'])
+      out, scores = run()
     if out is not None:
       m = rec_metrics.point_metrics(out, x, y, n=n,
                                     rng=data_lib.rng_from_key(runs.point_key(key, p)),
                                     psnr_threshold=float(s.psnr_threshold),
-                                    resamples=int(s.bootstrap_resamples))
+                                    resamples=int(s.bootstrap_resamples), scores=scores)
       m.update(defense.metrics)
     if server == 'fixed':
-      fixed_metrics[twin] = dict(m)
+      counts[twin] = _counts(scores)
+      m.update(report_baseline(config, state, key, p, defense))
+      fixed[twin] = dict(m)
     if chosen:
+      for name in ('recovered', 'exact', 'exact_grid'):
+        m.update(paired.fields(name, mine[name], counts[twin][name], n))
       m.update(adaptive_restore_scale=chosen['restore_scale'],
                adaptive_placement=chosen['placement'],
                adaptive_num_bins=chosen['num_bins'],
+               adaptive_structure=chosen['structure'],
+               adaptive_rounds=chosen['rounds'],
                adaptive_public_recovered=chosen['recovered'] / chosen['examples'],
-               adaptive_public_exact=chosen['exact'] / chosen['examples'],
+               adaptive_public_exact_grid=chosen['exact'] / chosen['examples'],
                adaptive_public_examples=chosen['examples'],
                adaptive_candidates=json.dumps(chosen['candidates']))
+      m.update(rounds_epsilon(config, state, extra, p, chosen['rounds']))
     label = reconstruction_figures.label(params)
     if server == 'fixed' and p['learning_rate'] == float(s.learning_rate):
       # The grid shows the paper's server at the client's rate (one entry per label).
@@ -359,6 +417,61 @@ def attack_point(config, state, store, key, p: dict, defense: defenses.Configure
   return base.Point(params, compute, 'trials')
 
 
+def _counts(scores: list[dict]) -> dict[str, np.ndarray]:
+  """Per-client successes of a point's trials (`metrics.score_trials`)."""
+  return {k: np.array([sc[k] for sc in scores]) for k in ('recovered', 'exact', 'exact_grid')}
+
+
+# Examples whose input-LDP report `report_baseline` scores (from the clients' pool).
+REPORT_EXAMPLES = 1000
+
+
+def report_baseline(config, state, key, p: dict, defense: defenses.Configured) -> dict:
+  """For an input mechanism (a `batch` hook that randomises the inputs: BitRand, OME, the
+  Gaussian one), what its report alone gives away: the PSNR of the randomised input against
+  the true one, clipped to [0, 1] as the server clips a recovery (`report_psnr_mean`, over up
+  to 1,000 of the clients' examples), and the share of reports exact after rounding to the
+  value grid (`report_exact_grid`). A reconstruction must beat this to have learnt anything
+  beyond the report the mechanism releases. {} for other defenses."""
+  name = defense.params.get('defense')
+  if name not in ('bitrand', 'ome', 'gaussian'):
+    return {}
+  k = min(REPORT_EXAMPLES, int(state['pool_size']))
+  x = state['x'][:k]
+  flat = np.asarray(x, np.float64).reshape(k, -1)
+  fn = jax.jit(lambda kk, xx: defense.hooks.batch(kk, xx, state['y'][:k], jnp.ones(k), None)[0])
+  rep = np.clip(np.asarray(fn(jax.random.fold_in(runs.point_key(key, p), REPORT_STREAM), x),
+                           np.float64).reshape(k, -1), 0.0, 1.0)
+  mse = np.mean((rep - flat) ** 2, axis=1)
+  psnr = np.minimum(10 * np.log10(1.0 / np.maximum(mse, 1e-300)), rec_metrics.PSNR_CAP)
+  grid = value_grid.round_to(rep, state['grid'])
+  exact = np.max(np.abs(grid - flat), axis=1) < rec_metrics.EXACT
+  return {'report_psnr_mean': float(np.mean(psnr)),
+          'report_recovered': float(np.mean(psnr > float(config.reconstruction.psnr_threshold))),
+          'report_exact_grid': float(np.mean(exact)), 'report_examples': k}
+
+
+# The stream of a point's key that randomises `report_baseline`'s inputs.
+REPORT_STREAM = 0x72657074
+
+
+def rounds_epsilon(config, state, extra: dict, p: dict, rounds: int) -> dict:
+  """The swept defense's guarantee over the `rounds` rounds an adaptive server averaged (its
+  epsilon labels are for one round): a DP defense accounted anew for that many rounds, an LDP
+  one's releases counted (basic composition). {} for one round or no swept defense."""
+  if rounds <= 1 or 'defense' not in extra or extra.get('strength') is None:
+    return {}
+  d = {k: extra[k] for k in ('defense', 'strength', 'dp_sgd_sampling') if k in extra}
+  setting = attack_setting(config, state, p['attack'], p)._replace(rounds=int(rounds))
+  m = swept_defense(config, state, d, setting).metrics
+  out = {}
+  if 'dp_epsilon' in m:
+    out['rounds_dp_epsilon'] = m['dp_epsilon']
+  if 'ldp_epsilon' in m:
+    out['rounds_ldp_releases'] = m.get('ldp_releases', rounds)
+  return out
+
+
 def utility_point(config, state, key, d: dict, defense: defenses.Configured,
                   group: tuple | None = None, branch: int = 0) -> base.Point:
   """Test accuracy of the honest model one client trains under `defense`."""
@@ -367,7 +480,10 @@ def utility_point(config, state, key, d: dict, defense: defenses.Configured,
 
   def compute():
     correct = runs.utility(config, state, key, group or (defense.hooks,), branch)
-    m = stats.rate('test_accuracy', int(np.sum(correct)), int(np.size(correct)))
+    # The trainings are the independent units (they share the test set): the interval takes
+    # each training's accuracy as one cluster (`metrics.clustered_rate`), not the
+    # predictions of all trainings as independent.
+    m = rec_metrics.rate_fields('test_accuracy', np.sum(correct, axis=1), correct.shape[1])
     m.update({f'utility_{k}': v for k, v in defense.metrics.items()})
     return m, int(u.trials)
 
@@ -383,18 +499,24 @@ def groups(state) -> dict:
 
 
 def plan(config, state, store, key) -> list[base.Point]:
-  """The grid under the `defense` section, then each swept defense: utility, then attacks."""
+  """The imprint's centre point (both servers), then each swept defense (utility, then
+  attacks), then the rest of the grid under the `defense` section: the defense table first,
+  so that a run cut short has it (a point's numbers do not depend on the order: its clients
+  come from `runs.point_key`)."""
   s = config.reconstruction
   images = atomic.read_json(os.path.join(store.workdir, IMAGES), {})
   adaptive = len(tuple(s.adaptive.restore_scales)) > 0
-  points = []
+  centre = center_point(config, 'imprint')
+  first, rest = [], []
   for p in state['points']:
     d = base_defense(config, state, p)
     extra = {'strength': None, **d.params}
-    points.append(attack_point(config, state, store, key, p, d, extra, images))
-    if adaptive and p == center_point(config, 'imprint'):
-      points.append(attack_point(config, state, store, key, p, d, extra, images,
-                                 server='adaptive'))
+    mine = first if p == centre else rest
+    mine.append(attack_point(config, state, store, key, p, d, extra, images))
+    if adaptive and p == centre:
+      mine.append(attack_point(config, state, store, key, p, d, extra, images,
+                               server='adaptive'))
+  points = first
   if state['sweep']:
     none = {'defense': 'none', 'strength': None}
     points.append(utility_point(config, state, key, none, defenses.Configured(
@@ -414,7 +536,7 @@ def plan(config, state, store, key) -> list[base.Point]:
         if adaptive and attack == 'imprint':
           points.append(attack_point(config, state, store, key, p, confs[attack][i], d,
                                      images, hooks, i, server='adaptive'))
-  return points
+  return points + rest
 
 
 def center_point(config, attack: str) -> dict:

@@ -155,7 +155,12 @@ def gaussian_epsilon(nominal: float, setting: defenses.Setting, delta: float) ->
   from fl_privacy.mechanisms import gaussian  # pylint: disable=g-import-not-at-top
   diameter = input_diameter(setting)
   sigma = gaussian.sigma_for(float(nominal), delta, diameter)
-  pld = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=sigma / diameter,
-                                                          sensitivity=1.0)
+  # The privacy loss spans about (diameter / sigma)^2: dp-accounting's default grid (1e-4)
+  # over that range needs 1e6 points at nominal epsilon 100 and 1e13 (31 TiB) at 1e5. A coarser
+  # grid keeps about 1e5 points; the pessimistic estimate (the default) stays an upper bound.
+  interval = max(1e-4, (diameter / sigma) ** 2 / 1e5)
+  pld = privacy_loss_distribution.from_gaussian_mechanism(
+      standard_deviation=sigma / diameter, sensitivity=1.0,
+      value_discretization_interval=interval)
   return {'ldp_epsilon': float(pld.get_epsilon_for_delta(delta)), 'ldp_delta': delta,
           'ldp_epsilon_nominal': float(nominal), 'gaussian_sigma': float(sigma)}

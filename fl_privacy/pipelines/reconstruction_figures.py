@@ -230,16 +230,24 @@ def table_markdown(config, points: list[dict]) -> str:
            f'means, the median over pairs, and the median over the pairs not recovered exactly '
            f'(their count), each with a 95% bootstrap over trials. SSIM: Wang et al.\'s '
            f'(Gaussian 11x11, sigma 1.5), n/a where the images are smaller than its window. '
-           f'Recovered: PSNR > {thr:g} dB; exact: max abs error < 1/255. Server: fixed is '
-           f'the paper\'s (the config\'s restore scale, thresholds and width); adaptive chose '
-           f'its restore scale, bin placement and width on public clients under the same defense (its '
-           f'choice and public score: the last column), then attacked the same private '
-           f'clients. lr: the client\'s learning rate.', '',
+           f'Recovered: PSNR > {thr:g} dB; exact: max abs error < 1/255; exact, grid: the same '
+           f'after rounding every recovered value to the data\'s value grid (learnt from the '
+           f'public split). Server: fixed is the paper\'s (the config\'s restore scale, '
+           f'thresholds, width, cumulative layer, one round); adaptive chose its restore scale, '
+           f'bin placement, width, structure and rounds on simulated clients of its tuning pool '
+           f'under the same defense (its choice and tuning score: the last column), then '
+           f'attacked the same private clients; "adaptive - fixed" is the paired difference '
+           f'per client (mean, 95% Student t over clients). eps: the defense\'s for one round '
+           f'(an adaptive server that averaged R rounds faces its R-round guarantee: results.json '
+           f'`rounds_dp_epsilon`). Input LDP: report PSNR is the randomised input\'s own PSNR, '
+           f'the baseline a reconstruction must beat. lr: the client\'s learning rate.', '',
            '| attack | server | defense | strength | eps | B | J | E | lr | trials | exact | '
-           'exact, CP examples | recovered | all exact (trials) | PSNR mean (dB) | '
-           'PSNR median | PSNR median, not exact (pairs) | SSIM | label acc. (B=1) | '
-           'adaptive choice |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           'exact, CP examples | exact, grid | recovered | adaptive - fixed: recovered | '
+           'adaptive - fixed: exact, grid | all exact (trials) | PSNR mean (dB) | '
+           'PSNR median | PSNR median, not exact (pairs) | report PSNR | SSIM | '
+           'label acc. (B=1) | adaptive choice |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|'
+           '---|---|---|---|']
   for p in points:
     q, m = p['params'], p['metrics']
     if q.get('kind') != 'attack':
@@ -251,28 +259,33 @@ def table_markdown(config, points: list[dict]) -> str:
     choice = '-'
     if 'adaptive_restore_scale' in m:
       choice = (f'restore {float(m["adaptive_restore_scale"]):g}, {m["adaptive_placement"]}, '
-                f'{m.get("adaptive_num_bins", "-")} bins; public: '
+                f'{m.get("adaptive_num_bins", "-")} bins, {m.get("adaptive_structure", "-")}, '
+                f'{m.get("adaptive_rounds", 1)} round(s); tuning: '
                 f'{float(m["adaptive_public_recovered"]):.3f} recovered of '
                 f'{int(m["adaptive_public_examples"])}')
+    report = '-' if 'report_psnr_mean' not in m else f'{float(m["report_psnr_mean"]):.1f}'
     lr = '-' if q.get('learning_rate') is None else f'{float(q["learning_rate"]):g}'
     lines.append(f'| {q["attack"]} | {server_of(p)} | {d} | {s} | {eps} | '
                  f'{q["batch_size"]} | {q["num_batches"]} | {q["epochs"]} | {lr} | '
                  f'{m["n_trials"]} | '
                  f'{_cell(m, "exact")} | {_interval(m, "exact_example")} | '
-                 f'{_cell(m, "recovered")} | {_cell(m, "all_exact")} | '
+                 f'{_cell(m, "exact_grid")} | {_cell(m, "recovered")} | '
+                 f'{_cell(m, "recovered_diff")} | {_cell(m, "exact_grid_diff")} | '
+                 f'{_cell(m, "all_exact")} | '
                  f'{_cell(m, "psnr_mean", 1)} | {_cell(m, "psnr_median", 1)} | '
                  f'{_cell(m, "psnr_rest_median", 1)} ({m.get("psnr_rest_pairs", "-")}) | '
-                 f'{_ssim_cell(m)} | {_cell(m, "label_acc")} | {choice} |')
+                 f'{report} | {_ssim_cell(m)} | {_cell(m, "label_acc")} | {choice} |')
   lines += ['', '## Utility (test accuracy of the honest model one client trains under the '
-            'defense)', '', '| defense | strength | eps (utility run) | test accuracy |',
-            '|---|---|---|---|']
+            'defense; the mean over the trainings, 95% interval with each training as a cluster)',
+            '', '| defense | strength | eps (utility run) | trainings | test accuracy |',
+            '|---|---|---|---|---|']
   for p in points:
     q, m = p['params'], p['metrics']
     if q.get('kind') == 'utility':
       d = q['defense'] + (f' ({q["dp_sgd_sampling"]})' if q.get('dp_sgd_sampling') else '')
       s = '-' if q.get('strength') is None else f'{q["strength"]:g}'
       lines.append(f'| {d} | {s} | {_cell(m, "utility_dp_epsilon")} | '
-                   f'{_cell(m, "test_accuracy")} |')
+                   f'{p.get("n_trials", "-")} | {_cell(m, "test_accuracy")} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -105,15 +105,18 @@ def run_options(config) -> dict:
 
 
 def knobs_of(config, state, p: dict, restore_scale: float | None = None,
-             public: bool = False) -> game_lib.Knobs:
+             public: bool = False, structure: str = 'cumulative',
+             rounds: int = 1) -> game_lib.Knobs:
   """The traced knobs of point `p`: its learning rate (the config's unless `p` sweeps one),
-  the restore scale (the config's unless an adaptive server chose another), and the size of
-  the pool its clients draw from (the clients' split, or the public one)."""
+  the restore scale, the imprint's structure and the rounds averaged (the config's, the
+  paper's and 1 unless an adaptive server chose others), and the size of the pool its clients
+  draw from (the clients' split, or the adaptive server's tuning pool)."""
   s = config.reconstruction
   return game_lib.knobs(float(s.imprint.restore_scale if restore_scale is None
                               else restore_scale),
                         float(p.get('learning_rate', s.learning_rate)),
-                        state['public_size' if public else 'pool_size'])
+                        state['tune_size' if public else 'pool_size'],
+                        sparse=structure == 'sparse', rounds=int(rounds))
 
 
 def simulate(config, state, p: dict, group: tuple, branch: int, key, *,
@@ -122,8 +125,8 @@ def simulate(config, state, p: dict, group: tuple, branch: int, key, *,
   """All trials of an attack point (strength `branch` of `group`), outcomes on the host.
 
   `knobs` / `cuts` default to the point's (`knobs_of`) and the config's thresholds. `public`
-  draws the clients from the public split with other keys (the adaptive server's own
-  simulation, `tune`), never the clients' split. `num_bins`: the imprint's width (None: the
+  draws the clients from the tuning pool with other keys (the adaptive server's own
+  simulation, `tune`), never the clients' split nor the public data of the thresholds. `num_bins`: the imprint's width (None: the
   config's; another width is another program)."""
   s = config.reconstruction
   if trials is None:
@@ -134,7 +137,7 @@ def simulate(config, state, p: dict, group: tuple, branch: int, key, *,
   x, y = state['x'], state['y']
   if public:
     run_key = jax.random.fold_in(run_key, PUBLIC_STREAM)
-    x, y = state['x_public'], state['y_public']
+    x, y = state['x_tune'], state['y_tune']
   with jax.default_matmul_precision('highest'):
     return runner.run_trials(trial_fn, run_key, int(trials), chunk_size=opts['chunk_size'],
                              batch_bytes=opts['batch_bytes'],
@@ -148,18 +151,24 @@ def simulate(config, state, p: dict, group: tuple, branch: int, key, *,
 PUBLIC_STREAM = 0x7075626C
 
 
-def candidates(config, n: int) -> list[tuple[float, str, int]]:
-  """The adaptive server's grid (restore scale, placement, width) for clients of n examples
-  (widths of fewer than n bins left out), the fixed attack's setting first (so that a tie
-  keeps the paper's)."""
+def candidates(config, n: int) -> list[tuple[float, str, int, str]]:
+  """The adaptive server's grid (restore scale, placement, width, structure) for clients of n
+  examples (widths of fewer than n bins left out), the fixed attack's setting first (so that a
+  tie keeps the paper's)."""
   s = config.reconstruction
   a = s.adaptive
   width = int(s.imprint.num_bins)
   widths = [width] + [int(w) for w in a.num_bins if int(w) != width and int(w) >= n]
-  grid = [(float(r), str(q), w) for w in widths for q in a.placements
-          for r in a.restore_scales]
-  fixed = (float(s.imprint.restore_scale), 'quantile', width)
+  grid = [(float(r), str(q), w, str(k)) for w in widths for k in a.structures
+          for q in a.placements for r in a.restore_scales]
+  fixed = fixed_setting(config)
   return [fixed] + [g for g in grid if g != fixed]
+
+
+def fixed_setting(config) -> tuple[float, str, int, str]:  # pylint: disable=invalid-name
+  """The paper's server as configured: (restore scale, 'quantile', width, 'cumulative')."""
+  s = config.reconstruction
+  return (float(s.imprint.restore_scale), 'quantile', int(s.imprint.num_bins), 'cumulative')
 
 
 def cuts_for(config, state, placement: str, num_bins: int) -> jax.Array:
@@ -173,32 +182,56 @@ def cuts_for(config, state, placement: str, num_bins: int) -> jax.Array:
   return cache[(placement, num_bins)]
 
 
+def _public_score(config, state, p, group, branch, key, setting, rounds) -> dict:
+  """One setting's counts on the tuning pool: examples recovered above the PSNR threshold,
+  exactly and exactly after rounding to the value grid."""
+  s = config.reconstruction
+  restore, placement, width, structure = setting
+  n = p['batch_size'] * p['num_batches']
+  trials = int(s.adaptive.trials)
+  out = simulate(config, state, p, group, branch, key, public=True, trials=trials,
+                 cuts=cuts_for(config, state, placement, width),
+                 knobs=knobs_of(config, state, p, restore, public=True, structure=structure,
+                                rounds=rounds), num_bins=width)
+  x_tune = np.asarray(state['x_tune'])
+  rec = exact = 0
+  for t in range(trials):
+    sc = rec_metrics.trial_scores(out['recovered'][t], out['valid'][t],
+                                  x_tune[np.asarray(out['index'][t])[:n]],
+                                  psnr_threshold=float(s.psnr_threshold),
+                                  grid=state.get('grid'))
+    rec, exact = rec + int(sc['recovered']), exact + int(sc['exact_grid'])
+  return dict(restore_scale=restore, placement=placement, num_bins=width,
+              structure=structure, rounds=int(rounds), recovered=rec, exact=exact)
+
+
 def tune(config, state, p: dict, group: tuple, branch: int, key) -> dict:
   """The adaptive server's choice for point `p` under strength `branch` of `group`.
 
-  The server knows the defense (it is announced; its strength too) and simulates it on public
-  clients: `adaptive.trials` clients of the point's size drawn from the public split (with
-  keys of their own), each candidate (`candidates`) scored by the examples recovered above the
-  PSNR threshold, then exactly (ties: the earlier candidate). The private clients are never
-  read. Returns the choice and every candidate's public counts."""
+  The server knows the defense (it is announced; its strength too) and simulates it on
+  `adaptive.trials` clients of the point's size drawn from the tuning pool (examples held out
+  of the clients' split, apart from the public split that sets the thresholds, the value grid
+  and the utility's test accuracy; keys of their own). Two passes: every (restore scale,
+  placement, width, structure) of `candidates` in one round, then the best of them averaged
+  over each of `adaptive.rounds` (the defense's noise fresh each round). A setting scores the
+  examples recovered above the PSNR threshold, then those exact after rounding to the value
+  grid; ties keep the earlier candidate (the fixed setting first) and the fewer rounds. The
+  private clients are never read. Returns the choice and every candidate's public counts."""
   s = config.reconstruction
   n = p['batch_size'] * p['num_batches']
-  x_public = np.asarray(state['x_public'])
-  scores = []
-  for restore, placement, width in candidates(config, n):
-    out = simulate(config, state, p, group, branch, key, public=True,
-                   trials=int(s.adaptive.trials), cuts=cuts_for(config, state, placement, width),
-                   knobs=knobs_of(config, state, p, restore, public=True), num_bins=width)
-    rec = exact = 0
-    for t in range(int(s.adaptive.trials)):
-      sc = rec_metrics.trial_scores(out['recovered'][t], out['valid'][t],
-                                    x_public[np.asarray(out['index'][t])[:n]],
-                                    psnr_threshold=float(s.psnr_threshold))
-      rec, exact = rec + int(sc['recovered']), exact + int(sc['exact'])
-    scores.append(dict(restore_scale=restore, placement=placement, num_bins=width,
-                       recovered=rec, exact=exact))
-  best = max(range(len(scores)), key=lambda i: (scores[i]['recovered'], scores[i]['exact'], -i))
-  return dict(scores[best], examples=int(s.adaptive.trials) * n, candidates=scores)
+  order = lambda sc: (sc['recovered'], sc['exact'])
+  scores = [_public_score(config, state, p, group, branch, key, c, 1)
+            for c in candidates(config, n)]
+  best = max(range(len(scores)), key=lambda i: (*order(scores[i]), -i))
+  chosen = scores[best]
+  setting = (chosen['restore_scale'], chosen['placement'], chosen['num_bins'],
+             chosen['structure'])
+  for r in sorted({int(r) for r in s.adaptive.rounds} - {1}):
+    sc = _public_score(config, state, p, group, branch, key, setting, r)
+    scores.append(sc)
+    if order(sc) > order(chosen):
+      chosen = sc
+  return dict(chosen, examples=int(s.adaptive.trials) * n, candidates=scores)
 
 
 def utility_trial(model, group: tuple, optimizer, rounds: int, examples: int,

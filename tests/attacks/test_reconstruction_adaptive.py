@@ -117,35 +117,57 @@ def test_under_update_noise_a_larger_restore_scale_recovers_more():
   assert lo_hi[0].high < lo_hi[1].low, rec
 
 
-def test_the_adaptive_server_tunes_on_public_clients_only(monkeypatch):
+def test_the_adaptive_server_tunes_on_its_own_pool_only(monkeypatch):
   from configs import digits  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
   from fl_privacy.pipelines import reconstruction_runs as runs  # pylint: disable=g-import-not-at-top
-  x, y, cuts, g, trial_fn = _setup()
+  x, y, cuts, _, trial_fn = _setup()
   config = digits.get_config('smoke')
   s = config.reconstruction
   s.adaptive.restore_scales, s.adaptive.trials = (32.0, 3200.0), _TRIALS
+  s.adaptive.structures, s.adaptive.rounds = ('cumulative', 'sparse'), (1, 2)
   s.psnr_threshold = 30.0
-  # The clients' pool is NaN: a tuning that read it would score nothing.
   s.imprint.num_bins = _BINS
-  state = dict(x=jnp.full_like(x, jnp.nan), y=y, x_public=x, y_public=y, pool_size=_ROWS,
-               public_size=_PUBLIC, cuts=cuts)
+  # The clients' pool and the public split (the utility's test data) are NaN: a tuning that
+  # read either would score nothing. The thresholds are given (they come from the public
+  # split, which the server knows); the tuning pool is real.
+  nan = jnp.full_like(x, jnp.nan)
+  state = dict(x=nan, y=y, x_tune=x, y_tune=y, x_public=np.asarray(nan), pool_size=_ROWS,
+               tune_size=_PUBLIC, public_size=_PUBLIC, cuts=cuts, grid=None,
+               cuts_by={('quantile', _BINS): cuts})
   monkeypatch.setattr(runs, 'program', lambda *a, **k: (trial_fn, _B))
   p = dict(attack='imprint', batch_size=_B, num_batches=1, epochs=1, learning_rate=0.1)
   chosen = runs.tune(config, state, p, (None,), 0, jax.random.key(0))
-  assert chosen['examples'] == _TRIALS * _B and len(chosen['candidates']) == 2
+  # 2 restore scales x 2 structures in one round, then the best at 2 rounds.
+  assert chosen['examples'] == _TRIALS * _B and len(chosen['candidates']) == 5
   assert chosen['recovered'] > 0
-  assert chosen['restore_scale'] in (32.0, 3200.0)
-  # The thresholds come from the public rows alone.
-  np.testing.assert_array_equal(state['cuts_by'][('quantile', _BINS)], cuts)
-  # The public draws come from the public rows only and from a key stream of their own.
+  assert all(c['recovered'] > 0 for c in chosen['candidates'])
+  assert chosen['restore_scale'] in (32.0, 3200.0) and chosen['rounds'] in (1, 2)
+  assert [c['rounds'] for c in chosen['candidates']] == [1, 1, 1, 1, 2]
+  # The tuning draws come from the tuning pool's rows only and from a key stream of their own.
   out = runs.simulate(config, state, p, (None,), 0, jax.random.key(0), public=True,
                       trials=_TRIALS)
   assert np.asarray(out['index']).max() < _PUBLIC
   private = runs.simulate(config, dict(state, x=x), p, (None,), 0, jax.random.key(0),
                           trials=_TRIALS)
   assert not np.array_equal(np.asarray(out['index']), np.asarray(private['index']))
-  del reconstruction
+
+
+def test_the_tuning_pool_is_held_out_of_the_clients_split():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  config.reconstruction.adaptive.pool = 300
+  clients, tuning = reconstruction.tuning_split(config, 1438, True)
+  assert len(tuning) == 300 and len(clients) == 1138
+  assert not set(clients) & set(tuning)
+  assert sorted(set(clients) | set(tuning)) == list(range(1438))
+  # Seeded: the same rows again; another seed, other rows.
+  np.testing.assert_array_equal(reconstruction.tuning_split(config, 1438, True)[1], tuning)
+  config.seed = 1
+  assert not np.array_equal(reconstruction.tuning_split(config, 1438, True)[1], tuning)
+  # Without the adaptive server nothing is held out.
+  clients, tuning = reconstruction.tuning_split(config, 1438, False)
+  assert len(clients) == 1438 and len(tuning) == 0
 
 
 def test_the_learning_rate_sweep_repeats_only_multi_step_points():
@@ -184,11 +206,12 @@ def test_the_adaptive_grid_tries_the_fixed_setting_first_and_only_widths_that_fi
   config = digits.get_config()
   a = config.reconstruction.adaptive
   a.restore_scales, a.placements, a.num_bins = (3200.0, 32.0), ('uniform', 'quantile'), (64, 4)
+  a.structures = ('sparse', 'cumulative')
   got = runs.candidates(config, 8)
   # A tie keeps the paper's server: its setting is tried first.
-  assert got[0] == (32.0, 'quantile', 256)
-  assert len(got) == len(set(got)) == 2 * 2 * 2      # 4 bins cannot hold 8 examples
-  assert {w for _, _, w in got} == {256, 64}
+  assert got[0] == (32.0, 'quantile', 256, 'cumulative') == runs.fixed_setting(config)
+  assert len(got) == len(set(got)) == 2 * 2 * 2 * 2      # 4 bins cannot hold 8 examples
+  assert {c[2] for c in got} == {256, 64} and {c[3] for c in got} == {'sparse', 'cumulative'}
 
 
 def test_an_ldp_epsilon_states_how_often_the_run_releases_each_example():

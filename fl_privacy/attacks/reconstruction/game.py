@@ -15,8 +15,8 @@ defense's hooks at every point, its upload hook last) and hands the upload to th
 
 `make_trial(*games)` is the `trial_fn(key, index, x_pool, y_pool, cuts, n, branch, knobs)` of
 `eval.runner.run_trials`: everything random comes from the trial's key by `fold_in`, so a
-trial's outcome depends only on it. `knobs` (`Knobs`: the imprint's restore scale and the
-client's learning rate) are traced operands, not constants of the program, so that one
+trial's outcome depends only on it. `knobs` (`Knobs`: the imprint's restore scale, structure
+and rounds, the client's learning rate) are traced operands, not constants of the program, so that one
 compilation serves a learning-rate sweep and an adaptive server's tuning grid. Scores are
 computed on the host (`metrics`), from the returned pool indices of the client's examples.
 """
@@ -51,15 +51,26 @@ class Knobs(NamedTuple):
   pool_size: the client draws from the first `pool_size` rows of the pool (int32), so that
     pools of different sizes padded to one shape (the clients' split, the public split the
     adaptive server simulates on) share a program.
+  sparse: the imprint's structure (float32 1: `imprint`'s sparse one-hot layer; 0: the
+    paper's cumulative one).
+  rounds: the server sends the same crafted model this many rounds (int32 >= 1) and reads the
+    mean of the client's uploads: the client's data are the same each round, the defense's
+    randomness (its noise, its sampling) fresh, so noise averages down by sqrt(rounds).
   """
   restore_scale: jax.Array
   learning_rate: jax.Array
   pool_size: jax.Array
+  sparse: jax.Array
+  rounds: jax.Array
 
 
-def knobs(restore_scale: float, learning_rate: float, pool_size: int) -> Knobs:
+def knobs(restore_scale: float, learning_rate: float, pool_size: int, sparse: bool = False,
+          rounds: int = 1) -> Knobs:
   """`Knobs` as scalars of one dtype and shape each (new values never recompile)."""
-  return Knobs(jnp.float32(restore_scale), jnp.float32(learning_rate), jnp.int32(pool_size))
+  if int(rounds) < 1:
+    raise ValueError(f'rounds must be >= 1 (got {rounds})')
+  return Knobs(jnp.float32(restore_scale), jnp.float32(learning_rate), jnp.int32(pool_size),
+               jnp.float32(1.0 if sparse else 0.0), jnp.int32(rounds))
 
 
 def draw(key: jax.Array, rows: int, pool_size, count: int) -> jax.Array:
@@ -131,10 +142,11 @@ def sent_model(game: Game) -> nn.Module:
   return imprint.inject(game.model, game.num_bins) if game.attack == 'imprint' else game.model
 
 
-def loss_fn_for(model: nn.Module):
+def loss_fn_for(model: nn.Module, **call_kwargs):
   """Mean cross-entropy of `model` as a function of its params (masks and soft labels as
-  `fl.losses` takes them, so every defense's hooks apply)."""
-  return losses.make_loss_fn(lambda p, x: model.apply({'params': p}, x))
+  `fl.losses` takes them, so every defense's hooks apply); `call_kwargs` go to its call (the
+  imprint block's `sparse`)."""
+  return losses.make_loss_fn(lambda p, x: model.apply({'params': p}, x, **call_kwargs))
 
 
 def _layer(params: Any, game: Game, name: str) -> Any:
@@ -142,20 +154,20 @@ def _layer(params: Any, game: Game, name: str) -> Any:
 
 
 def server_params(game: Game, key: jax.Array, x_example: jax.Array, cuts: jax.Array,
-                  restore_scale: jax.Array | float | None = None) -> Any:
+                  restore_scale: jax.Array | float | None = None, sparse=0.0) -> Any:
   """The parameters the server sends: a random model, crafted for the imprint attack
-  (`restore_scale`, traced or not; None: the game's)."""
+  (`restore_scale` and `sparse`, traced or not; None: the game's)."""
   k_init, k_craft = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
   params = sent_model(game).init(k_init, x_example[None])['params']
   if game.attack == 'imprint':
     params = imprint.craft(params, cuts, k_craft, scale=game.scale,
                            restore_scale=game.restore_scale if restore_scale is None
-                           else restore_scale)
+                           else restore_scale, sparse=sparse, top=game.value_range[1])
   return params
 
 
 def attack(game: Game, key: jax.Array, params: Any, upload: Any, x_shape: tuple, labels,
-           mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+           mask: jax.Array, sparse=0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The server's reading of one upload: (recovered flat inputs [K, d], valid [K], label).
 
   The server knows the client's example count n (FedAvg weights uploads by it): the imprint
@@ -164,7 +176,7 @@ def attack(game: Game, key: jax.Array, params: Any, upload: Any, x_shape: tuple,
   n = jnp.sum(mask > 0)
   label = inversion.idlg_label(_layer(upload, game, game.output_layer)['bias'])
   if game.attack == 'imprint':
-    rec, valid, _ = imprint.recover_update(upload, game.capacity)
+    rec, valid, _ = imprint.recover_update(upload, game.capacity, sparse=sparse)
     valid = valid & (jnp.arange(game.capacity) < n)
   elif game.attack == 'analytic':
     layer = _layer(upload, game, game.input_layer)
@@ -188,7 +200,8 @@ def run(game: Game, key: jax.Array, x_pool: jax.Array, y_pool: jax.Array, cuts: 
   at `knobs_` (None: the game's restore scale and learning rate).
 
   Keys: `fold_in(key, 0)` the server's model, 1 the client's data, 2 the client's round
-  (shuffling and the defense), 3 the attack (the inversion's restarts). The client's examples
+  (shuffling and the defense; round r > 0 of `knobs_.rounds` folds r into it), 3 the attack
+  (the inversion's restarts). The client's examples
   are a prefix of one random order of the pool (`draw`) and its minibatches depend only on its
   real rows (`fl.local.masked_batch_order`), so a trial is the same in any program large enough.
   """
@@ -197,12 +210,26 @@ def run(game: Game, key: jax.Array, x_pool: jax.Array, y_pool: jax.Array, cuts: 
   index = draw(k_data, x_pool.shape[0], kn.pool_size, game.capacity)
   mask = (jnp.arange(game.capacity) < n).astype(jnp.float32)
   x, y = x_pool[index], y_pool[index]
-  params = server_params(game, k_model, x[0], cuts, kn.restore_scale)
+  imprinting = game.attack == 'imprint'
+  sparse = kn.sparse if imprinting else 0.0
+  params = server_params(game, k_model, x[0], cuts, kn.restore_scale, sparse)
   optimizer = optimizers_lib.make(game.optimizer, kn.learning_rate)
-  upload, _ = local.client_update(loss_fn_for(sent_model(game)), params, x, y, key=k_train,
-                                  hooks=game.hooks, mask=mask, optimizer=optimizer,
-                                  epochs=game.epochs, batch_size=game.batch_size)
-  rec, valid, label = attack(game, k_attack, params, upload, x.shape, y, mask)
+  loss_fn = loss_fn_for(sent_model(game), **({'sparse': sparse} if imprinting else {}))
+
+  def one_round(r, total):
+    # Round 0 keeps the single round's key (one round is the same trial as before).
+    k = jax.random.wrap_key_data(jnp.where(r == 0, jax.random.key_data(k_train),
+                                           jax.random.key_data(jax.random.fold_in(k_train, r))))
+    upload, _ = local.client_update(loss_fn, params, x, y, key=k, hooks=game.hooks, mask=mask,
+                                    optimizer=optimizer, epochs=game.epochs,
+                                    batch_size=game.batch_size)
+    return jax.tree.map(jnp.add, total, upload)
+
+  zero = jax.tree.map(jnp.zeros_like, params)
+  rounds = jnp.maximum(kn.rounds, 1)
+  total = jax.lax.fori_loop(0, rounds, one_round, zero)
+  upload = jax.tree.map(lambda t: t / rounds.astype(t.dtype), total)
+  rec, valid, label = attack(game, k_attack, params, upload, x.shape, y, mask, sparse)
   return dict(index=index, recovered=rec, valid=valid, label=label)
 
 

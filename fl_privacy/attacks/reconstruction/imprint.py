@@ -15,6 +15,20 @@ The server's two moves are pure functions a deployment can call (a Flower strate
 `craft(params, cuts, key) -> params` writes the layer into a model built by `inject(model,
 num_bins)` (the imprint block in front of any of our Flax models), and `recover_update(delta,
 num_examples)` reads the inputs back from one client upload Delta = w_t - w_local.
+
+Two structures of the layer (`STRUCTURES`). `cumulative` is the paper's: unit i is a ReLU of
+the statistic above t_i, so an example activates every unit below its bin and is read from the
+difference of two neighbours. `sparse` is the one-hot ("hat") layer of breaching's
+`SparseImprintBlock` (Geiping et al.'s framework, github.com/JonasGeiping/breaching, the
+imprint module: a hard-tanh of min 0 and max `gain`, each unit's weights divided by its bin's
+width, "more efficient in noise/param tradeoffs"): unit i ramps from 0 to a fixed height across
+its own bin [t_i, t_{i+1}) and is flat outside it, so an example's gradient reaches exactly one
+unit, which is read alone (dL/dW_i / dL/db_i, no difference). Here the hard-tanh is
+relu(a) - relu(a - h) (two ReLUs, as breaching's docstring says it can be), h =
+`SPARSE_HEIGHT`. One example's gradient then spans one row, not up to n: per-example clipping
+(DP-SGD) shrinks it less, top-k sparsification keeps it whole, and a bin's noise is one row's,
+not the difference of two. The structure is a traced operand (`sparse`, 0 or 1) of `craft`,
+`Imprinted` and `recover_update`, so one compiled program serves both.
 """
 
 from __future__ import annotations
@@ -29,6 +43,12 @@ import numpy as np
 from fl_privacy.models import crafting
 
 STATISTICS = ('mean',)
+STRUCTURES = ('cumulative', 'sparse')
+# The sparse units' ramp height (pre-activation units). Only the ratio dL/dW_i / dL/db_i is
+# read, which does not depend on it; the unit's slope h / (width x d) does set the float32
+# rounding of its kernel entries in an upload, so h is small: at digits' narrowest bins (1/1024)
+# the slope is 1.6e-3 per input, the cumulative layer's (scale 0.1 / 64).
+SPARSE_HEIGHT = 1e-4
 # Where the n thresholds go over the public statistic: at its quantiles k / n (the paper's
 # choice: each bin holds a 1/n share of the data), or evenly over its range (min + k (max -
 # min) / n; one of the adaptive server's alternatives, `pipelines.reconstruction_runs`).
@@ -101,16 +121,28 @@ class Imprinted(nn.Module):
   layer the server crafts; `restore` (Dense n -> d, no bias) feeds the units back into the
   input so that they receive gradients. Honest parameters (from `init`) make it an ordinary
   (if odd) first layer; `craft` turns it into the imprint.
+  `sparse` (0 or 1, traced or not) picks the structure: 1 makes each unit the hard-tanh
+  relu(a) - relu(a - sparse_height) (the module docstring); 0 the paper's ReLU, computed as
+  before when `sparse` is the Python 0.
   """
   base: nn.Module
   num_bins: int
+  sparse_height: float = SPARSE_HEIGHT
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, sparse=0.0):
     flat = x.reshape((x.shape[0], -1))
-    h = nn.relu(nn.Dense(self.num_bins, name=IMPRINT)(flat))
+    a = nn.Dense(self.num_bins, name=IMPRINT)(flat)
+    h = nn.relu(a)
+    if not _is_zero(sparse):
+      h = h - sparse * nn.relu(a - self.sparse_height)
     back = nn.Dense(flat.shape[1], use_bias=False, name=RESTORE)(h)
     return self.base(x + back.reshape(x.shape))
+
+
+def _is_zero(v) -> bool:
+  """True for a Python or numpy 0 (not a traced value): the paper's layer, as before."""
+  return isinstance(v, (int, float, np.number)) and float(v) == 0.0
 
 
 def inject(model: nn.Module, num_bins: int) -> Imprinted:
@@ -130,7 +162,8 @@ SCALE, RESTORE_SCALE = 0.1, 32.0
 
 def craft(params: Any, cuts, key: jax.Array, *, scale: float = SCALE,
           restore_scale: float = RESTORE_SCALE, layer_name: str = IMPRINT,
-          restore_name: str = RESTORE) -> Any:
+          restore_name: str = RESTORE, sparse=0.0, top: float = 1.0,
+          sparse_height: float = SPARSE_HEIGHT) -> Any:
   """The server's crafted parameters: the imprint layer written into `params`.
 
   Args:
@@ -143,6 +176,12 @@ def craft(params: Any, cuts, key: jax.Array, *, scale: float = SCALE,
     restore_scale: ||v|| x n: how far the block moves the base model's input (v is
       restore_scale / n times a random unit vector, so that even with every unit active the
       input moves by about restore_scale x the statistic's spread).
+    sparse: 1 for the sparse (one-hot) structure, 0 for the paper's (traced or not): unit i
+      then has slope sparse_height / (w_i d) and bias -sparse_height t_i / w_i, w_i its bin's
+      width (t_{i+1} - t_i, the last bin's up to `top`, the statistic's largest value); a bin
+      of width 0 (tied quantiles) gets a unit that never fires.
+    top: the statistic's upper end (the data's largest value for the mean).
+    sparse_height: the sparse units' ramp height (`Imprinted.sparse_height`).
 
   Returns:
     New params; the rest of the model keeps its (random, honest) weights.
@@ -158,7 +197,16 @@ def craft(params: Any, cuts, key: jax.Array, *, scale: float = SCALE,
   if cuts.shape != (width,):
     raise ValueError(f'{width} thresholds needed for {layer_name!r} (got {cuts.shape})')
   k = jnp.full((dim, width), scale / dim, jnp.float32)
-  out = crafting.write_layer(params, (layer_name,), kernel=k, bias=-scale * cuts)
+  b = -scale * cuts
+  if not _is_zero(sparse):
+    upper = jnp.concatenate([cuts[1:], jnp.full((1,), top, jnp.float32)])
+    w = upper - cuts
+    live = w > 0
+    slope = jnp.where(live, sparse_height / jnp.where(live, w, 1.0), 0.0)
+    on = jnp.asarray(sparse, jnp.float32) > 0
+    k = jnp.where(on, jnp.broadcast_to(slope / dim, (dim, width)), k)
+    b = jnp.where(on, jnp.where(live, -slope * cuts, -1.0), b)
+  out = crafting.write_layer(params, (layer_name,), kernel=k, bias=b)
   restore = out[restore_name]['kernel']
   v = jax.random.normal(key, (restore.shape[1],))
   v = restore_scale / width * v / jnp.linalg.norm(v)
@@ -167,17 +215,21 @@ def craft(params: Any, cuts, key: jax.Array, *, scale: float = SCALE,
   return crafting.write_layer(out, (restore_name,), kernel=jnp.tile(v, (width, 1)))
 
 
-def bin_differences(kernel_delta, bias_delta):
-  """(dW [n, d], db [n]): neighbouring units' differences, the top unit against 0 (Eq. (2))."""
+def bin_differences(kernel_delta, bias_delta, sparse=0.0):
+  """(dW [n, d], db [n]): neighbouring units' differences, the top unit against 0 (Eq. (2));
+  with `sparse` 1 each unit's own row (the sparse structure's bins do not overlap)."""
   kd = jnp.asarray(kernel_delta).T
   bd = jnp.asarray(bias_delta)
   kd = jnp.concatenate([kd, jnp.zeros_like(kd[:1])], axis=0)
   bd = jnp.concatenate([bd, jnp.zeros_like(bd[:1])])
-  return kd[:-1] - kd[1:], bd[:-1] - bd[1:]
+  if _is_zero(sparse):
+    return kd[:-1] - kd[1:], bd[:-1] - bd[1:]
+  keep = 1.0 - jnp.asarray(sparse, kd.dtype)
+  return kd[:-1] - keep * kd[1:], bd[:-1] - keep * bd[1:]
 
 
 def recover_update(delta: Any, num_examples: int, *, layer_name: str = IMPRINT,
-                   rtol: float = 1e-4) -> tuple[jax.Array, jax.Array, jax.Array]:
+                   rtol: float = 1e-4, sparse=0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The inputs the server reads from one upload (jit-able; fixed shapes).
 
   The bins are ranked by |db| and the `num_examples` largest kept (FedAvg clients report
@@ -189,12 +241,13 @@ def recover_update(delta: Any, num_examples: int, *, layer_name: str = IMPRINT,
     num_examples: N, the client's example count.
     layer_name: the imprint layer.
     rtol: relative size below which a bin counts as empty.
+    sparse: the layer's structure (1: sparse, read unit by unit; 0: the paper's differences).
 
   Returns:
     (inputs [N, d], valid [N] bool, bins [N] int32): the recovered flat inputs (a bin read
     in one piece; zero where not valid).
   """
-  dw, db = bin_differences(delta[layer_name]['kernel'], delta[layer_name]['bias'])
+  dw, db = bin_differences(delta[layer_name]['kernel'], delta[layer_name]['bias'], sparse)
   k = min(int(num_examples), db.shape[0])
   _, bins = jax.lax.top_k(jnp.abs(db), k)
   w = db[bins]
@@ -209,15 +262,18 @@ def recover_update(delta: Any, num_examples: int, *, layer_name: str = IMPRINT,
   return x, valid, bins.astype(jnp.int32)
 
 
-def recover(kernel_grad: np.ndarray, bias_grad: np.ndarray, *, rtol: float = 1e-6
-            ) -> tuple[np.ndarray, np.ndarray]:
+def recover(kernel_grad: np.ndarray, bias_grad: np.ndarray, *, rtol: float = 1e-6,
+            structure: str = 'cumulative') -> tuple[np.ndarray, np.ndarray]:
   """Recovered inputs [k, d] from the imprint layer's gradient (or an upload after one SGD
   step), one per bin whose bias-gradient difference is not ~0 (|db| > rtol x the largest),
-  and their bins [k]: Eq. (2), in numpy float64."""
+  and their bins [k]: Eq. (2), in numpy float64 (`structure='sparse'`: each unit's own row)."""
+  if structure not in STRUCTURES:
+    raise ValueError(f'structure must be one of {STRUCTURES} (got {structure!r})')
   kg = np.asarray(kernel_grad, np.float64).T
   bg = np.asarray(bias_grad, np.float64)
   kg = np.concatenate([kg, np.zeros_like(kg[:1])], axis=0)
   bg = np.concatenate([bg, [0.0]])
-  dw, db = kg[:-1] - kg[1:], bg[:-1] - bg[1:]
+  keep = 1.0 if structure == 'cumulative' else 0.0
+  dw, db = kg[:-1] - keep * kg[1:], bg[:-1] - keep * bg[1:]
   live = np.abs(db) > rtol * max(float(np.max(np.abs(db))), 1e-300)
   return dw[live] / db[live][:, None], np.flatnonzero(live)

@@ -21,6 +21,8 @@ from scipy import ndimage
 from scipy import optimize
 from scipy import stats as sp_stats
 
+from fl_privacy.attacks.reconstruction import value_grid
+
 EXACT = 1.0 / 255.0   # "exact recovery": every value within one 8-bit grey level
 PSNR_CAP = 200.0      # dB: an exact copy's PSNR is infinite; capped so that means exist
 SSIM_WINDOW = 11      # Wang et al.'s Gaussian window: 11 x 11 taps ...
@@ -296,25 +298,45 @@ def _weighted_medians(v: np.ndarray, g: np.ndarray, counts: np.ndarray) -> np.nd
 
 
 def trial_scores(recovered: np.ndarray, valid: np.ndarray, true: np.ndarray, *,
-                 data_range: float = 1.0, psnr_threshold: float = 30.0) -> dict:
+                 data_range: float = 1.0, psnr_threshold: float = 30.0,
+                 grid: np.ndarray | None = None) -> dict:
   """One trial's counts and means: `recovered` [K, d] flat rows, `valid` [K], `true` [N, ...].
 
   Returns `n` (N), `recovered` and `exact` (how many of the N true inputs were recovered above
   the PSNR threshold / exactly, each matched to at most one recovered row), `psnr_mean` and
   `ssim_mean` over the matched pairs (NaN when nothing was recovered; SSIM NaN where Wang et
-  al.'s window does not fit), and the matched pairs' `pair_psnr` (capped) and `pair_exact`.
+  al.'s window does not fit), and the matched pairs' `pair_psnr` (capped) and `pair_exact`;
+  `exact_grid` and `psnr_grid_mean` the same after rounding every recovered value to the
+  data's value grid (`value_grid.round_to`, matched anew; `grid` None: equal to `exact` and
+  `psnr_mean`).
   """
   true = np.asarray(true, np.float64)
   rows = np.asarray(recovered, np.float64)[np.asarray(valid, bool)]
   n = len(true)
   if len(rows) == 0:
-    return dict(n=n, recovered=0, exact=0, psnr_mean=float('nan'), ssim_mean=float('nan'),
+    return dict(n=n, recovered=0, exact=0, exact_grid=0, psnr_mean=float('nan'),
+                psnr_grid_mean=float('nan'), ssim_mean=float('nan'),
                 pair_psnr=np.zeros(0), pair_exact=np.zeros(0, bool))
-  p = pair_scores(rows.reshape((len(rows),) + true.shape[1:]), true, data_range=data_range)
-  return dict(n=n, recovered=int(np.sum(p['psnr'] > psnr_threshold)),
-              exact=int(np.sum(p['exact'])), psnr_mean=float(np.mean(p['psnr'])),
-              ssim_mean=float(np.mean(p['ssim'])), pair_psnr=p['psnr'],
-              pair_exact=p['exact'])
+  rows = rows.reshape((len(rows),) + true.shape[1:])
+  p = pair_scores(rows, true, data_range=data_range)
+  out = dict(n=n, recovered=int(np.sum(p['psnr'] > psnr_threshold)),
+             exact=int(np.sum(p['exact'])), psnr_mean=float(np.mean(p['psnr'])),
+             ssim_mean=float(np.mean(p['ssim'])), pair_psnr=p['psnr'],
+             pair_exact=p['exact'], exact_grid=int(np.sum(p['exact'])),
+             psnr_grid_mean=float(np.mean(p['psnr'])))
+  if grid is not None:
+    g = _grid_scores(value_grid.round_to(rows, grid), true, data_range)
+    out.update(exact_grid=int(np.sum(g['exact'])), psnr_grid_mean=float(np.mean(g['psnr'])))
+  return out
+
+
+def _grid_scores(rows: np.ndarray, true: np.ndarray, data_range: float) -> dict:
+  """PSNR and exactness of rounded rows matched to `true` (no SSIM: not reported rounded)."""
+  mse = _pair_mse(rows, true)
+  r, c = optimize.linear_sum_assignment(_capped_psnr(mse, data_range), maximize=True)
+  err = np.abs(rows[r] - true[c]).reshape(len(r), -1)
+  return dict(psnr=_capped_psnr(mse[r, c], data_range),
+              exact=err.max(axis=1, initial=0.0) < EXACT)
 
 
 def _psnr_summaries(scores: list[dict], counts: np.ndarray) -> dict:
@@ -339,9 +361,20 @@ def _psnr_summaries(scores: list[dict], counts: np.ndarray) -> dict:
   return out
 
 
+def score_trials(outcome: dict, x_pool: np.ndarray, *, n: int | None = None,
+                 psnr_threshold: float = 30.0, grid: np.ndarray | None = None) -> list[dict]:
+  """`trial_scores` of every trial of `outcome` (clients holding the first `n` of `index`)."""
+  index = np.asarray(outcome['index'])
+  index = index if n is None else index[:, :n]
+  return [trial_scores(outcome['recovered'][t], outcome['valid'][t], x_pool[index[t]],
+                       psnr_threshold=psnr_threshold, grid=grid)
+          for t in range(index.shape[0])]
+
+
 def point_metrics(outcome: dict, x_pool: np.ndarray, y_pool: np.ndarray, *, n: int | None = None,
                   rng: np.random.Generator, psnr_threshold: float = 30.0,
-                  resamples: int = 1000) -> dict[str, float]:
+                  resamples: int = 1000, grid: np.ndarray | None = None,
+                  scores: list[dict] | None = None) -> dict[str, float]:
   """Every trial of a point scored and summarised, each rate with its interval.
 
   `outcome`: `game.run`'s fields stacked over T trials, of clients holding the first `n` of
@@ -356,17 +389,19 @@ def point_metrics(outcome: dict, x_pool: np.ndarray, y_pool: np.ndarray, *, n: i
   N = 1). PSNR over the matched pairs: `psnr_median` and per group (`psnr_exact_*` for pairs
   recovered exactly, `psnr_rest_*` for the others: `_pairs`, `_mean`, `_median`), each with a
   bootstrap over trials. `ssim_mean` is Wang et al.'s SSIM, NaN with `ssim_window_fits` 0
-  where the images are under 11 x 11.
+  where the images are under 11 x 11. `exact_grid` (a rate, as `exact`) and `psnr_grid_mean`
+  after rounding to the value grid `grid` (`value_grid`; None: as `exact`). `scores`: the
+  trials' `score_trials`, if already computed.
   """
   from fl_privacy.eval import stats  # pylint: disable=g-import-not-at-top
   index = np.asarray(outcome['index'])
   index = index if n is None else index[:, :n]
   trials, n = index.shape
-  scores = [trial_scores(outcome['recovered'][t], outcome['valid'][t], x_pool[index[t]],
-                         psnr_threshold=psnr_threshold) for t in range(trials)]
+  if scores is None:
+    scores = score_trials(outcome, x_pool, n=n, psnr_threshold=psnr_threshold, grid=grid)
   out: dict[str, float] = {'n_trials': trials, 'n_examples': trials * n,
                            'psnr_threshold': float(psnr_threshold)}
-  for name in ('recovered', 'exact'):
+  for name in ('recovered', 'exact', 'exact_grid'):
     counts = np.array([s[name] for s in scores])
     out.update(rate_fields(name, counts, n))
     per_trial = counts / n
@@ -374,7 +409,7 @@ def point_metrics(outcome: dict, x_pool: np.ndarray, y_pool: np.ndarray, *, n: i
     lo, hi = bootstrap_mean(per_trial, rng, resamples)
     out[f'{name}_trial_mean_ci_low'], out[f'{name}_trial_mean_ci_high'] = lo, hi
   out.update(stats.rate('all_exact', sum(s['exact'] == n for s in scores), trials))
-  for name in ('psnr_mean', 'ssim_mean'):
+  for name in ('psnr_mean', 'ssim_mean', 'psnr_grid_mean'):
     v = np.array([s[name] for s in scores], np.float64)
     out[name] = float(np.nanmean(v)) if np.isfinite(v).any() else float('nan')
     out[f'{name}_ci_low'], out[f'{name}_ci_high'] = bootstrap_mean(v, rng, resamples)
