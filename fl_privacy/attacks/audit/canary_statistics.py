@@ -55,6 +55,16 @@ NO_ESTIMATE = ('ldp_sgd',)
 BOUNDS = ('epsilon_one_run', 'epsilon_one_run_fdp', 'epsilon_cp', 'epsilon_gdp',
           'epsilon_gdp_midpoint')
 VERDICTS = ('violation', 'no violation', 'cannot refute')
+# What each counted test assumes of the mechanism beyond its claim. 'none': valid for any
+# mechanism (the one-run bound counts guesses, Clopper-Pearson bounds the rates at one
+# threshold, the profile test compares the rates with the claim's own delta(epsilon)).
+# 'gaussian': valid only where the mechanism's trade-off curve is Gaussian (the GDP bounds
+# read epsilon off the mu-GDP curve they reject; so does the f-DP one-run bound, which tests
+# Gaussian trade-off curves: rejecting mu-GDP refutes (epsilon(mu), delta)-DP only for a
+# mechanism at most as private as the Gaussian with that epsilon).
+ASSUMES = {'epsilon_one_run': 'none', 'epsilon_cp': 'none', 'profile': 'none',
+           'epsilon_one_run_fdp': 'gaussian', 'epsilon_gdp': 'gaussian',
+           'epsilon_gdp_midpoint': 'gaussian'}
 # The largest number of canaries `canaries_needed` searches (2^24, about 1.7e7).
 NEEDED_CAP = 1 << 24
 
@@ -129,6 +139,72 @@ def subsampled_fit_epsilon(in_moments: np.ndarray, out_moments: np.ndarray, *, s
   return out
 
 
+def assumes(test: str) -> str:
+  """'none' or 'gaussian': what `test` (a bound of `BOUNDS` or 'profile') assumes (`ASSUMES`);
+  an unknown name is refused, never taken as assumption-free."""
+  if test not in ASSUMES:
+    raise ValueError(f'no assumption recorded for the test {test!r} (one of {tuple(ASSUMES)})')
+  return ASSUMES[test]
+
+
+def _largest(found: dict, names) -> tuple[float, str]:
+  """(the largest finite bound among `names`, its name); (0, 'none') when there is none."""
+  best, name = 0.0, 'none'
+  for k in names:
+    v = float(found[k])
+    if math.isfinite(v) and v > best:
+      best, name = v, k
+  return best, name
+
+
+def labelled_bounds(found: dict, counted: tuple) -> dict[str, Any]:
+  """The counted bounds split by what they assume: `certified_free` (the largest bound that
+  assumes nothing of the mechanism, with `certified_free_test`), `certified_gaussian` (the
+  largest that assumes a Gaussian trade-off curve, with its test; 0 and 'none' where no such
+  test is counted), and the best of all (`best_bound`'s `best_bound_test` and
+  `best_bound_assumes`). A headline reads `certified_free`."""
+  bounds = [k for k in counted if k in BOUNDS]
+  free, free_test = _largest(found, [k for k in bounds if assumes(k) == 'none'])
+  gauss, gauss_test = _largest(found, [k for k in bounds if assumes(k) == 'gaussian'])
+  best, best_test = _largest(found, bounds)
+  return {'certified_free': free, 'certified_free_test': free_test,
+          'certified_free_assumes': 'none', 'certified_gaussian': gauss,
+          'certified_gaussian_test': gauss_test,
+          'certified_gaussian_assumes': 'gaussian' if gauss_test != 'none' else 'none',
+          'best_bound_test': best_test,
+          'best_bound_assumes': assumes(best_test) if best_test != 'none' else 'none'}
+
+
+def refuting(r: dict, claimed_epsilon: float) -> tuple[str, ...]:
+  """The counted tests of `_tests`' result `r` that refute the claim (a bound above it, or
+  the profile test's violation), in counted order."""
+  out = tuple(k for k in r['counted'] if float(r['found'][k]) > float(claimed_epsilon))
+  if r['profile'] and r['tests']['profile_violation'] == 1.0:
+    out += ('profile',)
+  return out
+
+
+def verdict_of(refutes: tuple, reachable: tuple) -> str:
+  """'violation' when a test refutes, else 'no violation' when a perfect attack could have
+  refuted (`reachable`: the tests that refute perfectly separated scores), else 'cannot
+  refute'."""
+  return 'violation' if refutes else 'no violation' if reachable else 'cannot refute'
+
+
+def verdict_labels(refutes: tuple, reachable: tuple) -> dict[str, str]:
+  """What the verdict rests on. `verdict_tests`: the tests that refute (a violation) or that
+  could have (otherwise); `verdict_assumes`: 'none' when an assumption-free test carries the
+  verdict (refutes, or could have refuted), 'gaussian' when only tests that assume a
+  Gaussian curve do; `verdict_free`: the verdict of the assumption-free tests alone (what
+  the row says of a mechanism whose curve is not Gaussian)."""
+  free = lambda tests: tuple(t for t in tests if assumes(t) == 'none')
+  carry = refutes if refutes else reachable
+  return {'verdict_tests': ','.join(carry) if carry else 'none',
+          'verdict_assumes': 'none' if (free(carry) or not carry) else 'gaussian',
+          'verdict_free': verdict_of(free(refutes), free(reachable)),
+          'reach_tests': ','.join(reachable) if reachable else 'none'}
+
+
 def _level(counted: tuple, profile: bool, confidence: float) -> float:
   return 1.0 - (1.0 - float(confidence)) / (len(counted) + int(profile))
 
@@ -169,8 +245,10 @@ def attainable(n_in: int, n_out: int, mechanism: str, claimed_epsilon: float, *,
   """What a perfect attack (IN scores all above OUT scores) certifies with these canaries.
 
   The counted tests of `audit` on perfectly separated scores with the same n_in, n_out,
-  delta and level: `max_certifiable` (their best epsilon bound) and `can_refute` (that bound
-  above the claim, or the profile test refuting it). No attack on these canaries certifies
+  delta and level: `max_certifiable` (their best epsilon bound; `max_certifiable_free`, the
+  best of those that assume nothing), `can_refute` (that bound above the claim, or the
+  profile test refuting it) and `reach_tests` (the tests that refute, the profile test
+  included: the same tests as the verdict's). No attack on these canaries certifies
   more; a claim above `max_certifiable` that the profile test cannot reach is beyond the
   audit's reach, whatever the mechanism does.
   """
@@ -178,9 +256,11 @@ def attainable(n_in: int, n_out: int, mechanism: str, claimed_epsilon: float, *,
   r = _tests(ins, outs, mechanism, claimed_epsilon, delta=delta, confidence=confidence,
              independent=independent, claimed_delta=claimed_delta,
              midpoint=0.5 if midpoint else None, report_all=False)
-  refutes = r['best'] > float(claimed_epsilon) or r['tests']['profile_violation'] == 1.0
-  return {'max_certifiable': r['best'], 'can_refute': bool(refutes),
-          'max_certifiable_profile': float(r['tests']['profile_violation'] == 1.0)}
+  tests = refuting(r, claimed_epsilon)
+  free = labelled_bounds(r['found'], r['counted'])
+  return {'max_certifiable': r['best'], 'can_refute': bool(tests),
+          'max_certifiable_profile': float(r['tests']['profile_violation'] == 1.0),
+          'max_certifiable_free': free['certified_free'], 'reach_tests': tests}
 
 
 def canaries_needed(mechanism: str, claimed_epsilon: float, *, delta: float, confidence: float,
@@ -254,10 +334,15 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
     `epsilon_estimate` and `gdp_mu_estimate` (Andrew et al.'s Gaussian fit; NaN for LDP-SGD),
     `num_canaries`, `n_in`, `n_out`, `best_bound`, `tightness` (best / claim),
     `privacy_violation`, `counted_bounds`, `canaries_independent`, `verdict_confidence`,
-    `bound_confidence`, `score_in_mean`, `score_out_mean`, the profile test's fields; with
-    `reach`, `max_certifiable`, `can_refute`, `verdict` ('violation', 'no violation' or
-    'cannot refute') and `canaries_needed` (0 when the canaries suffice, -1 when no count up to
-    `NEEDED_CAP` would).
+    `bound_confidence`, `score_in_mean`, `score_out_mean`, the profile test's fields; the
+    labels of `labelled_bounds` (`certified_free`: the largest counted bound that assumes
+    nothing, the headline; `certified_gaussian`: the largest that assumes a Gaussian curve;
+    `best_bound_test`, `best_bound_assumes`) and `refuting_tests`; with `reach`,
+    `max_certifiable` (`max_certifiable_free`: of the assumption-free bounds), `can_refute`,
+    `verdict` ('violation', 'no violation' or 'cannot refute', from the same tests as
+    `can_refute`, the profile test included), `verdict_labels`' `verdict_tests`,
+    `verdict_assumes`, `verdict_free` and `reach_tests`, and `canaries_needed` (0 when the
+    canaries suffice, -1 when no count up to `NEEDED_CAP` would).
   """
   scores = np.asarray(scores, np.float64)
   world = np.asarray(world, bool)
@@ -271,8 +356,11 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
   mu, est = gaussian_fit_epsilon(ins, outs, delta)
   if mechanism in NO_ESTIMATE:
     mu, est = math.nan, math.nan
-  violation = r['best'] > float(claimed_epsilon) or r['tests']['profile_violation'] == 1.0
+  refutes = refuting(r, claimed_epsilon)
+  violation = bool(refutes)
   out = {k: float(found[k]) for k in BOUNDS}
+  out.update(labelled_bounds(found, r['counted']))
+  out['refuting_tests'] = ','.join(refutes) if refutes else 'none'
   out.update({
       'epsilon_estimate': float(est), 'gdp_mu_estimate': float(mu),
       'num_canaries': int(len(scores)), 'n_in': int(len(ins)), 'n_out': int(len(outs)),
@@ -296,11 +384,11 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
       # one-run bound's 2 m delta grows with m).
       n = canaries_needed(mechanism, claimed_epsilon, start=16, **kw)
       needed = -1 if n is None else int(n)
-    verdict = ('violation' if violation else
-               'no violation' if reach_['can_refute'] else 'cannot refute')
+    verdict = verdict_of(refutes, reach_['reach_tests'])
     out.update(max_certifiable=reach_['max_certifiable'],
+               max_certifiable_free=reach_['max_certifiable_free'],
                can_refute=float(reach_['can_refute']), verdict=verdict,
-               canaries_needed=needed)
+               canaries_needed=needed, **verdict_labels(refutes, reach_['reach_tests']))
   return out
 
 
@@ -316,13 +404,16 @@ class Curve:
   add/remove canary is the shift when IN and absent when OUT, a replace-one canary +shift /
   -shift. Randomized response (`rr_epsilon` e, replace-one): each release is the canary's
   world's bit, kept with probability e^e / (1 + e^e) (the trade-off curve of any e-DP release,
-  the tightest it allows: LDP-SGD's report reduced to its hemisphere)."""
+  the tightest it allows: LDP-SGD's report reduced to its hemisphere). `score_noise`: the
+  noise the score's likelihood ratio assumes (None: `noise`); a planted bug draws `noise`
+  smaller while the audit's statistic still reads the claim's (`audit_power.planted`)."""
   steps: int
   noise: float = 1.0
   shift: float = 1.0
   rate: float = 1.0
   relation: str = 'add_remove'
   rr_epsilon: float | None = None
+  score_noise: float | None = None
 
 
 def curve_scores(curve: Curve, world: np.ndarray, rng: np.random.Generator,
@@ -332,6 +423,7 @@ def curve_scores(curve: Curve, world: np.ndarray, rng: np.random.Generator,
   world = np.asarray(world, bool)
   out = np.empty(len(world))
   s, d, q = float(curve.noise), float(curve.shift), float(curve.rate)
+  v = float(s if curve.score_noise is None else curve.score_noise) ** 2   # the score's
   for lo in range(0, len(world), chunk):
     w = world[lo:lo + chunk]
     shape = (len(w), int(curve.steps))
@@ -346,8 +438,8 @@ def curve_scores(curve: Curve, world: np.ndarray, rng: np.random.Generator,
       if q >= 1.0:
         out[lo:lo + chunk] = x.sum(1)
       else:   # the mixture of +shift and -shift, each present with probability q
-        a = (x * d - 0.5 * d * d) / (s * s)
-        b = (-x * d - 0.5 * d * d) / (s * s)
+        a = (x * d - 0.5 * d * d) / v
+        b = (-x * d - 0.5 * d * d) / v
         out[lo:lo + chunk] = (np.logaddexp(np.log1p(-q), np.log(q) + a) -
                               np.logaddexp(np.log1p(-q), np.log(q) + b)).sum(1)
       continue
@@ -355,7 +447,7 @@ def curve_scores(curve: Curve, world: np.ndarray, rng: np.random.Generator,
     if q >= 1.0:
       out[lo:lo + chunk] = x.sum(1)
     else:
-      a = (x * d - 0.5 * d * d) / (s * s)
+      a = (x * d - 0.5 * d * d) / v
       out[lo:lo + chunk] = np.logaddexp(np.log1p(-q), np.log(q) + a).sum(1)
   return out
 

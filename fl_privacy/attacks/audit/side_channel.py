@@ -185,12 +185,14 @@ def audit(world: np.ndarray, scores: dict[str, np.ndarray], mechanism: str,
   `best_bound`, `verdict`, ...), `side_channel_statistic` naming it, per statistic
   `side_<statistic>_best` and `side_<statistic>_in_mean` / `_out_mean`, and
   `side_channel_family` (F); `privacy_violation` if any of the F audits finds one, `can_refute`
-  if any could.
+  if any could, and the verdict's labels (`canary_statistics.verdict_labels`) over the tests
+  that refute, or could, in any of them.
   """
   family = 2 * len(scores)
   level = 1.0 - (1.0 - float(confidence)) / family
   best, best_name, out = None, '', {}
   violation = refutable = False
+  refutes, reach = set(), set()   # the tests that refute in any audit, or could
   for name, s in scores.items():
     s = np.asarray(s, np.float64)
     stat_best = 0.0
@@ -200,6 +202,8 @@ def audit(world: np.ndarray, scores: dict[str, np.ndarray], mechanism: str,
                                   claimed_delta=claimed_delta, reach=True, report_all=False)
       violation |= a['privacy_violation'] > 0
       refutable |= a['can_refute'] > 0
+      refutes.update(t for t in a['refuting_tests'].split(',') if t != 'none')
+      reach.update(t for t in a['reach_tests'].split(',') if t != 'none')
       stat_best = max(stat_best, a['best_bound'])
       if best is None or (a['privacy_violation'], a['best_bound']) > (
           best['privacy_violation'], best['best_bound']):
@@ -214,6 +218,9 @@ def audit(world: np.ndarray, scores: dict[str, np.ndarray], mechanism: str,
                 verdict_confidence=float(confidence),
                 verdict=('violation' if violation else
                          'no violation' if refutable else 'cannot refute'))
+  order = lambda tests: tuple(sorted(tests, key=tuple(canary_statistics.ASSUMES).index))
+  result.update(canary_statistics.verdict_labels(order(refutes), order(reach)))
+  result['refuting_tests'] = ','.join(order(refutes)) or 'none'
   if refutable:
     result['canaries_needed'] = 0
   return result
