@@ -3,7 +3,9 @@ canary audit's statistics on all three, the dishonest detector's decisions and t
 server's recoveries in process and on the deployment (the Simulation Engine's equality for
 those is the default run's, docs/experiments/flower_audit.md: CI time), bit for bit (Flower
 1.42 serialises float32 arrays as raw bytes: nothing is lost on the way, so no tolerance is
-needed; only Flower's node ids differ)."""
+needed; only Flower's node ids differ). Both Flower engines run the repository's Flower App
+(`flower_app/`) under `flwr run`: one SuperLink with 4 SuperNodes, and one SuperLink in
+simulation mode (`--federation-config num-supernodes=4`), each shared by the module's jobs."""
 
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ def setup(tmp_path_factory):
   config.flower_audit.dishonest.targets_out = 0
   state = pipeline.prepare(config)
   root = tmp_path_factory.mktemp('engines')
-  with deployment.LocalDeployment(4, root / 'deployment') as dep, dispatch.using(dep):
+  with deployment.LocalDeployment(4, root / 'deployment') as dep, dispatch.using(dep), \
+      deployment.LocalDeployment(4, root / 'simulation', simulation=True) as sim, \
+      dispatch.using(sim):
     yield config, state, jax.random.key(int(config.seed)), root
 
 

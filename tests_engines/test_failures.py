@@ -1,10 +1,13 @@
-"""Failures of a real deployment: a node that replies with an error, a round that times out, a
-SuperNode killed mid-round, and processes stopped on every exit path."""
+"""Failures of a real deployment: a node that replies with an error, a round that times out
+(on SuperNodes with homes and working directories of their own, the job inside the run), a
+SuperNode killed mid-round, and processes stopped on every exit path: an exception, SIGTERM,
+and the driver killed with SIGKILL (its watchdog)."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,10 +58,20 @@ def test_an_error_reply_is_named_and_the_audit_refuses_the_partial_run(engine, n
     fedmia.check_complete(out, 'the run')
 
 
-def test_a_round_that_times_out_names_the_late_node(no_leftovers):
-  job = _job(actions={(1, 2): 'sleep:40'}, round_timeout=15.0, rounds=1)
-  with deployment.LocalDeployment(3, no_leftovers / 'dep') as dep:
-    out = dispatch.run_job('deployment', job, no_leftovers / 'job', deployment=dep)
+def test_nodes_with_homes_of_their_own_run_the_job_and_a_late_node_is_named(no_leftovers):
+  """SuperNodes with their own FLWR_HOME and working directory, sharing no folder with the
+  submitter: the job reaches them inside the run (the run config file, read by `flwr run`
+  only, is gone before any node trains); node 2 sleeps past the round's timeout."""
+  job = _job(actions={(1, 2): 'sleep:600'}, round_timeout=30.0, rounds=1)
+  submitter, nodes = no_leftovers / 'submitter', no_leftovers / 'nodes'
+  with deployment.LocalDeployment(3, submitter / 'dep', node_root=nodes) as dep:
+    for k, proc in enumerate(dep.supernodes):
+      env = pathlib.Path(f'/proc/{proc.pid}/environ').read_bytes().split(b'\0')
+      assert f'FLWR_HOME={nodes / f"node_{k}" / "home"}'.encode() in env
+      assert pathlib.Path(f'/proc/{proc.pid}/cwd').resolve() == (nodes / f'node_{k}' / 'cwd')
+    run_id = dep.submit_job(job, submitter / 'job')
+    shutil.rmtree(submitter / 'job')
+    out = dep.result(run_id, dep.wait(run_id, timeout=300))
   assert [(x['round'], x['partition'], x['reason']) for x in out['losses']] == [
       (1, 2, 'no reply within the timeout')]
   np.testing.assert_allclose(out['result']['models'], _models([[0, 1]]), rtol=1e-6)
@@ -97,15 +110,6 @@ def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_lef
     fedmia.check_complete(box['out'], 'the run')
 
 
-def test_processes_stop_when_the_block_raises(no_leftovers):
-  with pytest.raises(KeyError, match='boom'):
-    with deployment.LocalDeployment(2, no_leftovers / 'dep') as dep:
-      pids = dep.pids()
-      assert len(pids) == 3 and all(map(alive, pids))
-      raise KeyError('boom')
-  assert not any(map(alive, pids))
-
-
 def test_processes_stop_when_the_run_is_terminated(no_leftovers):
   """SIGTERM to the process holding a deployment (what `timeout` or a scheduler sends)."""
   pid_file = no_leftovers / 'pids'
@@ -130,18 +134,42 @@ def test_processes_stop_when_the_run_is_terminated(no_leftovers):
   assert not flower_processes(str(no_leftovers))
 
 
-def test_a_run_without_a_job_fails_with_one_line(no_leftovers):
-  with deployment.LocalDeployment(1, no_leftovers / 'dep') as dep:
-    run_id = dep.submit({})
-    entry = dep.wait(run_id, timeout=120)
-  assert entry['status'] == 'finished:failed'
-  assert "the run config has no 'job'" in entry['status-details']
+def test_the_driver_killed_with_sigkill_leaves_no_flower_process(no_leftovers):
+  """SIGKILL runs no `finally`: the deployment's watchdog (a session of its own) sees the
+  driver gone and kills the SuperLink, the SuperNodes, their superexecs and the ClientApp
+  process still training."""
+  markers = no_leftovers / 'markers'
+  markers.mkdir()
+  code = ('from fl_privacy.flower.engines import dispatch, jobs\n'
+          f'job = jobs.Job({TOY!r}, 2, dict(rounds=1, markers={str(markers)!r}, '
+          'actions={(1, 0): "sleep:600"}), seed=1)\n'
+          f'dispatch.run_job("deployment", job, {str(no_leftovers / "job")!r})\n')
+  proc = subprocess.Popen([sys.executable, '-c', code], cwd=REPO, env=dict(os.environ))
+  deadline = time.monotonic() + 240
+  while not (markers / 'r1_p0').exists():  # node 0's ClientApp is inside round 1
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.2)
+  running = flower_processes(str(no_leftovers))
+  assert len(running) >= 6  # SuperLink, 2 SuperNodes, 3 superexecs, a ClientApp, watchdog
+  proc.kill()
+  proc.wait()
+  deadline = time.monotonic() + 10
+  while flower_processes(str(no_leftovers)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert not flower_processes(str(no_leftovers))
+  assert not any(map(alive, running))
 
 
-def test_a_node_count_the_deployment_lacks_is_refused(no_leftovers):
-  with deployment.LocalDeployment(1, no_leftovers / 'dep') as dep:
-    with pytest.raises(ValueError, match='the deployment has 1 SuperNodes, the job needs 3'):
+def test_a_run_without_a_job_fails_and_a_block_that_raises_stops_every_process(no_leftovers):
+  with pytest.raises(ValueError, match='the deployment has 1 SuperNodes, the job needs 3'):
+    with deployment.LocalDeployment(1, no_leftovers / 'dep') as dep:
+      pids = dep.pids()
+      assert len(pids) == 2 and all(map(alive, pids))
+      entry = dep.wait(dep.submit({}), timeout=120)
+      assert entry['status'] == 'finished:failed'
+      assert "the run config has no 'job'" in entry['status-details']
       dispatch.run_job('deployment', _job(), no_leftovers / 'job', deployment=dep)
+  assert not any(map(alive, pids))
 
 
 def test_the_app_folder_names_our_server_and_client_apps():

@@ -1,19 +1,25 @@
-"""`jobs`: a Job rebuilt anywhere, the partition query, the ordered grid and what it lost, the
-seeded server generators (in process; the other engines: tests_engines/)."""
+"""`jobs`: a Job rebuilt anywhere from the data the run carries (`codec`, no pickle), the
+partition query, the ordered grid and what it lost, the seeded server generators, the
+deployment's size bound (in process; the other engines: tests_engines/)."""
 
 from __future__ import annotations
 
-import pickle
+import base64
+import dataclasses
+import json
 import random
+import zlib
 
 from flwr.app import Message
+import ml_collections
 import numpy as np
 import pytest
 
-from fl_privacy.flower.engines import deployment
+from fl_privacy.flower.engines import codec
 from fl_privacy.flower.engines import dispatch
 from fl_privacy.flower.engines import inprocess
 from fl_privacy.flower.engines import jobs
+from fl_privacy.flower.engines import sizes
 
 TOY = 'tests_engines.toy_part'
 
@@ -22,25 +28,88 @@ def _job(num_nodes=3, **args):
   return jobs.Job(TOY, num_nodes, dict(rounds=2, **args), seed=11)
 
 
-def test_a_job_names_a_known_part_or_a_module():
+def test_a_job_names_a_known_part_or_a_module_of_this_repository():
   with pytest.raises(ValueError, match="part must be one of"):
     jobs.Job('fedmia2', 2, {}, seed=0)
+  with pytest.raises(ValueError, match="part must be one of .* a module of "):
+    jobs.Job('os.path', 2, {}, seed=0)  # importable, but not ours
   with pytest.raises(ValueError, match='num_nodes must be >= 1'):
     jobs.Job('fedmia', 0, {}, seed=0)
   job = _job()
-  assert pickle.loads(pickle.dumps(job)) == job
+  assert jobs.loads(jobs.dumps(job)) == job
   assert jobs.job_hash(job) == jobs.job_hash(_job()) != jobs.job_hash(_job(num_nodes=4))
 
 
-def test_a_saved_job_loads_back_and_the_result_path_sits_beside_it(tmp_path):
-  job = _job()
-  path = jobs.save(job, tmp_path / 'a' / 'job.pkl')
-  assert jobs.load(path) == job
-  assert not list((tmp_path / 'a').glob('*.tmp'))
-  with open(tmp_path / 'not_a_job.pkl', 'wb') as f:
-    pickle.dump({'part': 'fedmia'}, f)
-  with pytest.raises(TypeError, match='holds a dict, not a Job'):
-    jobs.load(tmp_path / 'not_a_job.pkl')
+@dataclasses.dataclass(frozen=True)
+class _Point:
+  """A dataclass of this repository's (tests) packages? No: `tests.` is not trusted."""
+  x: int
+
+
+def test_the_codec_rebuilds_what_jobs_and_results_hold_bit_for_bit():
+  config = ml_collections.ConfigDict({'a': 1, 'b': (2, 'c'), 'd': {'e': None, 'f': 0.1}})
+  value = {'ints': [1, -2**70], 'nan': float('nan'), 'inf': -float('inf'), 'text': 'é',
+           'tuple': (1, (2.5, None)), 'bytes': b'\x00\xff', 'flag': True,
+           'keys': {(2, 1): 'raise', 7: 'seven', codec._TAG: 'a tag as a key'},  # pylint: disable=protected-access
+           'f32': np.float32(1.1), 'u64': np.uint64(2**64 - 1),
+           'array': np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+           'bools': np.array([True, False]), 'empty': np.zeros((0, 3), np.int8),
+           'config': config, 'job': _job(actions={(1, 0): 'raise'})}
+  back = codec.loads(codec.dumps(value))
+  assert back['ints'] == [1, -2**70] and np.isnan(back['nan']) and back['inf'] == -np.inf
+  assert back['tuple'] == (1, (2.5, None)) and isinstance(back['tuple'][1], tuple)
+  assert back['bytes'] == b'\x00\xff' and back['flag'] is True and back['text'] == 'é'
+  assert back['keys'] == value['keys']
+  for name in ('f32', 'u64'):
+    assert type(back[name]) is type(value[name]) and back[name] == value[name]
+  for name in ('array', 'bools', 'empty'):
+    assert back[name].dtype == value[name].dtype
+    np.testing.assert_array_equal(back[name], value[name])
+  assert isinstance(back['config'], ml_collections.ConfigDict)
+  assert back['config'].to_dict() == config.to_dict() and back['config'].b == (2, 'c')
+  assert back['job'] == value['job'] and isinstance(back['job'], jobs.Job)
+
+
+def _payload(tree) -> str:
+  return base64.b64encode(zlib.compress(json.dumps(tree).encode())).decode()
+
+
+def test_a_payload_names_no_callable_outside_this_repository_and_no_pickle():
+  tag = codec._TAG  # pylint: disable=protected-access
+  for name in ('os:system', 'subprocess:Popen', 'builtins:eval',
+               f'{__name__}:_Point'):  # a dataclass, but of the tests' package
+    with pytest.raises(ValueError, match='only dataclasses of'):
+      codec.loads(_payload({tag: 'dataclass', 'type': name, 'v': {}}))
+  with pytest.raises(ValueError, match='is not a dataclass'):
+    codec.loads(_payload({tag: 'dataclass', 'type': 'fl_privacy.flower.engines.jobs:serve',
+                          'v': {}}))
+  pickled = np.array([{'a': 1}], dtype=object)
+  with pytest.raises(TypeError, match=r"job\['x'\]: object arrays are not encoded"):
+    codec.dumps({'x': pickled})
+  with pytest.raises(TypeError, match=r'job\.y: a _thread\.lock cannot be encoded'):
+    import threading  # pylint: disable=import-outside-toplevel
+    codec.encode(ml_collections.ConfigDict({'y': threading.Lock()}))
+  with pytest.raises(ValueError, match='not a payload'):
+    codec.loads('not base64 at all!')
+  with pytest.raises(ValueError, match="holds a dict, not a Job"):
+    jobs.loads(codec.dumps({'part': 'fedmia'}))
+
+
+def test_the_flower_apps_client_reads_its_job_from_the_run_config():
+  """What a SuperNode's ClientApp process gets: the run config, no file."""
+  job = _job(actions={(2, 1): 'raise'})
+  want = dispatch.run_job('inprocess', job)
+  grid = inprocess.InProcessGrid([jobs.client_app_for()] * 3,
+                                 run_config={'job': jobs.dumps(job)})
+  with inprocess.task_identity(grid.run.run_id, inprocess.SUPERLINK_NODE_ID):
+    got = jobs.serve(job, grid)
+  np.testing.assert_array_equal(np.stack(got['result']['models']),
+                                np.stack(want['result']['models']))
+  assert [(x['round'], x['partition']) for x in got['losses']] == [(2, 1)]
+  bare = inprocess.InProcessGrid([jobs.client_app_for()] * 3, raise_client_errors=True)
+  with inprocess.task_identity(bare.run.run_id, inprocess.SUPERLINK_NODE_ID):
+    with pytest.raises(ValueError, match="the run config has no 'job'"):
+      jobs.serve(job, bare)
 
 
 def _grid(job, node_ids=None, node_configs=None):
@@ -136,6 +205,16 @@ def test_an_unknown_engine_is_refused():
     dispatch.run_job('ray', _job())
 
 
-def test_the_deployment_bound_is_memory_over_a_node():
-  assert deployment.max_deployment_nodes(available=int(24e9)) == 32
-  assert deployment.max_deployment_nodes(available=int(1e8)) == 1
+def test_the_deployment_bound_is_total_memory_over_every_process_of_a_node():
+  node = sizes.SUPERNODE_BYTES + sizes.SUPEREXEC_BYTES + sizes.CLIENTAPP_BYTES
+  assert sizes.NODE_BYTES == node
+  for total in (int(8e9), int(25.3e9), int(64e9)):
+    want = max(1, int((0.8 * total - sizes.BASE_BYTES) // node))
+    assert sizes.max_deployment_nodes(total) == want
+  assert sizes.max_deployment_nodes(int(25_276_182_528)) == 24  # this machine (MemTotal)
+  assert sizes.max_deployment_nodes(int(1e8)) == 1
+  # The default reads the machine's total, not what is free now: one verdict, busy or idle.
+  assert sizes.max_deployment_nodes() == sizes.max_deployment_nodes(sizes.total_memory())
+  with open('/proc/meminfo', encoding='utf-8') as f:
+    mem_total = int(next(line for line in f if line.startswith('MemTotal:')).split()[1]) * 1024
+  assert sizes.total_memory() <= mem_total

@@ -1,52 +1,70 @@
 """The Flower App's components (`flower_app/pyproject.toml` names them):
 `fl_privacy.flower.engines.app:server_app` and `fl_privacy.flower.engines.app:client_app`.
 
-Under `flwr run flower_app <connection> --run-config "job='<path>'"` the SuperLink's
-`flwr-serverapp` runs `server_app`: it loads the `jobs.Job` pickled at `job`, runs
-`jobs.serve` on the Grid Flower hands it and writes the return (or the exception) next to the
-job as `<job>.result.pkl` (atomically; `engines.LocalDeployment.run` reads it). Each
+The job travels inside the run: `flwr run flower_app <connection> --run-config <file.toml>`,
+the file holding `job = "<jobs.dumps text>"` (JSON, compressed, base64: `codec`), which the
+`flwr` CLI reads and sends to the SuperLink with the run; Flower hands the run config to the
+ServerApp and to every node's ClientApp. The SuperLink's ServerApp process runs `server_app`:
+it rebuilds the job from the run config, runs `jobs.serve` on the Grid Flower hands it and
+writes the return (or the error, one line) as `codec` text to `result_path(run_id)` under the
+SuperLink's Flower home (`$FLWR_HOME`; `deployment.LocalDeployment.run` reads it). Each
 SuperNode's `flwr-clientapp` runs `client_app`, which builds the part's ClientApp from the same
-job (the run config reaches every node) and its node config's `partition-id`.
-`python -m experiments.flower_audit --config.flower_audit.engine=deployment` writes the jobs
+run config and its node config's `partition-id`. Nothing is unpickled and no path is read from
+the run config: a SuperNode needs no folder it shares with the submitter.
+`python -m experiments.flower_audit --config.flower_audit.engine=deployment` submits the jobs
 and starts the processes; docs/experiments/flower_audit.md has the recipe for a deployment of
 one's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import tempfile
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
 
 # pylint: disable=wrong-import-position
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.utils import get_flwr_home
 
+from fl_privacy.flower.engines import codec
 from fl_privacy.flower.engines import jobs
 
-
-client_app = jobs.client_app_for('')
+RESULTS = 'fl_privacy_results'
+client_app = jobs.client_app_for()
 server_app = ServerApp()
 
 
-def result_path(job_path: str | os.PathLike) -> pathlib.Path:
-  """Where the ServerApp writes the result of the job pickled at `job_path`."""
-  return pathlib.Path(job_path).with_suffix('.result.pkl')
+def result_path(run_id: int, home: str | os.PathLike | None = None) -> pathlib.Path:
+  """Where the ServerApp of run `run_id` writes its result: `<home>/fl_privacy_results/
+  run_<id>.txt` (`home`: the SuperLink's Flower home, default this process's `$FLWR_HOME`)."""
+  return pathlib.Path(home or get_flwr_home()) / RESULTS / f'run_{int(run_id)}.txt'
+
+
+def write_result(path: pathlib.Path, payload: dict) -> None:
+  """`codec.dumps(payload)` to `path`, atomically."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'w', encoding='ascii') as f:
+      f.write(codec.dumps(payload))
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-  path = str(context.run_config.get('job', ''))
-  if not path:
-    raise ValueError("the run config has no 'job': run `python -m experiments.flower_audit "
-                     "--config.flower_audit.engine=deployment`, or pass --run-config "
-                     "\"job='<path of a pickled fl_privacy.flower.engines.jobs.Job>'\"")
-  job = jobs.load(path)
+  job = jobs.from_run_config(context)
+  path = result_path(context.run_id)
   try:
     out = jobs.serve(job, grid)
   except Exception as e:  # pylint: disable=broad-except
-    jobs.write_pickle(jobs.EngineError(f'the ServerApp raised {type(e).__name__}: {e}'),
-                      result_path(path))
+    write_result(path, {'error': f'the ServerApp raised {type(e).__name__}: {e}'})
     raise
-  jobs.write_pickle(out, result_path(path))
+  write_result(path, {'result': out})

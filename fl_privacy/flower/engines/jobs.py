@@ -2,22 +2,23 @@
 
 A `Job` names a `flower_audit` part (`PARTS`: the module holding the part's
 `job_client(args) -> ClientApp` and `job_server(args, grid) -> result`), its node count, its
-arguments (picklable: configs, numpy arrays, raw key data) and the seed of the server
-process's global generators (FedAvg samples nodes with Python's `random`; Flower's DP
-wrappers draw their noise from numpy's). Any process can rebuild a job from its pickle, so
-the same job runs on every engine (`dispatch.run_job`):
+arguments (configs, numpy arrays, raw key data, this repository's dataclasses) and the seed of
+the server process's global generators (FedAvg samples nodes with Python's `random`; Flower's
+DP wrappers draw their noise from numpy's). A job travels inside the run, as data: `dumps`
+writes it as `codec` text (JSON, compressed, base64; no pickle) for the run config's `job`
+entry, which Flower hands the ServerApp and every node's ClientApp; `loads` rebuilds it. So the
+same job runs on every engine (`dispatch.run_job`), and a node needs no file of the
+submitter's:
 
-- `client_app_for(ref)`: a thin `ClientApp` (pickled cheaply to Ray's actors) whose train and
-  evaluate build the part's ClientApp from the job on the node's first message (cached per
-  process and job) and hand it the message; its `query` replies the node's `partition-id`.
-  `ref` is the job, or the path of its pickle.
+- `client_app_for(job)`: a thin `ClientApp` whose train and evaluate build the part's
+  ClientApp from the job on the node's first message (cached per process and job) and hand it
+  the message; its `query` replies the node's `partition-id`. `client_app_for()` reads the
+  job from the run config (`from_run_config`): the Flower App's ClientApp
+  (`fl_privacy.flower.engines.app`).
 - `serve(job, grid)`: the server side on any Flower `Grid`: asks every node its partition
   (`partition_map`), seeds the server's generators, runs the part on an `OrderedGrid` and
-  returns {'result', 'partitions', 'node_ids' (by partition), 'losses'}.
-- `server_app_for(job, sink)`: a `ServerApp` running `serve` and leaving its return in `sink`
-  (the Simulation Engine runs the ServerApp in a thread of this process). The deployment's
-  ServerApp is `fl_privacy.flower.engines.app.server_app`, reading the job's path from the run
-  config.
+  returns {'result', 'partitions', 'node_ids' (by partition), 'losses'}. The Flower App's
+  ServerApp runs it on the job of the run config.
 """
 
 from __future__ import annotations
@@ -27,11 +28,7 @@ import dataclasses
 import hashlib
 import importlib
 import logging
-import os
-import pathlib
-import pickle
 import random
-import tempfile
 import time
 from typing import Any, Iterable, Mapping
 
@@ -39,8 +36,10 @@ import numpy as np
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+
+from fl_privacy.flower.engines import codec
 
 
 # Part name -> module defining job_client(args) and job_server(args, grid).
@@ -61,11 +60,12 @@ class Job:
   """One Flower run, rebuildable in any process.
 
   Attributes:
-    part: A key of `PARTS`, or the dotted name of any importable module defining
-      `job_client(args)` and `job_server(args, grid)` (the tests' own parts; every process
-      of the run must be able to import it).
+    part: A key of `PARTS`, or the dotted name of a module of `codec.TRUSTED_PACKAGES`
+      (this repository's packages) defining `job_client(args)` and `job_server(args, grid)`
+      (the tests' and benchmarks' own parts; every process of the run must be able to import
+      it).
     num_nodes: N, the nodes' partitions are 0..N-1.
-    args: The part's arguments (picklable).
+    args: The part's arguments (what `codec` encodes).
     seed: Seeds Python's `random` and numpy's global generator in the server's process
       during `serve` (restored after).
     round_timeout: Seconds a round waits for replies (None: Flower's default, 3600).
@@ -79,52 +79,40 @@ class Job:
   wait_timeout: float = 300.0
 
   def __post_init__(self):
-    if self.part not in PARTS and '.' not in self.part:
-      raise ValueError(f'part must be one of {tuple(PARTS)} or a module\'s dotted name (got '
-                       f'{self.part!r})')
+    if self.part not in PARTS and not ('.' in self.part and
+                                       codec.trusted_module(self.part)):
+      raise ValueError(f'part must be one of {tuple(PARTS)} or the dotted name of a module of '
+                       f'{codec.TRUSTED_PACKAGES} (got {self.part!r})')
     if int(self.num_nodes) < 1:
       raise ValueError(f'num_nodes must be >= 1 (got {self.num_nodes})')
 
 
+def dumps(job: Job) -> str:
+  """`job` as text for the run config's `job` entry (`codec.dumps`: JSON, compressed,
+  base64; no pickle)."""
+  if not isinstance(job, Job):
+    raise TypeError(f'expected a Job, got {type(job).__name__}')
+  return codec.dumps(job)
+
+
 def job_hash(job: Job) -> str:
-  return hashlib.sha256(pickle.dumps(job, protocol=4)).hexdigest()
-
-
-def save(job: Job, path: str | os.PathLike) -> pathlib.Path:
-  """Pickles `job` to `path` atomically; returns the path."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  write_pickle(job, path)
-  return path
-
-
-def write_pickle(obj: Any, path: str | os.PathLike) -> None:
-  path = pathlib.Path(path)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      pickle.dump(obj, f, protocol=4)
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
+  return hashlib.sha256(dumps(job).encode('ascii')).hexdigest()
 
 
 _LOADED: dict[str, Job] = {}
 _BUILT: dict[str, ClientApp] = {}
 
 
-def load(path: str | os.PathLike) -> Job:
-  """The job pickled at `path` (cached per process)."""
-  path = str(path)
-  if path not in _LOADED:
-    with open(path, 'rb') as f:
-      job = pickle.load(f)
+def loads(text: str) -> Job:
+  """The job `dumps` wrote (cached per process by the text's hash). ValueError when the
+  text is not a job."""
+  h = hashlib.sha256(str(text).encode('utf-8')).hexdigest()
+  if h not in _LOADED:
+    job = codec.loads(text)
     if not isinstance(job, Job):
-      raise TypeError(f'{path} holds a {type(job).__name__}, not a Job')
-    _LOADED[path] = job
-  return _LOADED[path]
+      raise ValueError(f"the run config's job holds a {type(job).__name__}, not a Job")
+    _LOADED[h] = job
+  return _LOADED[h]
 
 
 def _module(job: Job):
@@ -158,21 +146,23 @@ def _compile_cache() -> None:
     compile_cache.enable(directory)
 
 
-def _resolve(ref: Job | str, context: Context) -> Job:
-  if isinstance(ref, Job):
-    return ref
-  path = ref or str(context.run_config.get('job', ''))
-  if not path:
-    raise ValueError("the run config has no 'job' (the path of a pickled "
-                     'fl_privacy.flower.engines.jobs.Job); `python -m experiments.flower_audit` '
-                     'writes '
-                     'one, see docs/experiments/flower_audit.md')
-  return load(path)
+NO_JOB = ("the run config has no 'job' (a fl_privacy.flower.engines.jobs.Job as `jobs.dumps` "
+          'text): run `python -m experiments.flower_audit --config.flower_audit.engine='
+          "deployment`, or pass --run-config <a TOML file holding job = \"<jobs.dumps(job)>\">")
 
 
-def client_app_for(ref: Job | str = '') -> ClientApp:
-  """A ClientApp running job `ref` (a Job, a pickle's path, or '' for the run config's
-  `job`): train and evaluate go to the part's ClientApp, query returns `partition-id`."""
+def from_run_config(context: Context) -> Job:
+  """The job the run carries in its run config's `job` entry (Flower hands the run config to
+  the ServerApp and to every node's ClientApp)."""
+  text = str(context.run_config.get('job', ''))
+  if not text:
+    raise ValueError(NO_JOB)
+  return loads(text)
+
+
+def client_app_for(ref: Job | None = None) -> ClientApp:
+  """A ClientApp running job `ref` (None: the job of the run config, `from_run_config`):
+  train and evaluate go to the part's ClientApp, query returns `partition-id`."""
   app = ClientApp()
   own: dict[str, ClientApp] = {}  # a Job given as an object: built for this app only
 
@@ -181,7 +171,7 @@ def client_app_for(ref: Job | str = '') -> ClientApp:
       if 'app' not in own:
         own['app'] = build_client_app(ref)
       return own['app'](msg, context)
-    return client_app(_resolve(ref, context))(msg, context)
+    return client_app(from_run_config(context))(msg, context)
 
   app.train()(forward)
   app.evaluate()(forward)
@@ -328,20 +318,3 @@ def serve(job: Job, grid: Grid) -> dict[str, Any]:
         'dishonest_server' if job.part == 'dishonest' else 'job_server'](job.args, ordered)
   return {'result': result, 'partitions': partitions, 'node_ids': ordered.get_node_ids(),
           'losses': list(ordered.losses)}
-
-
-def server_app_for(job: Job, sink: dict[str, Any]) -> ServerApp:
-  """A ServerApp running `serve(job, grid)`; its return (or exception) lands in `sink`."""
-  app = ServerApp()
-
-  @app.main()
-  def main(grid: Grid, context: Context) -> None:
-    del context
-    try:
-      sink['result'] = serve(job, grid)
-    except BaseException as e:  # pylint: disable=broad-except
-      sink['error'] = e
-      raise
-
-  del main
-  return app

@@ -1,4 +1,15 @@
-"""Flower's Simulation Engine (`flwr.simulation.run_simulation`, Ray backend) for a job.
+"""Flower's Simulation Engine as Flower 1.42 runs it: `flwr run` against a SuperLink in
+simulation mode.
+
+`simulate(job, workdir)` submits the job to a `deployment.LocalDeployment(simulation=True)`
+(`flower-superlink --simulation`, no SuperNodes; the one of an enclosing `dispatch.using`
+block, else one started for this job and stopped after) with `--federation-config
+"num-supernodes=<the job's N> ..."` (`deployment.simulation_federation`: Ray gets every core,
+a ClientApp actor one CPU and no GPU). The SuperLink starts `flwr-simulation`, which runs the
+ServerApp and the N virtual nodes' ClientApps (Ray actors) of the repository's Flower App; the
+job travels in the run config as on the Deployment Engine, and so does the result
+(`app.result_path` under the SuperLink's Flower home). Flower's deprecated
+`flwr.simulation.run_simulation` is not used: nothing needs the ServerApp in this process.
 """
 
 from __future__ import annotations
@@ -7,57 +18,33 @@ import contextlib
 import os
 import pathlib
 import tempfile
-from typing import Any, Iterator
+from typing import Any
 
 os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
 
 # pylint: disable=wrong-import-position
-
+from fl_privacy.flower.engines import deployment as deployment_lib
 from fl_privacy.flower.engines import jobs as jobs_lib
 
 
-def simulation_backend(num_cpus: int | None = None) -> dict[str, Any]:
-  """`backend_config` for `run_simulation` on this machine: Ray gets every core, each
-  ClientApp actor one CPU and no GPU (so as many actors as cores run at once)."""
-  cpus = int(num_cpus or os.cpu_count() or 1)
-  return {'init_args': {'num_cpus': cpus, 'num_gpus': 0, 'logging_level': 'error',
-                        'log_to_driver': False},
-          'client_resources': {'num_cpus': 1, 'num_gpus': 0}}
-
-
-def simulate(job: jobs_lib.Job) -> Any:
-  # pylint: disable=import-outside-toplevel
+def simulate(job: jobs_lib.Job, workdir: str | os.PathLike | None = None, *,
+             federation: deployment_lib.LocalDeployment | None = None,
+             startup_timeout: float = 120.0, run_timeout: float = 3600.0) -> Any:
+  """Runs `job` on Flower's Simulation Engine (module docstring); what the job's server side
+  returned (`jobs.serve`). `federation`: a running simulation-mode `LocalDeployment` (None:
+  one started in `<workdir>/simulation` and stopped after)."""
   try:
-    import ray  # noqa: F401  (flwr exits the process without it; say so in one line instead)
+    import ray  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except ImportError as e:
     raise jobs_lib.EngineError(
         "engine 'simulation' needs Flower's Ray backend: pip install -e '.[flower]'") from e
-  from flwr.simulation import run_simulation
-  sink: dict[str, Any] = {}
-  with tempfile.TemporaryDirectory(prefix='flwr-sim-') as tmp:
-    path = jobs_lib.save(job, pathlib.Path(tmp) / 'job.pkl')
-    try:
-      with _quiet_deprecation():
-        run_simulation(jobs_lib.server_app_for(job, sink), jobs_lib.client_app_for(str(path)),
-                       num_supernodes=job.num_nodes, backend_config=simulation_backend())
-    finally:
-      if ray.is_initialized():
-        ray.shutdown()
-  if 'error' in sink:
-    raise sink['error']
-  if 'result' not in sink:
-    raise jobs_lib.EngineError('the Simulation Engine stopped before the ServerApp returned')
-  return sink['result']
-
-
-@contextlib.contextmanager
-def _quiet_deprecation() -> Iterator[None]:
-  # `run_simulation` warns that it is deprecated (in favour of `flwr run`) on every call.
-  import logging  # pylint: disable=import-outside-toplevel
-  logger = logging.getLogger('flwr')
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
+  with contextlib.ExitStack() as stack:
+    if workdir is None:
+      workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix='flwr-sim-'))
+    if federation is None:
+      federation = stack.enter_context(deployment_lib.LocalDeployment(
+          job.num_nodes, pathlib.Path(workdir) / 'simulation', simulation=True,
+          startup_timeout=startup_timeout))
+    elif not federation.simulation:
+      raise ValueError('federation must be a simulation-mode LocalDeployment')
+    return federation.run(job, pathlib.Path(workdir), timeout=run_timeout)
