@@ -70,6 +70,8 @@ EXPERIMENTS: dict[str, Experiment] = _entries(
     # The server reads each upload; its clients run the `defense` section (and a swept list).
     Experiment('reconstruction', 'reconstruction', 'fl_privacy.pipelines.reconstruction',
                adversary='server', defended=True),
+    # Documented DP bugs of FL stacks beside their correct twins; each row names its claim.
+    Experiment('dp_bugs', 'dp_bugs', 'fl_privacy.pipelines.dp_bugs'),
     Experiment('toy_game', 'toy', 'fl_privacy.pipelines.toy_game',
                default_config='configs/toy.py'),
 )

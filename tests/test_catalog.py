@@ -49,7 +49,7 @@ def test_every_reader_derives_from_the_catalog():
   from experiments import common  # pylint: disable=g-import-not-at-top
   assert _base.EXPERIMENTS == catalog.SECTIONS == (
       'ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit',
-      'training_audit', 'reconstruction')
+      'training_audit', 'reconstruction', 'dp_bugs')
   assert _base.DEFENDED == ('ami', 'dishonest', 'reconstruction')
   assert common.SECTIONS == {n: e.section for n, e in catalog.EXPERIMENTS.items()}
   assert listing.SECTION_EXPERIMENTS['dishonest'] == ('dishonest_mia', 'duplicates')
