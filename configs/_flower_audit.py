@@ -20,10 +20,12 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
+from configs import _flower_torch
+
 # Flower's DP deployments the audit knows (`fl_privacy.flower.audits.dp_setting.WRAPPERS`; a test
 # checks they agree).
 WRAPPERS = ('server_fixed', 'client_fixed', 'local_dp', 'server_adaptive', 'client_adaptive')
-PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction', 'torch')
 # `reconstruction` is opt-in: the default run's time does not change.
 DEFAULT_PARTS = ('fedmia', 'dishonest', 'dp', 'training')
 ATTACKS = ('blackbox_loss', 'grad_cosine', 'loss_series', 'avg_cosine', 'fedmia_i',
@@ -92,14 +94,24 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
 
   Fields:
     engine: where the Flower deployments run: 'inprocess' (fl_privacy's own in-process
-      `Grid`, one process: the fast path), 'simulation' (Flower's Simulation Engine,
-      `flwr.simulation.run_simulation` with the Ray backend: ClientApps in Ray actor
-      processes) or 'deployment' (Flower's Deployment Engine on 127.0.0.1: one
-      `flower-superlink` and one `flower-supernode` process a node, started and stopped by
-      the run, each job submitted with `flwr run flower_app`). Same seed, same results on
-      the three (docs/experiments/flower_audit.md says where and why not). Read by the parts
-      fedmia, dishonest, training and reconstruction; the dp part deploys nothing.
-      Default 'inprocess'.
+      `Grid`, one process: the fast path), 'simulation' (Flower's Simulation Engine as
+      Flower 1.42 runs it: `flwr run flower_app` against a SuperLink started with
+      `--simulation`, `num-supernodes` = the part's node count, the ClientApps in Ray actor
+      processes; the training part's 1,000 nodes run there) or 'deployment' (Flower's
+      Deployment Engine on 127.0.0.1: one `flower-superlink` and one `flower-supernode`
+      process a node, started and stopped by the run). On both Flower engines each job
+      travels inside the run (`flwr run --run-config`, the job as JSON data, no path, no
+      pickle). On 'deployment' a node count above
+      `fl_privacy.flower.engines.sizes.max_deployment_nodes()` is refused before anything
+      runs: the machine's TOTAL memory (MemTotal, or a cgroup limit; never what is free at
+      the moment, so one config gets one verdict on a busy or an idle machine) x 0.8, less
+      2.3 GB for the SuperLink, the ServerApp and the driver, over 0.73 GB a node (its
+      SuperNode, the SuperNode's flower-superexec and the ClientApp process of the message,
+      all of a round's nodes at once; measured sizes in docs/experiments/flower_audit.md):
+      24 nodes on this 25 GB machine. `configs/digits.py:deployment` is a preset that fits.
+      Same seed, same results on the three (docs/experiments/flower_audit.md says where and
+      why not). Read by the parts fedmia, dishonest, training and reconstruction; the dp
+      part deploys nothing. Default 'inprocess'.
     parts: subset of ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction'); default
       the first four (`reconstruction` is opt-in).
     num_clients: Flower nodes (ClientApps) of the FedAvg deployment, >= 3 when parts has
@@ -152,8 +164,10 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       wrappers, z = 1 (central) and LocalDpMod(1, 1, 1, 1e-5); the adaptive ones at
       Flower's defaults otherwise.
     training.num_canaries: m canary nodes, each included with probability 1/2 (a fair coin
-      from fold_in(key, i)), >= 2: 500 (smoke 64).
-    training.num_real: ordinary nodes with known fixed updates, >= 0: 500 (smoke 64).
+      from fold_in(key, i)), >= 2: 500 (smoke 12: the smoke config's 16 training nodes fit a
+      local deployment here, `engine=deployment` runs every smoke part; 12 canaries certify
+      nothing, max_certifiable 0.0: smoke checks the code path, not an epsilon).
+    training.num_real: ordinary nodes with known fixed updates, >= 0: 500 (smoke 4).
     training.num_rounds: FedAvg rounds, all audited: 10 (smoke 3).
     training.dimension: the model vector's length: 4096 (smoke 512); with Dirac canaries
       above num_canaries + num_null.
@@ -252,10 +266,36 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.dishonest.targets_in = 2
     s.dishonest.targets_out = 1
     s.dp.num_trials = 600
-    s.training.num_canaries = 64
-    s.training.num_real = 64
+    # 16 nodes: the whole smoke config runs on a local deployment (24 nodes fit here).
+    s.training.num_canaries = 12
+    s.training.num_real = 4
     s.training.num_rounds = 3
     s.training.dimension = 512
     s.training.num_null = 128
     s.reconstruction.num_nodes = 4
+  s.torch = _flower_torch.section(smoke)  # the PyTorch + Opacus app (configs/_flower_torch.py)
   return s
+
+
+# The deployment preset's node count: the training part's canaries (no real node, the
+# canaries are the whole deployment) and the imprint server's nodes.
+DEPLOYMENT_NODES = 24
+
+
+def deployment_preset(s: ml_collections.ConfigDict) -> None:
+  """`configs/<dataset>.py:deployment`: the `flower_audit` section on a local Deployment
+  Engine that fits this machine (`sizes.max_deployment_nodes()`: 24 nodes on 25 GB).
+
+  engine 'deployment'; FedMIA and the dishonest server on their 10 nodes (unchanged); the
+  training part's deployment 24 canary nodes and no real node (`DEPLOYMENT_NODES`), the
+  imprint server's 24 nodes. What its canaries can certify at best (every guess right;
+  `max_certifiable`, 12 in and 12 out, delta 1e-5, 95% family-wise over the verdict's 4
+  counted bounds): 0.0. So on this machine a deployment audit runs the engine end to end but
+  refutes no epsilon; 32 canaries certify 0.56, 64 certify 2.20, the default's 500 6.04 (the
+  Simulation Engine holds them). Sizes here: about 40 min for fedmia, dishonest and dp
+  (docs/experiments/flower_audit.md).
+  """
+  s.engine = 'deployment'
+  s.training.num_canaries = DEPLOYMENT_NODES
+  s.training.num_real = 0
+  s.reconstruction.num_nodes = DEPLOYMENT_NODES

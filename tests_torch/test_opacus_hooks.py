@@ -37,16 +37,17 @@ def _step(model, opt, xb, yb):
   loss.backward()
 
 
-def test_canary_draws_are_seeded_distinct_and_fair():
+def test_canary_draws_are_seeded_and_fair():
   a = canaries.draw(3, 400, 40, (100, 9000), (1, 8, 8), 10)
   b = canaries.draw(3, 400, 40, (100, 9000), (1, 8, 8), 10)
   c = canaries.draw(4, 400, 40, (100, 9000), (1, 8, 8), 10)
   for k in a:
     np.testing.assert_array_equal(a[k], b[k])
   assert not np.array_equal(a['grad_coins'], c['grad_coins'])
-  coords = np.concatenate([a['grad_coords'], a['null_coords']])
-  assert len(set(coords.tolist())) == len(coords) and coords.min() >= 100 and coords.max() < 9000
-  # A fair coin: 400 draws land within 5 standard deviations (10) of 200.
+  v = a['directions']
+  assert v.shape == (500, 8900)
+  np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
+  # A fair coin: 400 draws land within 5 standard deviations (50) of 200.
   assert abs(int(a['grad_coins'].sum()) - 200) < 50
   x, y, tags = canaries.with_canaries(np.zeros((5, 1, 8, 8), np.float32),
                                       np.zeros(5, np.int64), a)
@@ -54,33 +55,47 @@ def test_canary_draws_are_seeded_distinct_and_fair():
   assert sorted(tags[tags >= 0].tolist()) == np.flatnonzero(a['grad_coins']).tolist()
 
 
-def test_gradient_canary_is_clipped_to_c_and_recorded_at_its_coordinate():
-  # No noise, a batch of three gradient canaries (norm 10 C each, Dirac directions): the
-  # recorded step is exactly C at each drawn canary's coordinate (Opacus clipped each to C)
-  # and 0 at an absent canary's and at a null coordinate.
+def _pool(opt):
+  sizes = np.cumsum([0] + [p.numel() for p in opt.params])
+  j = int(np.argmax([p.numel() for p in opt.params]))
+  return int(sizes[j]), int(sizes[j + 1])
+
+
+def _directions(k, pool):
+  v = np.random.default_rng(0).standard_normal((k, pool[1] - pool[0]))
+  return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_gradient_canary_is_clipped_to_c_and_recorded_on_its_direction():
+  # No noise, a batch of three gradient canaries (norm 10 C each): Opacus clips each to C,
+  # so the recorded step projected on a drawn canary's direction is C (plus the others'
+  # cross-talk, |<v_j, v_k>| ~ 1 / sqrt(8192)), on an absent one's and a null one's ~0.
   n = 3
   model, opt, data = _private(0.0, n, tags=np.array([0, 1, 2]))
-  coords = np.array([8100, 8200, 8300, 8400])  # canary 3 is not in the batch
-  rec = opacus_hooks.StepRecorder(opt, np.concatenate([coords, [8500]]))
+  pool = _pool(opt)
+  v = _directions(5, pool)  # canary 3 is not in the batch; row 4 is a null direction
+  rec = opacus_hooks.StepRecorder(opt, pool, v)
   xb, yb, tb = next(iter(torch.utils.data.DataLoader(data.dataset, batch_size=n)))
   _step(model, opt, xb, yb)
-  assert opacus_hooks.insert_gradient_canaries(opt, tb, coords, 10.0 * C) == 3
+  assert opacus_hooks.insert_gradient_canaries(opt, tb, pool, v[:4], 10.0 * C) == 3
   before = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
   opt.step()
   row = rec.array()[0]
-  np.testing.assert_allclose(row[:3], C * np.ones(3), rtol=1e-4)
-  np.testing.assert_allclose(row[3:], 0.0, atol=1e-6)
+  expected = C * v @ v[:3].sum(axis=0)
+  np.testing.assert_allclose(row, expected, atol=1e-4)
+  np.testing.assert_allclose(row[:3], C, atol=0.05)
+  np.testing.assert_allclose(row[3:], 0.0, atol=0.05)
   after = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
-  # Opacus's SGD step (lr 1) moved each drawn canary's coordinate by -C / the batch size,
-  # and nothing else.
+  # Opacus's SGD step (lr 1) moved the pool by -C (v_0 + v_1 + v_2) / the batch size, and
+  # nothing else.
   moved = before - after
-  np.testing.assert_allclose(moved[coords[:3]], C / n, rtol=1e-4)
-  np.testing.assert_allclose(np.delete(moved, coords[:3]), 0.0, atol=1e-7)
+  np.testing.assert_allclose(moved[pool[0]:pool[1]], C * v[:3].sum(axis=0) / n, atol=1e-6)
+  np.testing.assert_allclose(np.delete(moved, np.arange(*pool)), 0.0, atol=1e-7)
 
 
 def _noise_std(plant: str, factor: float = 0.25) -> tuple[float, float]:
   model, opt, data = _private(2.0, 16, plant, factor)
-  rec = opacus_hooks.StepRecorder(opt, np.arange(8000, 9000))
+  rec = opacus_hooks.StepRecorder(opt, _pool(opt), _directions(1000, _pool(opt)))
   xb, yb, _ = next(iter(torch.utils.data.DataLoader(data.dataset, batch_size=16)))
   for _ in range(3):
     _step(model, opt, xb, yb)
@@ -97,18 +112,18 @@ def test_noise_mismatch_plant_adds_less_noise_than_the_accountant_reads():
 
 
 def test_batch_mean_clip_plant_lets_one_example_move_the_step_by_its_full_gradient():
-  # One gradient canary of norm 10 C beside 15 more whose gradients are replaced by zero
-  # (absent canaries' rows): honest Opacus bounds its share of the summed step by C;
-  # clipping the batch MEAN (norm 10 C / 16 < C: not clipped) leaves the summed step
-  # (B x mean) at 10 C.
+  # One gradient canary of norm 10 C beside 15 whose gradients are replaced by zero: honest
+  # Opacus bounds its share of the summed step by C; clipping the batch MEAN (norm
+  # 10 C / 16 < C: not clipped) leaves the summed step (B x mean) at 10 C.
   out = {}
   for plant in ('none', 'batch_mean_clip'):
     model, opt, data = _private(0.0, 16, plant, tags=np.arange(16))
-    coords = np.arange(8100, 8116)
-    rec = opacus_hooks.StepRecorder(opt, coords[:1])
+    pool = _pool(opt)
+    v = _directions(16, pool)
+    rec = opacus_hooks.StepRecorder(opt, pool, v[:1])
     xb, yb, tb = next(iter(torch.utils.data.DataLoader(data.dataset, batch_size=16)))
     _step(model, opt, xb, yb)
-    opacus_hooks.insert_gradient_canaries(opt, tb, coords, 10.0 * C)
+    opacus_hooks.insert_gradient_canaries(opt, tb, pool, v, 10.0 * C)
     for p in opt.params:  # every canary but the first: a zero gradient
       p.grad_sample[1:] = 0.0
     opt.step()

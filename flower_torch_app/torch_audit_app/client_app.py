@@ -102,8 +102,7 @@ def train(msg: Message, context: Context) -> Message:
   server_round = int(msg.content['config']['server-round'])
   plant = str(cfg.get('plant', 'none'))
   x, y = task.partition(pid, parts, str(cfg.get('data-npz', '')))
-  model = task.make_model('cnn_bn' if plant == 'batchnorm' else str(cfg['model']),
-                          int(cfg['seed']))
+  model = task.make_model(task.model_name(cfg), int(cfg['seed']))
   model.load_state_dict(msg.content['arrays'].to_torch_state_dict())
   audited = pid == int(cfg['audited-partition']) and (
       int(cfg['grad-canaries']) + int(cfg['input-canaries']) > 0)
@@ -129,9 +128,9 @@ def train(msg: Message, context: Context) -> Message:
       max_grad_norm=float(cfg['max-grad-norm']), poisson_sampling=plant != 'no_poisson')
   opacus_hooks.apply_plant(optimizer, plant, float(cfg.get('plant-factor', 0.25)))
   recorder = None
-  if audited and bool(cfg.get('record-steps', True)) and len(c['grad_coords']):
-    recorder = opacus_hooks.StepRecorder(
-        optimizer, np.concatenate([c['grad_coords'], c['null_coords']]))
+  grads = audited and len(c['grad_coins']) > 0
+  if grads and bool(cfg.get('record-steps', True)):
+    recorder = opacus_hooks.StepRecorder(optimizer, c['pool'], c['directions'])
   losses = []
   model.train()
   for _ in range(int(cfg['local-epochs'])):
@@ -141,9 +140,9 @@ def train(msg: Message, context: Context) -> Message:
       # finite zero on an empty Poisson batch.
       loss = nn.functional.cross_entropy(model(xb), yb, reduction='sum') / max(len(yb), 1)
       loss.backward()
-      if audited and len(c['grad_coords']):
+      if grads:
         opacus_hooks.insert_gradient_canaries(
-            optimizer, tb, c['grad_coords'],
+            optimizer, tb, c['pool'], c['directions'],
             float(cfg['canary-norm']) * float(cfg['max-grad-norm']))
       optimizer.step()
       losses.append(float(loss))

@@ -5,11 +5,13 @@ gradients (`p.grad_sample`), its `DPOptimizer` clips them (`clip_and_accumulate`
 noise (`add_noise`), scales (`scale_grad`) and calls its step hook (the accountant's).
 
 - `insert_gradient_canaries` writes, between `loss.backward()` and `optimizer.step()`, the
-  gradient canaries' rows of `p.grad_sample` (zero everywhere but the canary's coordinate,
-  `canary-norm` x C there): Opacus then clips them to C and noises them like any row.
+  gradient canaries' rows of `p.grad_sample` (`canary-norm` x C x the canary's direction on
+  the pool's coordinates, zero elsewhere): Opacus then clips them to C and noises them like
+  any row.
 - `StepRecorder` chains onto the optimizer's step hook (after the accountant's) and reads
-  the noisy summed gradient at the canaries' coordinates: p.grad after Opacus's noise and
-  scaling, times the expected batch size (`loss_reduction='mean'`), in units of C.
+  the noisy summed gradient projected on every canary's (and null) direction: p.grad after
+  Opacus's noise and scaling, times the expected batch size (`loss_reduction='mean'`), in
+  units of C.
 - The plants (`apply_plant`) swap the optimizer's class for a subclass of Opacus's own class
   that changes one method: `noise_mismatch` adds noise at `factor` x the noise multiplier the
   accountant reads; `batch_mean_clip` clips the batch's MEAN gradient (not each example's)
@@ -28,17 +30,20 @@ from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processe
 PLANTS = ('none', 'noise_mismatch', 'no_poisson', 'batch_mean_clip', 'batchnorm')
 
 
-def _locate(optimizer: DPOptimizer, coords: np.ndarray) -> list[tuple[int, int]]:
-  """Flat coordinates of the parameter vector -> (parameter index, offset in it)."""
+def _pool_param(optimizer: DPOptimizer, pool) -> int:
+  """The index of the parameter whose flat coordinates are exactly `pool` [lo, hi)."""
   sizes = np.cumsum([0] + [p.numel() for p in optimizer.params])
-  j = np.searchsorted(sizes, coords, side='right') - 1
-  return [(int(a), int(c - sizes[a])) for a, c in zip(j, coords)]
+  for j in range(len(optimizer.params)):
+    if sizes[j] == int(pool[0]) and sizes[j + 1] == int(pool[1]):
+      return j
+  raise ValueError(f'the pool {tuple(pool)} is not one parameter tensor')
 
 
-def insert_gradient_canaries(optimizer: DPOptimizer, tags: torch.Tensor,
-                             coords: np.ndarray, norm: float) -> int:
+def insert_gradient_canaries(optimizer: DPOptimizer, tags: torch.Tensor, pool,
+                             directions: np.ndarray, norm: float) -> int:
   """Replaces the per-example gradients of the batch's gradient canaries (tag k >= 0) by
-  `norm` x along coordinate `coords[k]`; returns how many rows it replaced."""
+  `norm` x `directions[k]` on the pool's parameter (zero on every other); returns how many
+  rows it replaced."""
   rows = torch.nonzero(tags >= 0).flatten()
   if len(rows) == 0:
     return 0
@@ -47,18 +52,19 @@ def insert_gradient_canaries(optimizer: DPOptimizer, tags: torch.Tensor,
       raise RuntimeError('expected one per-example gradient tensor per parameter (one '
                          'backward per step)')
     p.grad_sample[rows] = 0.0
-  where = _locate(optimizer, np.asarray(coords)[tags[rows].numpy()])
-  for r, (j, off) in zip(rows.tolist(), where):
-    optimizer.params[j].grad_sample[r].view(-1)[off] = float(norm)
+  p = optimizer.params[_pool_param(optimizer, pool)]
+  v = torch.as_tensor(np.asarray(directions)[tags[rows].numpy()], dtype=p.grad_sample.dtype)
+  p.grad_sample[rows] = float(norm) * v.view(len(rows), *p.shape)
   return len(rows)
 
 
 class StepRecorder:
-  """Records the noisy summed gradient at `coords` after each of Opacus's steps."""
+  """Records the noisy summed gradient projected on `directions` (rows on the pool's
+  coordinates) after each of Opacus's steps."""
 
-  def __init__(self, optimizer: DPOptimizer, coords: np.ndarray):
-    self.coords = np.asarray(coords, np.int64)
-    self.where = _locate(optimizer, self.coords)
+  def __init__(self, optimizer: DPOptimizer, pool, directions: np.ndarray):
+    self.j = _pool_param(optimizer, pool)
+    self.directions = torch.as_tensor(np.asarray(directions, np.float32))
     self.rows: list[np.ndarray] = []
     previous = optimizer.step_hook  # the accountant's: keep it, run after it
 
@@ -72,12 +78,12 @@ class StepRecorder:
     scale = float(opt.expected_batch_size * opt.accumulated_iterations) / float(
         opt.max_grad_norm)
     with torch.no_grad():
-      return np.asarray([float(opt.params[j].grad.view(-1)[off]) * scale
-                         for j, off in self.where], np.float32)
+      g = opt.params[self.j].grad.reshape(-1).to(torch.float32)
+      return (self.directions @ g).numpy() * scale
 
   def array(self) -> np.ndarray:
     return (np.stack(self.rows) if self.rows
-            else np.zeros((0, len(self.coords)), np.float32))
+            else np.zeros((0, len(self.directions)), np.float32))
 
 
 class _NoiseMismatch:

@@ -7,7 +7,7 @@ epsilons, noise multiplier, sample rate, steps), and, when the node sends them, 
 steps at the canary coordinates (the ConfigRecord 'audit', stripped before FedAvg
 aggregates). Error replies are kept with their reason (Opacus refusing a model, say). After
 the last round `main` writes it all to `<record-dir>/record.npz` (with the canaries' coins
-and coordinates, redrawn from the run config by the same numpy code the node used); the
+and pool, redrawn from the run config by the same numpy code the node used); the
 audit (fl_privacy.flower.audits.opacus_record) reads that file, outside the app.
 """
 
@@ -45,7 +45,7 @@ class RecordingFedAvg(FedAvg):
     super().__init__(**kw)
     self.cfg = dict(run_config)
     self.canaries = canaries
-    self.model = task.make_model(str(self.cfg['model']), int(self.cfg['seed']))
+    self.model = task.make_model(task.model_name(self.cfg), int(self.cfg['seed']))
     self.sent: dict[int, ArrayRecord] = {}
     self.rows: list[dict[str, Any]] = []
     self.steps: list[np.ndarray] = []
@@ -84,6 +84,10 @@ class RecordingFedAvg(FedAvg):
     if c is not None and len(c['input_y']):
       row['input_loss_sent'] = task.per_example_loss(self.model, c['input_x'], c['input_y'])
     row['upload'] = _flat(up, self.model)
+    if c is not None and len(c['grad_coins']):
+      lo, hi = c['pool']
+      delta = (row['upload'] - row['sent'])[lo:hi].astype(np.float32)
+      row['upload_projection'] = c['directions'] @ delta  # canaries', then the null's
     if c is not None and len(c['input_y']):
       row['input_loss_upload'] = task.per_example_loss(self.model, c['input_x'], c['input_y'])
     m = msg.content['metrics']
@@ -102,7 +106,7 @@ class RecordingFedAvg(FedAvg):
                     else np.zeros((0, 0), np.float32))
     out['step_round'] = np.asarray(self.step_round, np.int64)
     if self.canaries is not None:
-      for k in ('grad_coins', 'grad_coords', 'null_coords', 'input_coins'):
+      for k in ('grad_coins', 'pool', 'input_coins'):
         out[k] = self.canaries[k]
     out['round_seconds'] = np.asarray(self.round_seconds)
     out['errors'] = np.asarray(json.dumps(self.errors))
@@ -117,7 +121,7 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, np.ndarray]:
   dp = str(cfg.get('client-dp', 'none'))
   if dp not in CLIENT_DP:
     raise ValueError(f'client-dp must be one of {CLIENT_DP} (got {dp!r})')
-  model = task.make_model(str(cfg['model']), int(cfg['seed']))
+  model = task.make_model(task.model_name(cfg), int(cfg['seed']))
   x, _ = task.test_split(str(cfg.get('data-npz', '')))
   c = None
   if int(cfg['grad-canaries']) + int(cfg['input-canaries']) > 0:
@@ -132,7 +136,7 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, np.ndarray]:
         clipping_norm=float(cfg['client-dp-clip']), num_sampled_clients=nodes)
   xt, yt = task.test_split(str(cfg.get('data-npz', '')))
   evals: list[tuple[float, float]] = []
-  evaluator = task.make_model(str(cfg['model']), int(cfg['seed']))
+  evaluator = task.make_model(task.model_name(cfg), int(cfg['seed']))
 
   def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     evaluator.load_state_dict(arrays.to_torch_state_dict())

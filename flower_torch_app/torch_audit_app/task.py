@@ -117,6 +117,12 @@ def make_model(name: str, seed: int) -> Net:
   return Net(batchnorm=name == 'cnn_bn')
 
 
+def model_name(run_config) -> str:
+  """The run's model: `model`, or 'cnn_bn' under the `batchnorm` plant."""
+  return 'cnn_bn' if str(run_config.get('plant', 'none')) == 'batchnorm' else str(
+      run_config['model'])
+
+
 def get_weights(model: nn.Module) -> list[np.ndarray]:
   return [v.detach().cpu().numpy().copy() for v in _plain(model).state_dict().values()]
 

@@ -16,16 +16,16 @@ Threats and scores (one per canary; larger = more likely IN):
 - `every_step` (gradient canaries; the adversary reads every noisy summed gradient, as the
   app's Opacus step hook does): the log-likelihood ratio of a Poisson-subsampled Gaussian at
   the node's sample rate q, sum_t log(1 - q + q exp((y_t - 1/2) / s_t^2)), where x_t is the
-  step's value at the canary's coordinate in units of C (a drawn canary adds exactly C
-  there), y_t = x_t minus that coordinate's median over the steps (the real examples' drift
-  on it; a canary is drawn in few steps, q T of T), and s_t the standard deviation of y_t
-  over the never-inserted null coordinates at step t: the noise as the adversary sees it
+  step projected on the canary's direction in units of C (a drawn canary adds exactly C
+  there), y_t = x_t minus its median over the steps (the real examples' drift along it; a
+  canary is drawn in few steps, q T of T), and s_t the standard deviation of y_t over the
+  never-inserted null directions at step t: the noise as the adversary sees it
   (Opacus's z C plus the real examples' share), measured, not claimed. A statistic fixed
   before the coins are read, so every bound stays valid; it does not assume the noise the
   accountant claims (a node adding less noise than it accounts shows as a smaller s_t).
 - `uploads` (gradient canaries; the server reading the node's uploads): minus the sum over
-  rounds of (upload - sent model) at the canary's coordinate (plain SGD moves it by -lr x
-  the noisy step / B: the sum of the steps).
+  rounds of (upload - sent model) projected on the canary's direction (plain SGD moves the
+  model by -lr x the noisy step / B: the sum of the steps).
 - `uploads_input` (input-space canaries; the server): the sum over rounds of the canary's
   loss under the model sent minus under the model uploaded.
 
@@ -110,10 +110,9 @@ def step_scores(steps: np.ndarray, m: int, q: np.ndarray) -> np.ndarray:
 def scores(rec: dict[str, Any]) -> dict[str, np.ndarray]:
   """Each recorded threat's canary scores (module docstring)."""
   out: dict[str, np.ndarray] = {}
-  coords = np.asarray(rec.get('grad_coords', np.zeros(0, np.int64)))
-  m = len(coords)
+  m = len(rec.get('grad_coins', ()))
   if m:
-    out['uploads'] = -(rec['upload'][:, coords] - rec['sent'][:, coords]).sum(axis=0)
+    out['uploads'] = -np.asarray(rec['upload_projection'])[:, :m].sum(axis=0)
     steps = np.asarray(rec['steps'])
     if steps.size:
       rounds = np.asarray(rec['step_round'])
@@ -132,7 +131,10 @@ def coins(rec: dict[str, Any], threat: str) -> np.ndarray:
 def audit(rec: dict[str, Any], confidence: float = 0.95) -> list[dict[str, Any]]:
   """One row per claim (RDP, PRV) and threat, plus the verdict per claim in every row
   (`verdict`, `privacy_violation`: over the claim's threats, family-wise at `confidence`).
-  A refused run gives one row per claim with verdict 'refused'."""
+  A refused run gives one row per claim with verdict 'refused'; a run without canaries none."""
+  cfg = rec['run_config']
+  if int(cfg['grad-canaries']) + int(cfg['input-canaries']) == 0:
+    return []
   why = refused(rec)
   base = dict(unit='record', relation='add_remove', sampling=_sampling(rec),
               mechanism=MECHANISM, plant=str(rec['run_config'].get('plant', 'none')),

@@ -57,6 +57,7 @@ from fl_privacy.flower.parts import dishonest
 from fl_privacy.flower.parts import fedmia
 from fl_privacy.flower.parts import reconstruction
 from fl_privacy.flower.parts import tables as tables_lib
+from fl_privacy.flower.parts import torch_part
 from fl_privacy.pipelines import base
 from fl_privacy.report import atomic
 from fl_privacy.report import point_key
@@ -64,7 +65,7 @@ from fl_privacy.report import summary
 
 
 NAME = 'flower_audit'
-PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction')
+PARTS = ('fedmia', 'dishonest', 'dp', 'training', 'reconstruction', 'torch')
 WRAPPERS = dp_setting.WRAPPERS
 DEPLOYMENTS = ('flower', 'native')
 MODELS = ('flower_cnn', 'mlp')
@@ -175,6 +176,8 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'flower_audit.dp.settings', validate.Rule(
       'at least one setting when parts has dp', lambda v: bool(settings) or 'dp' not in parts))
   reconstruction.validate_section(config)
+  if 'torch' in parts:
+    torch_part.validate(config)
   if 'defense' in config:
     defenses.check_honoured(config.defense, NAME, ('none',), "it deploys Flower's own DP "
                             'wrappers (flower_audit.dp.settings)')
@@ -217,7 +220,7 @@ def unused_fields(config) -> dict[str, str]:
   except TypeError:
     return {}
   out: dict[str, str] = {}
-  for part in ('dishonest', 'dp', 'training', 'reconstruction'):
+  for part in ('dishonest', 'dp', 'training', 'reconstruction', 'torch'):
     if part not in parts and part in s:
       out.update({f: f"read only by the {part!r} part, which flower_audit.parts does not run"
                   for f in base.leaf_fields(s[part], f'flower_audit.{part}')})
@@ -229,7 +232,7 @@ def unused_fields(config) -> dict[str, str]:
   if 'training' in parts and s.training.get('real_clients', 'fixed') == 'trained':
     out['flower_audit.training.real_norm'] = ("read only by real_clients 'fixed' (trained real "
                                               "nodes reply their trained model)")
-  if not parts & {'fedmia', 'dishonest', 'training', 'reconstruction'}:
+  if not parts & {'fedmia', 'dishonest', 'training', 'reconstruction', 'torch'}:
     out['flower_audit.engine'] = ("read only by the parts that deploy Flower (fedmia, "
                                   "dishonest, training, reconstruction); the dp part's games "
                                   "call Flower's wrappers directly")
@@ -350,6 +353,8 @@ def plan(config, state, store, key) -> list[base.Point]:
           params, lambda dep=dep: reconstruction.point(config, state, key, dep,
                                                        store.workdir),
           unit='examples'))
+  if 'torch' in state['parts']:
+    points += torch_part.plan_points(config, key, store.workdir)
   return points
 
 

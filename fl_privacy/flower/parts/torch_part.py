@@ -34,10 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from fl_privacy import validate as validate_lib
 from fl_privacy.flower.audits import opacus_record
 
 APP_DIR = pathlib.Path(__file__).resolve().parents[3] / 'flower_torch_app'
 ENGINES = ('inprocess', 'deployment', 'simulation')
+# The app's plants (torch_audit_app.opacus_hooks.PLANTS, which imports torch; a test checks
+# they agree).
+PLANTS = ('none', 'noise_mismatch', 'no_poisson', 'batch_mean_clip', 'batchnorm')
 
 
 def default_run_config() -> dict[str, Any]:
@@ -139,6 +143,9 @@ def run(cfg: dict[str, Any], num_nodes: int, engine: str = 'inprocess',
 def metrics(rec: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
   """One point's metrics from a record (module docstring)."""
   rows = opacus_record.audit(rec, confidence)
+  if not rows:  # no canaries: the utility only
+    return {'verdict': 'not audited', 'privacy_violation': math.nan,
+            **opacus_record.utility(rec)}
   m: dict[str, Any] = {'plant': rows[0]['plant'], 'unit': 'record',
                        'relation': 'add_remove', 'sampling': rows[0]['sampling'],
                        'verdict_confidence': float(confidence)}
@@ -186,7 +193,7 @@ def point(section, name: str, key_data, engine: str, workdir: str | None
       'learning-rate': float(section.learning_rate), 'target-delta': float(section.delta),
       'target-epsilon': float(s.target_epsilon), 'plant': str(s.plant),
       'grad-canaries': int(s.grad_canaries), 'input-canaries': int(s.input_canaries),
-      'seed': setting_seed(key_data, name), 'canary-seed': setting_seed(key_data, name + '/c')})
+      'plant-factor': float(s.plant_factor), 'seed': setting_seed(key_data, name), 'canary-seed': setting_seed(key_data, name + '/c')})
   t0 = time.monotonic()
   wd = None if workdir is None else pathlib.Path(workdir) / 'torch' / name
   rec = run(cfg, int(section.num_nodes), engine, wd)
@@ -195,3 +202,48 @@ def point(section, name: str, key_data, engine: str, workdir: str | None
            num_rounds=int(section.num_rounds), grad_canaries=int(s.grad_canaries),
            input_canaries=int(s.input_canaries), target_epsilon=float(s.target_epsilon))
   return m, int(s.grad_canaries) + int(s.input_canaries)
+
+
+def validate(config) -> None:
+  """Checks the `flower_audit.torch` section and the engine (one line naming the field, exit
+  2, through `fl_privacy.validate`), before any run."""
+  base = 'flower_audit.torch'
+  validate_lib.one_of(config, 'flower_audit.engine', ENGINES)
+  for f in ('num_nodes', 'num_rounds', 'batch_size'):
+    validate_lib.checked(config, f'{base}.{f}', validate_lib.number(1, integer=True))
+  validate_lib.checked(config, f'{base}.learning_rate', validate_lib.number(0, low_open=True))
+  for f in ('delta', 'confidence'):
+    validate_lib.checked(config, f'{base}.{f}', validate_lib.number(
+        0.5 if f == 'confidence' else 0, 1, low_open=True, high_open=True))
+  settings = config.flower_audit.torch.settings
+  validate_lib.require(len(settings) > 0, f'{base}.settings', 'at least one setting',
+                       dict(settings))
+  canaries = validate_lib.Rule('0 or at least 8 (two canaries a world after the split)',
+                               lambda n: int(n) == 0 or int(n) >= 8)
+  for name in settings.keys():
+    f = f'{base}.settings.{name}'
+    validate_lib.one_of(config, f'{f}.plant', PLANTS)
+    validate_lib.checked(config, f'{f}.target_epsilon', validate_lib.number(0, low_open=True))
+    validate_lib.checked(config, f'{f}.plant_factor', validate_lib.number(0, low_open=True))
+    for c in ('grad_canaries', 'input_canaries'):
+      validate_lib.checked(config, f'{f}.{c}', validate_lib.number(0, integer=True))
+      validate_lib.checked(config, f'{f}.{c}', canaries)
+
+
+def plan_points(config, key, workdir: str | None) -> list:
+  """The pipeline's points: one per setting of `flower_audit.torch.settings`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from fl_privacy.pipelines import base  # pylint: disable=import-outside-toplevel
+  section = config.flower_audit.torch
+  engine = str(config.flower_audit.get('engine', 'inprocess'))
+  key_data = np.asarray(jax.random.key_data(key))
+  points = []
+  for name, st in section.settings.items():
+    params = {'part': 'torch', 'setting': name, 'plant': str(st.plant),
+              'target_epsilon': float(st.target_epsilon),
+              'grad_canaries': int(st.grad_canaries), 'input_canaries': int(st.input_canaries),
+              'plant_factor': float(st.plant_factor), 'num_nodes': int(section.num_nodes),
+              'num_rounds': int(section.num_rounds), 'engine': engine}
+    points.append(base.Point(
+        params, lambda n=name: point(section, n, key_data, engine, workdir), unit='canaries'))
+  return points
