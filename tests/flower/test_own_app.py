@@ -1,11 +1,13 @@
-"""The canary audit of a user's own Flower app (`flower.own_app`), in process: Flower's own
-FedAvg inside its DifferentialPrivacyServerSideFixedClipping, a user-style numpy ClientApp on
-the real nodes, canary nodes beside them."""
+"""The canary audit of a user's own Flower app, in process: the in-app pieces
+(`flower.inapp`, through `audits.user_app`'s re-exports) around Flower's own FedAvg inside its
+DifferentialPrivacyServerSideFixedClipping, a user-style numpy ClientApp on the real nodes,
+canary nodes beside them, and the analysis (`audits.user_app`) of what the strategy recorded."""
 
 from __future__ import annotations
 
 import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -22,8 +24,6 @@ from flwr.supercore.privacy_accounting import SamplingMethod
 from fl_privacy.eval import auditing
 from fl_privacy.flower.audits import dp_games
 from fl_privacy.flower.audits import user_app
-from fl_privacy.flower.audits import user_rounds
-from fl_privacy.flower.audits import user_strategy
 from fl_privacy.flower.engines import inprocess
 from fl_privacy.flower.engines import jobs
 from fl_privacy.flower.strategies import recording as recording_lib
@@ -35,6 +35,7 @@ DELTA = 1e-5
 EXAMPLES = 10
 SHAPES = {'kernel': (64, 30), 'bias': (30,), 'head': (30, 3), 'head_bias': (3,)}
 DIM = sum(int(np.prod(s)) for s in SHAPES.values())  # 2043
+ALL_THREATS = ('all_iterates', 'last_iterate', 'uploads')
 
 
 def _model(seed: int = 0, dtype=np.float32) -> ArrayRecord:
@@ -91,15 +92,14 @@ def user_client_app(calls: list | None = None, mods=()) -> ClientApp:
 
 
 def _canary_configs(k: int, seed: int = SEED, **extra):
-  return user_rounds.canary_node_configs(
+  return user_app.canary_node_configs(
       k, seed=seed, canary_norm=NORM, clip_norm=CLIP, **{
           'num-examples': EXAMPLES, 'canary-metrics': 'train_loss',
           'canary-eval-metrics': 'eval_loss', **extra})
 
 
 def _grid(num_real: int, num_canaries: int, **kw) -> inprocess.InProcessGrid:
-  apps, configs = user_rounds.client_apps(user_client_app(), num_real,
-                                          _canary_configs(num_canaries))
+  apps, configs = user_app.client_apps(user_client_app(), num_real, _canary_configs(num_canaries))
   return inprocess.InProcessGrid(apps, node_configs=configs, raise_client_errors=True, **kw)
 
 
@@ -130,11 +130,11 @@ def _run(strategy, grid, rounds: int, *, seed: int = 3, observed: list | None = 
 def _audit(num_real, num_canaries, z, rounds, **kw):
   grid = _grid(num_real, num_canaries)
   n = num_real + num_canaries
-  strategy = user_strategy.CanaryAuditStrategy(
+  strategy = user_app.CanaryAuditStrategy(
       _dp(n, z, accountant=kw.pop('accountant', True)), seed=SEED, canary_norm=NORM,
       clip_norm=CLIP, delta=DELTA, num_null=256, **kw)
   _run(strategy, grid, rounds)
-  return strategy, strategy.audit()
+  return strategy, user_app.audit(strategy)
 
 
 def _same(a, b) -> bool:
@@ -173,7 +173,7 @@ def test_a_canary_replies_the_received_model_plus_its_stated_update_along_its_di
                       'step': Array(np.asarray([7], np.int64)),
                       'b': Array(np.zeros((2, 3, 5), np.float64))})
   grid = inprocess.InProcessGrid([user_app.canary_client_app] * 8,
-                                 node_configs=_canary_configs(8), raise_client_errors=True)
+                              node_configs=_canary_configs(8), raise_client_errors=True)
   ids = grid.get_node_ids()
   dim = 12 + 30
   for sent in (record, zero):
@@ -219,7 +219,7 @@ def test_evaluate_replies_weigh_zero_and_the_query_says_who_is_a_canary():
     assert dict(replies[node].content['metrics']) == {'eval_loss': 0.0, 'num-examples': 0}
   for node in ids[:2]:
     assert replies[node].content['metrics']['num-examples'] == EXAMPLES
-  found = user_strategy.discover_canaries(grid)
+  found = user_app.discover_canaries(grid)
   assert {n: info[user_app.INDEX_KEY] for n, info in found.items()} == {
       ids[2 + i]: i for i in range(4)}
   assert all(info[user_app.SEED_KEY] == SEED for info in found.values())
@@ -240,7 +240,7 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
       RecordDict({'custom': ConfigRecord({'ok': 1})}), reply_to=msg))
   configs = [{}, {}] + _canary_configs(2)
   wrapped = inprocess.InProcessGrid([user_app.with_canaries(user)] * 4, node_configs=configs,
-                                    raise_client_errors=True)
+                                 raise_client_errors=True)
   plain = inprocess.InProcessGrid([user] * 4, node_configs=configs, raise_client_errors=True)
   ids = wrapped.get_node_ids()
   got, want = _train(wrapped, _model()), _train(plain, _model(), ids[:2])
@@ -259,7 +259,7 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
   custom = _train(wrapped, _model(), ids[:1], message_type='train.custom')
   assert custom[ids[0]].content['custom']['ok'] == 1
   calls.clear()
-  found = user_strategy.discover_canaries(wrapped)
+  found = user_app.discover_canaries(wrapped)
   assert sorted(found) == ids[2:] and calls == []
   with inprocess.task_identity(wrapped.run.run_id, SUPERLINK_NODE_ID):
     own = [Message(RecordDict({'config': ConfigRecord({'x': 1})}), dst_node_id=ids[0],
@@ -267,7 +267,7 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
   assert _send(wrapped, own)[0].content['mine']['hello'] == 1 and calls == [('query', 0)]
   seen.clear()
   bare = inprocess.InProcessGrid([user_app.with_canaries(user, canary_mods=[])] * 4,
-                                 node_configs=configs, raise_client_errors=True)
+                              node_configs=configs, raise_client_errors=True)
   _train(bare, _model())
   assert sorted(seen) == [0, 1]
   with pytest.raises(TypeError, match='ClientApp'):
@@ -277,15 +277,15 @@ def test_with_canaries_dispatches_canary_nodes_and_hands_the_others_to_the_users
 def test_a_misconfigured_canary_node_is_refused():
   with pytest.raises(ValueError, match='canary-norm must be >= 1'):
     user_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-seed': 1,
-                                            'canary-norm': 0.5, 'clip-norm': 1.0})
+                                           'canary-norm': 0.5, 'clip-norm': 1.0})
   with pytest.raises(ValueError, match=r"\['canary-seed'\]"):
     user_app.CanaryConfig.from_node_config({'canary-index': 0, 'canary-norm': 2.0,
-                                            'clip-norm': 1.0})
+                                           'clip-norm': 1.0})
   assert user_app.CanaryConfig.from_node_config({'partition-id': 0}) is None
   # The server refuses canaries whose seed is not its own (it would redraw other coins).
   grid = _grid(2, 4)
-  strategy = user_strategy.CanaryAuditStrategy(_dp(6, 1.0), seed=SEED + 1, canary_norm=NORM,
-                                               clip_norm=CLIP, delta=DELTA)
+  strategy = user_app.CanaryAuditStrategy(_dp(6, 1.0), seed=SEED + 1, canary_norm=NORM,
+                                         clip_norm=CLIP, delta=DELTA)
   with pytest.raises(ValueError, match='canary-seed'):
     _run(strategy, grid, 1)
 
@@ -304,9 +304,9 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
   log = recording_lib.UploadLog()
   template = {name: np.zeros(s, np.float32) for name, s in SHAPES.items()}
   recording = recording_lib.RecordingStrategy(_dp(n, z), template, observer=log)
-  audit = user_strategy.CanaryAuditStrategy(recording, seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                            delta=DELTA, num_null=32, keep_models=True,
-                                            threats=('all_iterates', 'last_iterate', 'uploads'))
+  audit = user_app.CanaryAuditStrategy(recording, seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                      delta=DELTA, num_null=32, keep_models=True,
+                                      threats=('all_iterates', 'last_iterate', 'uploads'))
   seen, bare_seen = [], []
   result = _run(audit, _grid(num_real, k), rounds, observed=seen)
   bare = _run(_dp(n, z), _grid(num_real, k), rounds, observed=bare_seen)
@@ -328,7 +328,7 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
       raw = np.concatenate([np.asarray(got.uploads[j][name], np.float64).ravel()
                             for name in SHAPES])
       assert r.uploads[i] == pytest.approx(float((raw - seen[t]) @ directions[i]), abs=1e-9)
-  m = audit.audit()
+  m = user_app.audit(audit)
   assert m['counted_bounds'].count('/') == 6
   assert m['bound_confidence'] == pytest.approx(1 - 0.05 / 6)
   assert m['uploads/epsilon_one_run_fdp'] >= 0.95 * m['max_certifiable'] > 1.0
@@ -337,22 +337,22 @@ def test_the_strategy_changes_nothing_and_keeps_only_what_the_server_sees():
 def test_discovered_and_given_canary_nodes_give_the_same_audit():
   grid = _grid(4, 32)
   nodes = grid.get_node_ids()
-  given = user_strategy.CanaryAuditStrategy(
+  given = user_app.CanaryAuditStrategy(
       _dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP, delta=DELTA, num_null=32,
       canary_nodes={nodes[4 + i]: i for i in range(32)})
-  learnt = user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
-                                             clip_norm=CLIP, delta=DELTA, num_null=32,
-                                             num_canaries=32)
+  learnt = user_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                       clip_norm=CLIP, delta=DELTA, num_null=32,
+                                       num_canaries=32)
   _run(given, grid, 2)
   _run(learnt, _grid(4, 32), 2)
   assert learnt.canary_nodes == given.canary_nodes
-  a, b = given.audit(), learnt.audit()
+  a, b = user_app.audit(given), user_app.audit(learnt)
   assert set(a) == set(b)
   for key, value in a.items():
     assert _same(value, b[key]), key
   with pytest.raises(ValueError, match='33 expected'):
-    user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                      delta=DELTA, canary_nodes={n: i for i, n in enumerate(
+    user_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM, clip_norm=CLIP,
+                                delta=DELTA, canary_nodes={n: i for i, n in enumerate(
                                     nodes[4:])}, num_canaries=33)
 
 
@@ -380,7 +380,7 @@ def test_the_bounds_stay_below_the_exact_epsilon_of_a_noisy_wrapper():
     error = math.sqrt(1 / m[f'{threat}/fit_n_in'] + mu ** 2 / (2 * m[f'{threat}/n_null']))
     assert abs(m[f'{threat}/fit_mu'] - mu) < 3 * error, (threat, m[f'{threat}/fit_mu'], error)
   # The null directions see Flower's noise alone: std sqrt(T) z C / n over the rounds.
-  _, null, _ = user_rounds.statistics(strategy.rounds, k, ('all_iterates',))
+  _, null, _ = user_app.statistics(strategy.rounds, k, ('all_iterates',))
   assert np.std(null['all_iterates']) == pytest.approx(math.sqrt(rounds) * z * CLIP / n,
                                                        rel=0.2)
 
@@ -394,20 +394,6 @@ def test_tiny_noise_reaches_the_most_the_canaries_can_certify():
   assert m['privacy_violation'] == 1.0 and m['stated_epsilon_source'] == 'given'
 
 
-def test_client_sampling_scores_each_canary_over_its_own_rounds():
-  """FedAvg trains 18 of 36 nodes a round (Python's random.sample): the server knows whom it
-  sampled, so each canary counts its own rounds."""
-  grid = _grid(4, 32)
-  strategy = user_strategy.CanaryAuditStrategy(_dp(36, 2.0, accountant=False, fraction_train=0.5),
-                                               seed=SEED, canary_norm=NORM, clip_norm=CLIP,
-                                               delta=DELTA, num_null=32)
-  _run(strategy, grid, 3)
-  m = strategy.audit()
-  assert m['sampling'] == 'fixed_size_without_replacement'
-  assert all(r.num_messages == 18 and r.sampled.sum() <= 18 for r in strategy.rounds)
-  assert m['rounds_per_canary_min'] < m['rounds_per_canary_max'] <= 3
-
-
 def test_statistics_are_the_sums_of_the_recorded_projections():
   """Against a hand computation on made-up projections: every canary every round, the raw
   sums; a canary missing a round, its own rounds over sqrt(T_i); never sampled, 0."""
@@ -416,18 +402,18 @@ def test_statistics_are_the_sums_of_the_recorded_projections():
   before, after = rng.normal(size=(t, k + null)), rng.normal(size=(t, k + null))
   ups = rng.normal(size=(t, k))
   part = np.ones((t, k), bool)
-  rounds = [user_rounds.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+  rounds = [user_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
             for r in range(t)]
-  s, nul, _ = user_rounds.statistics(rounds, k, user_app.THREATS)
+  s, nul, _ = user_app.statistics(rounds, k, user_app.THREATS)
   np.testing.assert_allclose(s['all_iterates'], (after - before)[:, :k].sum(0))
   np.testing.assert_allclose(nul['all_iterates'], (after - before)[:, k:].sum(0))
   np.testing.assert_allclose(s['last_iterate'], after[-1, :k] - before[0, :k])
   np.testing.assert_allclose(s['uploads'], ups.sum(0))
   part[1, 0] = False
   part[:, 2] = False
-  rounds = [user_rounds.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
+  rounds = [user_app.CanaryRound(r + 1, part[r], part[r], 5, before[r], after[r], ups[r])
             for r in range(t)]
-  s, nul, _ = user_rounds.statistics(rounds, k, user_app.THREATS)
+  s, nul, _ = user_app.statistics(rounds, k, user_app.THREATS)
   d = after - before
   np.testing.assert_allclose(s['all_iterates'], [(d[0, 0] + d[2, 0]) / math.sqrt(2),
                                                  d[:, 1].sum() / math.sqrt(3), 0.0])
@@ -438,27 +424,91 @@ def test_statistics_are_the_sums_of_the_recorded_projections():
                                             ups[:, 1].sum() / math.sqrt(3), 0.0])
 
 
-def test_the_rounds_and_the_audit_are_written_and_audit_again_offline(tmp_path):
-  grid = _grid(4, 32)
-  strategy = user_strategy.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
-                                               clip_norm=CLIP, delta=DELTA, num_null=32,
-                                               directory=tmp_path)
-  _run(strategy, grid, 2)
-  m = strategy.audit()
-  saved = json.loads((tmp_path / user_app.AUDIT_FILE).read_text())
-  assert saved['all_iterates/epsilon_one_run'] == m['all_iterates/epsilon_one_run']
-  meta, rounds = user_rounds.load_rounds(tmp_path / user_app.ROUNDS_FILE)
-  again = user_rounds.audit_rounds(rounds, seed=meta['seed'], num_canaries=meta['num_canaries'],
-                                   delta=DELTA, confidence=0.95, stated=strategy.stated())
-  for key, value in again.items():
-    assert _same(value, m[key]), key
+def test_the_recording_is_written_each_round_and_the_command_audits_it(tmp_path, capsys):
+  """The file after every round holds the rounds so far; the command's results.json is the
+  in-memory audit; bad input is one line naming the field, exit 2, nothing written."""
+  folder = tmp_path / 'run'
+  strategy = user_app.CanaryAuditStrategy(_dp(36, 2.0), seed=SEED, canary_norm=NORM,
+                                          clip_norm=CLIP, delta=DELTA, num_null=32,
+                                          directory=folder, threats=ALL_THREATS)
+  on_file = []
+
+  def look(server_round, arrays):
+    del arrays
+    if server_round:
+      on_file.append(len(user_app.load_rounds(folder / user_app.ROUNDS_FILE)[1]))
+
+  with dp_games.quiet_flower(), jobs.seeded(3):
+    inprocess.run(strategy, _grid(4, 32), _model(), num_rounds=2, evaluate_fn=look)
+  assert on_file == [1, 2]
+  meta, rounds = user_app.load_rounds(folder / user_app.ROUNDS_FILE)
+  assert [r.server_round for r in rounds] == [1, 2] and meta['delta'] == DELTA
+  assert [c['count'] for c in meta['flower']['accountant_state']['compositions']] == [1, 1]
+  assert rounds[0].flower_epsilon < rounds[1].flower_epsilon == meta['flower'][
+      'stated_epsilon']
+  m = user_app.audit(strategy)
+  _equals_reference(m, 'a')
+  assert m['dp_accounting_epsilon'] == pytest.approx(m['flower_privacy_spent_epsilon'],
+                                                     rel=1e-12)
+  assert user_app.main([str(folder), f'--workdir={tmp_path / "out"}']) == 0
+  saved = json.loads((tmp_path / 'out' / user_app.RESULTS).read_text())
+  assert set(saved) == set(m)
+  for key, value in m.items():
+    assert _same(value, math.nan if saved[key] is None else saved[key]), key
+  assert '| all_iterates |' in (tmp_path / 'out' / user_app.TABLE).read_text()
+  capsys.readouterr()
+  bad = [([str(tmp_path / 'nothing')], 'recording: '),
+         ([str(folder), '--delta=1e-6'], 'delta: '),
+         ([str(folder), '--stated_epsilon=-1'], 'stated_epsilon: '),
+         ([str(folder), '--delta=x'], 'argument --delta')]
+  for argv, field in bad:
+    assert user_app.main(argv + [f'--workdir={tmp_path / "bad"}']) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f'user_app: {field}') and '\n' not in err, err
+  meta_bad = {**meta, 'seed': -1}
+  user_app.save_rounds(tmp_path / 'seed.npz', rounds, meta_bad)
+  assert user_app.main([str(tmp_path / 'seed.npz'), f'--workdir={tmp_path / "bad"}']) == 2
+  assert capsys.readouterr().err.startswith('user_app: seed: ')
+  assert not (tmp_path / 'bad').exists()
+
+
+def _equals_reference(m, name):
+  """Every field `flower.own_app`'s in-process audit gave before the in-app split, on the
+  same run (own_app_reference.json, computed then at commit f583b65): 'a' every node every
+  round with the uploads threat and Flower's accountant, 'b' half the nodes sampled a round
+  with a stated claim."""
+  ref = json.loads(pathlib.Path(__file__).with_name('own_app_reference.json').read_text())
+  assert set(ref[name]) <= set(m), set(ref[name]) - set(m)
+  for key, want in ref[name].items():
+    got = m[key]
+    if want is None:
+      assert isinstance(got, float) and math.isnan(got), (name, key, got)
+    elif isinstance(want, float):
+      assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (name, key, got, want)
+    else:
+      assert got == want, (name, key, got, want)
+
+
+def test_client_sampling_audited_from_the_file_equals_the_audit_of_before(tmp_path):
+  """FedAvg trains 18 of 36 nodes a round (Python's random.sample): the server knows whom it
+  sampled, so each canary counts its own rounds. With a stated claim, audited from the file:
+  every field as before the in-app split (run 'a' is the test above)."""
+  strategy = user_app.CanaryAuditStrategy(
+      _dp(36, 2.0, accountant=False, fraction_train=0.5), seed=SEED, canary_norm=NORM,
+      clip_norm=CLIP, delta=DELTA, num_null=32, directory=tmp_path, stated_epsilon=3.0)
+  _run(strategy, _grid(4, 32), 3)
+  m = user_app.audit_recording(*user_app.load_rounds(tmp_path / user_app.ROUNDS_FILE))
+  _equals_reference(m, 'b')
+  assert m['sampling'] == 'fixed_size_without_replacement'
+  assert all(r.num_messages == 18 and r.sampled.sum() <= 18 for r in strategy.rounds)
+  assert m['rounds_per_canary_min'] < m['rounds_per_canary_max'] <= 3
 
 
 def test_the_most_k_canaries_can_certify():
   """The one-run bounds' ceiling (every guess right), at c = 0.95 over 4 counted bounds:
   16 canaries certify nothing, more canaries more (the doc's table)."""
-  reach = {k: user_rounds.max_certifiable(k // 2, k - k // 2, delta=DELTA, confidence=0.95,
-                                          num_counted=4) for k in (16, 64, 256)}
+  reach = {k: user_app.max_certifiable(k // 2, k - k // 2, delta=DELTA, confidence=0.95,
+                                      num_counted=4) for k in (16, 64, 256)}
   assert reach[16] == 0.0 and 0 < reach[64] < reach[256]
   direct = auditing.audit_scores(np.ones(32), np.zeros(32), delta=DELTA,
                                  confidence=1 - 0.05 / 4)
