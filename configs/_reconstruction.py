@@ -104,7 +104,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       same private clients as the fixed server, and the paired difference adaptive - fixed
       per client is reported (`attacks.reconstruction.paired`). restore_scales = () turns it
       off (and holds nothing out). Restore scales, placements, structures and rounds are
-      traced operands: no compilation.
+      traced operands: no compilation. multi_step: the adaptive server also at every imprint
+      point of more than one step (the J / E / learning-rate grid; off by default for time).
     dp_sgd_samplings: DP-SGD's batch samplings swept ('poisson', 'shuffle').
     dp_clip, dp_delta: the DP defenses' and LDP-SGD's clip norm, and the delta of the epsilon
       labels (the Gaussian input mechanism's too).
@@ -151,7 +152,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
                                               placements=('quantile', 'uniform'),
                                               num_bins=(1024,),
                                               structures=('cumulative', 'sparse'),
-                                              rounds=(1, 4), trials=64, pool=300))
+                                              rounds=(1, 4), trials=64, pool=300,
+                                              multi_step=False))
   # Poisson only by default: the shuffled sampling recovers the same (0 / 0 / 0 at z = 1e-3, 1e-2, 1
   # and 0.178 for the adaptive server at 1e-3 in a run with both) and changes only the epsilon label.
   s.dp_sgd_samplings = ('poisson',)
@@ -171,7 +173,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
     s.adaptive = ml_collections.ConfigDict(dict(restore_scales=(32.0, 3200.0),
                                                 placements=('quantile',), num_bins=(),
                                                 structures=('cumulative', 'sparse'),
-                                                rounds=(1, 2), trials=8, pool=100))
+                                                rounds=(1, 2), trials=8, pool=100,
+                                                multi_step=False))
     s.batch_sizes = (1, 8)
     s.num_batches = (1,)
     s.epochs = (1,)

@@ -116,6 +116,7 @@ def validate_config(config) -> None:
       'empty or (1,): one round)', lambda v: all(
           isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= MAX_ROUNDS for r in v)))
   validate.positive(config, f'{p}.adaptive.pool', integer=True)
+  validate.one_of(config, f'{p}.adaptive.multi_step', (True, False))
   validate.checked(config, f'{p}.adaptive.num_bins', validate.Rule(
       'a tuple of integers >= 1 (other widths of the imprint layer; empty: the config\'s '
       'only)', lambda v: all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 4096
@@ -178,7 +179,11 @@ def unused_fields(config) -> dict[str, str]:
   if 'imprint' in attacks and not adaptive:
     why = 'read only by the adaptive server, which adaptive.restore_scales = () turns off'
     out.update({f'{p}.adaptive.{f}': why for f in ('placements', 'trials', 'num_bins',
-                                                    'structures', 'rounds', 'pool')})
+                                                    'structures', 'rounds', 'pool',
+                                                    'multi_step')})
+  if not multi or 'imprint' not in multi:
+    out.setdefault(f'{p}.adaptive.multi_step', 'read only by the imprint\'s J and E sweeps, '
+                   'which multi_step_attacks leaves out')
   if not multi:
     why = 'read only by the J and E sweeps, which no attack of multi_step_attacks runs'
     out.update({f'{p}.{f}': why for f in ('num_batches', 'epochs', 'learning_rates')})
@@ -513,7 +518,7 @@ def plan(config, state, store, key) -> list[base.Point]:
     extra = {'strength': None, **d.params}
     mine = first if p == centre else rest
     mine.append(attack_point(config, state, store, key, p, d, extra, images))
-    if adaptive and p == centre:
+    if adaptive and adaptive_at(config, p):
       mine.append(attack_point(config, state, store, key, p, d, extra, images,
                                server='adaptive'))
   points = first
@@ -537,6 +542,16 @@ def plan(config, state, store, key) -> list[base.Point]:
           points.append(attack_point(config, state, store, key, p, confs[attack][i], d,
                                      images, hooks, i, server='adaptive'))
   return points + rest
+
+
+def adaptive_at(config, p: dict) -> bool:
+  """Whether the adaptive server attacks grid point `p` beside the fixed one: the imprint's
+  centre, and with `adaptive.multi_step` every imprint point of more than one step."""
+  s = config.reconstruction
+  if p['attack'] != 'imprint' or not len(tuple(s.adaptive.restore_scales)):
+    return False
+  return p == center_point(config, 'imprint') or (
+      bool(s.adaptive.multi_step) and p['num_batches'] * p['epochs'] > 1)
 
 
 def center_point(config, attack: str) -> dict:

@@ -223,3 +223,21 @@ def test_an_ldp_epsilon_states_how_often_the_run_releases_each_example():
     conf = reconstruction_defenses.swept_defense(config, {}, dict(defense=name, strength=1.0),
                                                  ten_rounds)
     assert conf.metrics == {'ldp_epsilon': 1.0, 'ldp_releases': releases}, name
+
+
+def test_the_adaptive_server_joins_the_multi_step_grid_only_when_asked():
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import reconstruction  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  points = reconstruction.grid(config)
+  at = lambda: [p for p in points if reconstruction.adaptive_at(config, p)]
+  assert at() == [reconstruction.center_point(config, 'imprint')]
+  config.reconstruction.adaptive.multi_step = True
+  got = at()
+  assert reconstruction.center_point(config, 'imprint') in got
+  assert all(p['attack'] == 'imprint' for p in got)
+  assert {(p['num_batches'], p['epochs']) for p in got} == {(1, 1), (2, 1), (4, 1), (8, 1),
+                                                            (1, 2), (1, 4)}
+  assert len(got) == 1 + 5 * 4      # the centre, and 5 multi-step points at 4 learning rates
+  config.reconstruction.adaptive.restore_scales = ()
+  assert not at()

@@ -76,3 +76,28 @@ def test_the_paired_interval():
     paired.difference([9, 1], [0, 0], n)
   f = paired.fields('exact', adaptive, fixed, n)
   assert set(f) == {'exact_diff', 'exact_diff_ci_low', 'exact_diff_ci_high'}
+
+
+def test_the_value_grid_at_its_edges():
+  # Integer-valued data: 256 values with gaps of 1 make a grid, 257 do not.
+  assert len(value_grid.learn(np.arange(256.0))) == 256
+  assert value_grid.learn(np.arange(257.0)) is None
+  # Values within float rounding of each other are one grid value.
+  np.testing.assert_array_equal(value_grid.learn(np.array([0.5, 0.5 + 1e-8, 1.0])), [0.5, 1.0])
+  # The smallest gap: 2/255 exactly is allowed, a little less is not.
+  assert value_grid.learn(np.array([0.0, 2 / 255])) is not None
+  assert value_grid.learn(np.array([0.0, 2 / 255.5])) is None
+  assert value_grid.learn(np.array([0.0, 2.5 / 255])) is not None
+  assert value_grid.learn(np.array([0.0, 1 / 255])) is None
+  # No data: no grid; constant data: a grid of one value, to which everything rounds.
+  assert value_grid.learn(np.zeros(0)) is None
+  np.testing.assert_array_equal(value_grid.learn(np.full(5, 0.3)), [0.3])
+  np.testing.assert_array_equal(value_grid.round_to(np.array([-1.0, 0.9]), np.array([0.3])),
+                                [0.3, 0.3])
+  levels = np.arange(17) / 16.0
+  # Below and above the grid: its ends; a tie: the lower value.
+  np.testing.assert_array_equal(value_grid.round_to(np.array([-0.3, 1.4]), levels), [0.0, 1.0])
+  np.testing.assert_array_equal(value_grid.round_to(np.array([0.5]), np.array([0.0, 1.0])),
+                                [0.0])
+  np.testing.assert_array_equal(value_grid.round_to(np.array([1 / 32 + 1e-9, 0.99]), levels),
+                                [1 / 16, 1.0])

@@ -67,6 +67,21 @@ def test_every_imprint_defense_point_has_the_adaptive_servers_beside_it(smoke):
     assert m['adaptive_placement'] in s['adaptive']['placements']
     assert m['adaptive_public_examples'] == s['adaptive']['trials'] * twin['batch_size']
     assert m['n_trials'] == p['metrics']['n_trials']
+    assert m['adaptive_structure'] in s['adaptive']['structures']
+    assert m['adaptive_rounds'] in s['adaptive']['rounds']
+    # The paired difference is the difference of the two rates (the same clients), inside its
+    # interval; exactness after rounding to the grid is reported for both servers.
+    for name in ('recovered', 'exact', 'exact_grid'):
+      assert m[f'{name}_diff'] == pytest.approx(m[name] - p['metrics'][name], abs=1e-9)
+      assert m[f'{name}_diff_ci_low'] <= m[f'{name}_diff'] <= m[f'{name}_diff_ci_high']
+    for q in (p, a):
+      g = q['metrics']
+      assert g['exact_grid_ci_low'] <= g['exact_grid'] <= g['exact_grid_ci_high']
+      assert g['exact_grid'] >= g['exact']     # digits' 17 levels: rounding keeps exactness
+  # Utility over several trainings, each a cluster.
+  for u in _points(results, kind='utility'):
+    assert u['n_trials'] == s['utility']['trials'] >= 2
+    assert 'test_accuracy_effective_n' in u['metrics']
 
 
 def test_the_figures_read_on_their_own(smoke, monkeypatch):
