@@ -1,26 +1,29 @@
-"""A user's own Flower App, audited with canary SuperNodes (tests_engines/test_own_app.py).
+"""A user's own Flower App audited with canary SuperNodes (tests_engines/test_own_app.py).
 
-What docs/experiments/flower_own_app.md asks of a user, on a numpy model of four float32
-arrays: their ClientApp (`user_app`: node k moves the model halfway to a target of its own,
-weight 10) wrapped by `own_app.with_canaries` (`client_app`), and their ServerApp
-(`server_app`): Flower's FedAvg in DifferentialPrivacyServerSideFixedClipping with Flower's
-RdpAccountant, wrapped by `own_app.CanaryAuditStrategy`, which learns the canary nodes by its
-query. `serve(grid, config)` is the ServerApp's body, so the same run goes on an
-`InProcessGrid` too. It writes, under `config['out']`, the audit (`canary_audit.json`), the
-recorded projections (`canary_rounds.npz`) and `final.npz` (the final model and the
-evaluate metrics).
+The test lays out the app as a user would (docs/experiments/flower_own_app.md): a folder with
+a pyproject.toml that declares only flwr and numpy and a package `my_app` holding this file
+as `my_app/task.py` beside the two vendored in-app files
+(`python -m fl_privacy.flower.inapp.vendor my_app/`). Nothing here imports fl-privacy, so it
+is never imported as `tests_engines.own_app_part`.
+
+The model is four float32 arrays. The ClientApp (`user_app`: node k moves the model halfway to
+a target of its own, weight 10) is wrapped by `with_canaries` (`client_app`); the ServerApp
+(`server_app`) runs Flower's FedAvg in DifferentialPrivacyServerSideFixedClipping with
+Flower's RdpAccountant, wrapped by `CanaryAuditStrategy`, which learns the canary nodes by its
+query and records the rounds under `config['out']` (`canary_rounds.npz`). `serve(grid,
+config)` is the ServerApp's body, so the same run goes on an in-process grid too; it also
+writes `final.npz` (the final model, the evaluate metrics, and the heavy modules its process
+had imported).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
+import random
+import sys
 from typing import Any, Mapping
 
-os.environ.setdefault('FLWR_TELEMETRY_ENABLED', '0')
-
-# pylint: disable=wrong-import-position
 import numpy as np
 
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -30,10 +33,8 @@ from flwr.serverapp import strategy as flwr_strategy
 from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from flwr.supercore.privacy_accounting import SamplingMethod
 
-from fl_privacy.flower.audits import user_app as user_app_lib
-from fl_privacy.flower.audits import user_rounds
-from fl_privacy.flower.audits import user_strategy
-from fl_privacy.flower.engines import jobs
+from . import fl_privacy_canaries as canaries  # pylint: disable=relative-beyond-top-level
+from . import fl_privacy_canary_strategy as recorder  # pylint: disable=relative-beyond-top-level
 
 SHAPES = {'kernel': (64, 30), 'bias': (30,), 'head': (30, 3), 'head_bias': (3,)}
 DIM = sum(int(np.prod(s)) for s in SHAPES.values())
@@ -41,6 +42,7 @@ EXAMPLES = 10
 # The run config's defaults (the test's pyproject declares the same keys).
 CONFIG = {'out': '', 'seed': 5, 'canary-seed': 0, 'rounds': 2, 'noise': 1.0, 'clip': 1.0,
           'canary-norm': 2.0, 'num-nodes': 6, 'delta': 1e-5, 'num-null': 64}
+HEAVY = ('jax', 'flax', 'optax', 'tensorflow', 'ml_collections', 'fl_privacy')
 
 
 def initial_model() -> ArrayRecord:
@@ -83,22 +85,22 @@ def _evaluate(msg: Message, context: Context) -> Message:
                  reply_to=msg)
 
 
-client_app = user_app_lib.with_canaries(user_app)
+client_app = canaries.with_canaries(user_app)
 
 
 def canary_configs(num_canaries: int, seed: int, config: Mapping[str, Any] = CONFIG
                    ) -> list[dict[str, Any]]:
   """The canary SuperNodes' node configs for this app (its metric keys, its weight)."""
-  return user_rounds.canary_node_configs(
+  return canaries.canary_node_configs(
       num_canaries, seed=seed, canary_norm=float(config['canary-norm']),
       clip_norm=float(config['clip']), **{'num-examples': EXAMPLES,
                                          'canary-metrics': 'train_loss',
                                          'canary-eval-metrics': 'eval_loss'})
 
 
-def serve(grid: Grid, config: Mapping[str, Any]) -> dict[str, Any]:
+def serve(grid: Grid, config: Mapping[str, Any]) -> recorder.CanaryAuditStrategy:
   """The ServerApp's body: FedAvg in Flower's server-side fixed clipping (its accountant),
-  under the canary audit; returns the audit and writes it, the rounds and the final model."""
+  under the canary recording; writes the rounds and `final.npz`."""
   config = {**CONFIG, **dict(config)}
   n = int(config['num-nodes'])
   fedavg = flwr_strategy.FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n,
@@ -110,19 +112,24 @@ def serve(grid: Grid, config: Mapping[str, Any]) -> dict[str, Any]:
   dp = flwr_strategy.DifferentialPrivacyServerSideFixedClipping(
       fedavg, float(config['noise']), float(config['clip']), n, accountant=accountant)
   out = pathlib.Path(str(config['out']))
-  strategy = user_strategy.CanaryAuditStrategy(
+  strategy = recorder.CanaryAuditStrategy(
       dp, seed=int(config['canary-seed']), canary_norm=float(config['canary-norm']),
-      clip_norm=float(config['clip']), delta=float(config['delta']),
-      num_null=int(config['num-null']), directory=out)
+      clip_norm=float(config['clip']), num_null=int(config['num-null']), directory=out)
   # Flower's noise (numpy) and sampling (Python's random) from the run's seed, as a user who
-  # wants a reproducible run would.
-  with jobs.seeded(int(config['seed'])):
+  # wants a reproducible run would; restored after.
+  saved = random.getstate(), np.random.get_state()
+  random.seed(int(config['seed']))
+  np.random.seed(int(config['seed']))
+  try:
     result = strategy.start(grid, initial_model(), num_rounds=int(config['rounds']))
-  audit = strategy.audit()
+  finally:
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
   evaluate = {str(r): dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
+  heavy = sorted(m for m in sys.modules if m.split('.')[0] in HEAVY)
   np.savez(out / 'final.npz', model=_flat(result.arrays),
-           evaluate=np.asarray(json.dumps(evaluate)))
-  return audit
+           evaluate=np.asarray(json.dumps(evaluate)), heavy=np.asarray(json.dumps(heavy)))
+  return strategy
 
 
 server_app = ServerApp()

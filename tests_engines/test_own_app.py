@@ -1,27 +1,32 @@
-"""The recipe of docs/experiments/flower_own_app.md on Flower's Deployment Engine: a user's
-own Flower App (`tests_engines.own_app_part`, its own pyproject) on a local SuperLink with 2
-real and 4 canary SuperNodes (`--node-config "canary-index=i canary-seed=s ..."`), submitted
-with `flwr run`. Its audit, recorded projections and final model are those of the same app on
-an `InProcessGrid` (Flower's grid returns replies in arrival order and gives nodes random
-ids, so FedAvg sums the same float32 replies in another order: equal up to that rounding)."""
+"""The recipe of docs/experiments/flower_own_app.md on Flower's Deployment Engine, laid out as
+a user would: an app folder whose pyproject.toml declares only flwr and numpy, a package
+`my_app` holding the user's app (`tests_engines/own_app_part.py` copied as `my_app/task.py`)
+and the two in-app files vendored beside it (`fl_privacy.flower.inapp.vendor`); a local
+SuperLink with 2 real and 4 canary SuperNodes (`--node-config "canary-index=i ..."`), the app
+submitted with `flwr run`. The analysis of its recording equals that of the same app run on an
+`InProcessGrid` (Flower's grid returns replies in arrival order and gives nodes random ids, so
+FedAvg sums the same float32 replies in another order: equal up to that rounding), and its
+ServerApp process imported neither JAX nor fl_privacy."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
+import pathlib
+import shutil
+import sys
 
 import numpy as np
 import pytest
 
 from flwr.common.constant import SUPERLINK_NODE_ID
 
-from tests_engines import own_app_part
-
 from fl_privacy.flower.audits import user_app
-from fl_privacy.flower.audits import user_rounds
 from fl_privacy.flower.engines import deployment
 from fl_privacy.flower.engines import inprocess
+from fl_privacy.flower.inapp import vendor
 
 NUM_REAL, NUM_CANARIES = 2, 4
 PYPROJECT = """\
@@ -30,11 +35,11 @@ requires = ["hatchling"]
 build-backend = "hatchling.build"
 
 [project]
-name = "own-app-with-canaries"
+name = "my-app"
 version = "1.0.0"
 description = "A user's own Flower App with canary SuperNodes beside its real ones"
 license = "Apache-2.0"
-dependencies = ["flwr[simulation]>=1.42,<1.43"]
+dependencies = ["flwr>=1.42,<1.43", "numpy"]
 
 [tool.hatch.build.targets.wheel]
 packages = ["."]
@@ -43,8 +48,8 @@ packages = ["."]
 publisher = "fl-privacy"
 
 [tool.flwr.app.components]
-serverapp = "tests_engines.own_app_part:server_app"
-clientapp = "tests_engines.own_app_part:client_app"
+serverapp = "my_app.task:server_app"
+clientapp = "my_app.task:client_app"
 
 [tool.flwr.app.config]
 {config}
@@ -70,22 +75,36 @@ def _close(a, b, key):
     assert a == b, (key, a, b)
 
 
+def _user_app_folder(root: pathlib.Path) -> pathlib.Path:
+  """The user's app folder: their package with the vendored files, their pyproject."""
+  package = root / 'my_app'
+  package.mkdir(parents=True)
+  (package / '__init__.py').write_text('')
+  shutil.copyfile(pathlib.Path(__file__).with_name('own_app_part.py'), package / 'task.py')
+  vendor.vendor(package)
+  return root
+
+
 @pytest.mark.skipif(os.environ.get('FL_PRIVACY_ALL_ENGINE_TESTS') != '1',
                     reason='1-1.5 min; CI stays under 25 minutes without it: run with '
-                    'FL_PRIVACY_ALL_ENGINE_TESTS=1 (passed 2026-11-29)')
-def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
+                    'FL_PRIVACY_ALL_ENGINE_TESTS=1')
+def test_a_users_app_with_vendored_canaries_audits_as_in_process(no_leftovers, monkeypatch):
   seed = _canary_seed()
   nodes = NUM_REAL + NUM_CANARIES
-  configs = [{} for _ in range(NUM_REAL)] + own_app_part.canary_configs(NUM_CANARIES, seed)
+  app = _user_app_folder(no_leftovers / 'app')
+  monkeypatch.syspath_prepend(str(app))
+  monkeypatch.delitem(sys.modules, 'my_app', raising=False)
+  task = importlib.import_module('my_app.task')  # the user's in-process rehearsal
+  configs = [{} for _ in range(NUM_REAL)] + task.canary_configs(NUM_CANARIES, seed)
   base = {'canary-seed': seed, 'num-nodes': nodes}
 
-  grid = inprocess.InProcessGrid([own_app_part.client_app] * nodes, node_configs=configs)
+  grid = inprocess.InProcessGrid([task.client_app] * nodes, node_configs=configs)
   with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
-    ref = own_app_part.serve(grid, {**base, 'out': str(no_leftovers / 'inprocess')})
+    task.serve(grid, {**base, 'out': str(no_leftovers / 'inprocess')})
+  ref = user_app.audit_recording(*user_app.load_rounds(
+      no_leftovers / 'inprocess' / user_app.ROUNDS_FILE))
 
-  app = no_leftovers / 'app'
-  app.mkdir()
-  declared = {**own_app_part.CONFIG, **base}
+  declared = {**task.CONFIG, **base}
   (app / 'pyproject.toml').write_text(PYPROJECT.format(config='\n'.join(
       f'{k} = {_toml(v)}' for k, v in declared.items())), encoding='utf-8')
   out = no_leftovers / 'deployment'
@@ -93,12 +112,14 @@ def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
     run_id = dep.submit({'out': str(out)}, app_dir=app)
     entry = dep.wait(run_id, timeout=900)
   assert entry['status'] == 'finished:completed', entry
-  got = json.loads((out / user_app.AUDIT_FILE).read_text())
+  # The analysis, on the laptop: the command over the deployment's recording.
+  assert user_app.main([str(out), f'--workdir={no_leftovers / "analysis"}']) == 0
+  got = json.loads((no_leftovers / 'analysis' / user_app.RESULTS).read_text())
 
   # The canaries were found by the query and kept their indices; the worlds are the seed's.
   assert (ref['num_canaries'], ref['n_in'], ref['n_out']) == (NUM_CANARIES, 2, 2)
-  meta, rounds = user_rounds.load_rounds(out / user_app.ROUNDS_FILE)
-  ref_meta, ref_rounds = user_rounds.load_rounds(no_leftovers / 'inprocess' / user_app.ROUNDS_FILE)
+  meta, rounds = user_app.load_rounds(out / user_app.ROUNDS_FILE)
+  ref_meta, ref_rounds = user_app.load_rounds(no_leftovers / 'inprocess' / user_app.ROUNDS_FILE)
   assert sorted(meta['canary_nodes'].values()) == list(range(NUM_CANARIES))
   assert meta['canary_nodes'] != ref_meta['canary_nodes']  # Flower's own node ids
   for r, s in zip(rounds, ref_rounds):
@@ -107,16 +128,18 @@ def test_a_users_app_with_canary_supernodes_audits_as_in_process(no_leftovers):
     np.testing.assert_allclose(r.after, s.after, rtol=0, atol=1e-6)
   # The one-run bounds read only ranks: no two scores are within rounding of each other, so
   # the same ranks, the same bounds.
-  scores, _, _ = user_rounds.statistics(ref_rounds, NUM_CANARIES, user_app.DEFAULT_THREATS)
+  scores, _, _ = user_app.statistics(ref_rounds, NUM_CANARIES, user_app.DEFAULT_THREATS)
   for s in scores.values():
     assert np.min(np.diff(np.sort(s))) > 1e-4 * np.max(np.abs(s))
   assert set(got) == set(ref)
   for key, value in ref.items():
-    _close(value, got[key], key)
+    _close(value, math.nan if got[key] is None else got[key], key)
   assert got['stated_epsilon_source'].startswith('flwr privacy_spent()')
+  assert got['dp_accounting_epsilon'] == pytest.approx(got['stated_epsilon'], rel=1e-9)
   with np.load(out / 'final.npz') as f, np.load(no_leftovers / 'inprocess' / 'final.npz') as g:
     np.testing.assert_allclose(f['model'], g['model'], rtol=0, atol=1e-6)
     evaluate, ref_evaluate = json.loads(str(f['evaluate'])), json.loads(str(g['evaluate']))
+    assert json.loads(str(f['heavy'])) == []  # the ServerApp process: no JAX, no fl_privacy
   assert set(evaluate) == {'1', '2'}
   for r, metrics in ref_evaluate.items():
     assert evaluate[r]['eval_loss'] == pytest.approx(metrics['eval_loss'], rel=1e-5)
