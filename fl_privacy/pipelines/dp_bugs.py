@@ -136,19 +136,19 @@ def audit_point(config, entry: bug_entries.Entry, params: dict, key: jax.Array
                 ) -> tuple[dict[str, Any], int]:
   """One row: the entry's variant at a severity, played and audited (or why it was not)."""
   sev = params['severity']
-  claim = entry.claim(sev)
   metrics: dict[str, Any] = _describe(entry)
-  metrics.update(bug_audit.claim_metrics(claim))
-  true = entry.true_epsilon(sev) if params['variant'] == 'bug' else None
-  metrics['true_epsilon'] = float('nan') if true is None else float(true)
   nan = float('nan')
-  if entry.build is None:
-    metrics.update(verdict='out of reach', privacy_violation=nan)
-    return metrics, 0
   missing = bug_catalog.missing_extras(entry)
-  if missing:
+  if missing:   # its claim and true epsilon may need the extra too (Opacus's accountant)
     metrics.update(verdict=f'not run: needs the {"/".join(missing)} extra',
                    privacy_violation=nan)
+    return metrics, 0
+  claim = entry.claim(sev)
+  metrics.update(bug_audit.claim_metrics(claim))
+  true = entry.true_epsilon(sev) if params['variant'] == 'bug' else None
+  metrics['true_epsilon'] = nan if true is None else float(true)
+  if entry.build is None:
+    metrics.update(verdict='out of reach', privacy_violation=nan)
     return metrics, 0
   n = trials(config, entry)
   seed = _seed(key, params)

@@ -103,7 +103,11 @@ def load_extra(spec: str) -> be.Entry:
     raise ExtraError(f'{module_name!r} has no {attr!r}')
   value = getattr(module, attr)
   if callable(value) and not isinstance(value, be.Entry):
-    value = value()
+    try:
+      value = value()
+    except TypeError as e:
+      raise ExtraError(f'{spec} is neither an Entry nor a function of no arguments returning '
+                       f'one ({e})') from None
   if not isinstance(value, be.Entry):
     raise ExtraError(f'{spec} is not a bug_entries.Entry (got {type(value).__name__})')
   if value.build is None:

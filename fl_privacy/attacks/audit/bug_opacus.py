@@ -38,12 +38,17 @@ LIB = 'Opacus 1.6.0 (torch extra)'
 
 @contextlib.contextmanager
 def _torch_state() -> Iterator[None]:
+  """The caller's torch generator state restored afterwards; one intra-op thread meanwhile
+  (the games' tensors are a few floats: threads only contend with JAX's)."""
   import torch  # pylint: disable=g-import-not-at-top
   state = torch.random.get_rng_state()
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
   try:
     yield
   finally:
     torch.random.set_rng_state(state)
+    torch.set_num_threads(threads)
 
 
 def _model(dim: int):
