@@ -26,4 +26,6 @@ def test_flwr_run_on_a_local_deployment_matches_in_process(tmp_path):
 
 def test_the_part_knows_the_apps_plants():
   from torch_audit_app import opacus_hooks  # pylint: disable=import-outside-toplevel
+  from torch_audit_app import server_app  # pylint: disable=import-outside-toplevel
   assert torch_part.PLANTS == opacus_hooks.PLANTS
+  assert torch_part.CLIENT_DP == server_app.CLIENT_DP

@@ -11,10 +11,12 @@ add/remove-one neighbours, Poisson sampling; adversary: anyone who sees every no
 so also the server seeing the node's uploads).
 
 The node `audited-partition` also holds the record-level canaries (`canaries.py`; each IN by
-a fair coin) and, with `record-steps`, replies the noisy step at every canary coordinate in a
-`ConfigRecord` 'audit' (the server's recorder strips it before FedAvg aggregates). With
+a fair coin) and, with `record-steps`, replies every noisy step projected on the canaries' directions in a
+`ConfigRecord` 'audit' (FedAvg aggregates only the reply's ArrayRecord and MetricRecord). With
 `client-dp = "local_dp"` every node's reply also passes Flower's `LocalDpMod` (client-level
-local DP on the update).
+local DP on the update). Client-level canary SuperNodes (node config `canary-index`, the
+vendored `fl_privacy_canaries.with_canaries`) reply a crafted update instead of training; the
+app-level mods (LocalDpMod) act on them as on every node.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from torch_audit_app import canaries as canaries_lib
+from torch_audit_app import fl_privacy_canaries
 from torch_audit_app import opacus_hooks
 from torch_audit_app import task
 
@@ -53,7 +56,10 @@ def local_dp_option(msg: Message, context: Context, call_next):
   return mod(msg, context, call_next)
 
 
-app = ClientApp(mods=[local_dp_option])
+# The app's own ClientApp; `app` (what pyproject.toml names) is it wrapped by the vendored
+# `with_canaries`: a node whose node config has `canary-index` is a client-level canary
+# SuperNode (fl_privacy_canaries.py), every other node runs this app unchanged.
+torch_app = ClientApp(mods=[local_dp_option])
 
 
 def node_canaries(cfg, model: nn.Module, image_shape) -> dict[str, np.ndarray]:
@@ -94,7 +100,7 @@ def _bytes(a: np.ndarray) -> bytes:
   return buf.getvalue()
 
 
-@app.train()
+@torch_app.train()
 def train(msg: Message, context: Context) -> Message:
   cfg = context.run_config
   pid = int(context.node_config['partition-id'])
@@ -162,3 +168,6 @@ def train(msg: Message, context: Context) -> Message:
       audit['steps'] = _bytes(recorder.array())
     content['audit'] = ConfigRecord(audit)
   return Message(content=content, reply_to=msg)
+
+
+app = fl_privacy_canaries.with_canaries(torch_app)

@@ -4,11 +4,14 @@
 it sent each round and the model the node uploaded (flat parameter vectors), the uploaded
 and the sent model's loss on every input-space canary, the node's metrics (its Opacus
 epsilons, noise multiplier, sample rate, steps), and, when the node sends them, its noisy
-steps at the canary coordinates (the ConfigRecord 'audit', stripped before FedAvg
-aggregates). Error replies are kept with their reason (Opacus refusing a model, say). After
+steps projected on the canary directions (the ConfigRecord 'audit', which FedAvg leaves
+alone: it aggregates the one ArrayRecord and the one MetricRecord). Error replies are kept with their reason (Opacus refusing a model, say). After
 the last round `main` writes it all to `<record-dir>/record.npz` (with the canaries' coins
 and pool, redrawn from the run config by the same numpy code the node used); the
-audit (fl_privacy.flower.audits.opacus_record) reads that file, outside the app.
+audit (fl_privacy.flower.audits.opacus_record) reads that file, outside the app. With
+`client-canaries` k > 0 the vendored `CanaryAuditStrategy` (fl_privacy_canary_strategy.py)
+wraps the strategy outermost and records the k client-level canary SuperNodes' rounds to
+`<record-dir>/canary_rounds.npz` (fl_privacy.flower.audits.user_app audits it).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid, RdpAccountant, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
+from flwr.supercore.privacy_accounting import SamplingMethod
 
 from torch_audit_app import client_app
+from torch_audit_app import fl_privacy_canary_strategy
 from torch_audit_app import task
 
 app = ServerApp()
@@ -53,27 +59,31 @@ class RecordingFedAvg(FedAvg):
     self.errors: list[str] = []
     self.round_seconds: list[float] = []
     self._t0 = 0.0
+    self._round = 0
 
   def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       grid: Grid):
     self._t0 = time.monotonic()
+    self._round = server_round
     self.sent[server_round] = ArrayRecord(arrays.to_torch_state_dict())
     return super().configure_train(server_round, arrays, config, grid)
 
-  def aggregate_train(self, server_round: int, replies):
-    replies = list(replies)
-    for msg in replies:
-      if msg.has_error():
-        self.errors.append(f'round {server_round}: {msg.error.reason}')
-      elif 'audit' in msg.content:
-        self._record(server_round, msg)
-    out = super().aggregate_train(server_round, replies)
-    self.round_seconds.append(time.monotonic() - self._t0)
-    return out
+  # Flower's fixed-clipping wrapper accounts only around FedAvg's own aggregate_train, so the
+  # recorder reads the replies where FedAvg checks them (errors kept, valid ones recorded).
+  def _check_and_log_replies(self, replies, is_train: bool, validate: bool = True):
+    valid, errors = super()._check_and_log_replies(replies, is_train, validate)
+    if is_train:
+      for msg in errors:
+        if msg.has_error():
+          self.errors.append(f'round {self._round}: {msg.error.reason}')
+      for msg in valid:
+        if 'audit' in msg.content:
+          self._record(self._round, msg)
+      self.round_seconds.append(time.monotonic() - self._t0)
+    return valid, errors
 
   def _record(self, server_round: int, msg: Message) -> None:
-    audit = msg.content['audit']
-    del msg.content['audit']  # FedAvg aggregates the model and the metrics only
+    audit = msg.content['audit']  # a ConfigRecord: FedAvg aggregates arrays and metrics only
     if 'steps' in audit:
       steps = np.load(io.BytesIO(audit['steps']), allow_pickle=False)
       self.steps.append(steps)
@@ -131,9 +141,16 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, np.ndarray]:
                              min_train_nodes=nodes, min_available_nodes=nodes)
   outer = strategy
   if dp == 'server_fixed':
+    # With Flower's own accountant, so that the wrapper states its epsilon (privacy_spent():
+    # per client, add/remove one, no amplification claimed: every node every round).
+    accountant = RdpAccountant(PrivacyConfig(
+        target_delta=float(cfg['target-delta']), population_size=nodes,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        sampling_method=SamplingMethod.NO_AMPLIFICATION))
     outer = DifferentialPrivacyServerSideFixedClipping(
         strategy, noise_multiplier=float(cfg['client-dp-noise']),
-        clipping_norm=float(cfg['client-dp-clip']), num_sampled_clients=nodes)
+        clipping_norm=float(cfg['client-dp-clip']), num_sampled_clients=nodes,
+        accountant=accountant)
   xt, yt = task.test_split(str(cfg.get('data-npz', '')))
   evals: list[tuple[float, float]] = []
   evaluator = task.make_model(task.model_name(cfg), int(cfg['seed']))
@@ -144,12 +161,24 @@ def serve(grid: Grid, run_config: dict[str, Any]) -> dict[str, np.ndarray]:
     evals.append((loss, acc))
     return MetricRecord({'test-loss': loss, 'test-accuracy': acc})
 
+  audit = None
+  if int(cfg.get('client-canaries', 0)) > 0:
+    # Client level: the vendored recording strategy, outermost (canary SuperNodes answer its
+    # query; it writes canary_rounds.npz to record-dir after every round).
+    audit = fl_privacy_canary_strategy.CanaryAuditStrategy(
+        outer, seed=int(cfg['canary-seed']), canary_norm=float(cfg['client-canary-norm']),
+        clip_norm=float(cfg['client-dp-clip']), delta=float(cfg['target-delta']),
+        num_canaries=int(cfg['client-canaries']),
+        directory=str(cfg.get('record-dir', '')) or None)
+    outer = audit
   outer.start(grid, ArrayRecord(model.state_dict()), num_rounds=int(cfg['num-server-rounds']),
               evaluate_fn=evaluate_fn)
   out = strategy.record()
   out['test_loss'] = np.asarray([e[0] for e in evals])
   out['test_accuracy'] = np.asarray([e[1] for e in evals])
   out['num_nodes'] = np.asarray(nodes)
+  if audit is not None:
+    out['client_canary_meta'] = np.asarray(json.dumps(audit.meta(), default=float))
   return out
 
 

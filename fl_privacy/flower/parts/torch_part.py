@@ -25,6 +25,7 @@ torch and opacus are imported only when a point runs (the `torch` extra).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import pathlib
 import sys
@@ -42,6 +43,7 @@ ENGINES = ('inprocess', 'deployment', 'simulation')
 # The app's plants (torch_audit_app.opacus_hooks.PLANTS, which imports torch; a test checks
 # they agree).
 PLANTS = ('none', 'noise_mismatch', 'no_poisson', 'batch_mean_clip', 'batchnorm')
+CLIENT_DP = ('none', 'server_fixed', 'local_dp')  # torch_audit_app.server_app.CLIENT_DP
 
 
 def default_run_config() -> dict[str, Any]:
@@ -88,16 +90,69 @@ def _deployment_class():
   return LocalDeployment
 
 
+# The metric keys the torch app's train replies carry (client-level canaries reply 0.0 for
+# each: FedAvg refuses replies whose keys differ).
+REPLY_METRICS = ('train-loss', 'epsilon-rdp', 'epsilon-prv', 'noise-multiplier', 'sample-rate',
+                 'steps-total', 'steps-round')
+
+
+def node_configs(cfg: dict[str, Any], num_nodes: int) -> list[dict[str, Any]]:
+  """The real nodes' node configs (`num-partitions` = the real nodes), then the client-level
+  canary SuperNodes' (`client-canaries` of them, the vendored `canary_node_configs`, weighing
+  what a real shard weighs)."""
+  client_app, _ = _app_modules()
+  task = sys.modules['torch_audit_app.task']
+  k = int(cfg.get('client-canaries', 0))
+  real = [{'partition-id': i, 'num-partitions': int(num_nodes)} for i in range(int(num_nodes))]
+  if k == 0:
+    return real
+  shard = len(task.partition(1 % int(num_nodes), int(num_nodes), str(cfg.get('data-npz', '')))[1])
+  return real + client_app.fl_privacy_canaries.canary_node_configs(
+      k, seed=int(cfg['canary-seed']), canary_norm=float(cfg['client-canary-norm']),
+      clip_norm=float(cfg['client-dp-clip']), **{
+          'canary-metrics': ','.join(REPLY_METRICS), 'num-examples': shard})
+
+
 def run_inprocess(cfg: dict[str, Any], num_nodes: int) -> dict[str, Any]:
-  """The app on `InProcessGrid` (the app's ServerApp main and ClientApp, one process); the
-  record as `opacus_record.load` returns it."""
+  """The app on `InProcessGrid` (the app's ServerApp main and ClientApp, one process, plus
+  `client-canaries` canary nodes); the record as `opacus_record.load` returns it, with the
+  client-level canaries' audit under 'client_audit' when there are any (their recording goes
+  to `record-dir`, or a temporary folder)."""
+  import tempfile  # pylint: disable=import-outside-toplevel
   from flwr.common.constant import SUPERLINK_NODE_ID  # pylint: disable=import-outside-toplevel
   client_app, server_app = _app_modules()
   inprocess = _inprocess_engine()
-  grid = inprocess.InProcessGrid([client_app.app] * int(num_nodes), run_config=cfg)
-  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
-    rec = server_app.serve(grid, cfg)
-  return _decoded(rec)
+  configs = node_configs(cfg, num_nodes)
+  with tempfile.TemporaryDirectory() as tmp:
+    if int(cfg.get('client-canaries', 0)) and not cfg.get('record-dir'):
+      cfg = dict(cfg, **{'record-dir': tmp})
+    grid = inprocess.InProcessGrid([client_app.app] * len(configs), run_config=cfg,
+                                   node_configs=configs)
+    with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID), _quiet_flower():
+      rec = server_app.serve(grid, cfg)
+    rec = _decoded(rec)
+    if int(cfg.get('client-canaries', 0)):
+      rec['client_audit'] = client_audit(cfg['record-dir'])
+  return rec
+
+
+def client_audit(record_dir) -> dict[str, Any]:
+  """The client-level canaries' audit (`audits.user_app`) of `<record_dir>/canary_rounds.npz`."""
+  from fl_privacy.flower.audits import user_app  # pylint: disable=import-outside-toplevel
+  meta, rounds = user_app.load_rounds(pathlib.Path(record_dir) / user_app.ROUNDS_FILE)
+  return user_app.audit_recording(meta, rounds)
+
+
+@contextlib.contextmanager
+def _quiet_flower():
+  """Flower's per-round INFO log (a page a run) down to warnings, restored after."""
+  logger = logging.getLogger('flwr')
+  level = logger.level
+  logger.setLevel(logging.WARNING)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 def run_flwr(cfg: dict[str, Any], num_nodes: int, workdir: str | pathlib.Path, *,
@@ -109,7 +164,12 @@ def run_flwr(cfg: dict[str, Any], num_nodes: int, workdir: str | pathlib.Path, *
   with contextlib.suppress(FileNotFoundError):
     (record_dir / 'record.npz').unlink()
   cfg = dict(cfg, **{'record-dir': str(record_dir)})
-  deployment = _deployment_class()(int(num_nodes), workdir / 'deployment',
+  configs = None if simulation else node_configs(cfg, num_nodes)
+  if simulation and int(cfg.get('client-canaries', 0)):
+    raise ValueError('client-canaries: a simulation-mode SuperLink has no SuperNodes to '
+                     "configure as canaries (use engine 'inprocess' or 'deployment')")
+  deployment = _deployment_class()(len(configs) if configs else int(num_nodes),
+                                   workdir / 'deployment', node_configs=configs,
                                    simulation=simulation)
   with deployment:
     run_id = deployment.submit(cfg, app_dir=APP_DIR)
@@ -118,7 +178,10 @@ def run_flwr(cfg: dict[str, Any], num_nodes: int, workdir: str | pathlib.Path, *
   if not path.exists():
     raise RuntimeError(f"torch app run {run_id} {entry.get('status')}: no record written "
                        f"(logs in {workdir / 'deployment'})")
-  return opacus_record.load(path)
+  rec = opacus_record.load(path)
+  if int(cfg.get('client-canaries', 0)):
+    rec['client_audit'] = client_audit(record_dir)
+  return rec
 
 
 def _decoded(rec: dict[str, Any]) -> dict[str, Any]:
@@ -143,9 +206,10 @@ def run(cfg: dict[str, Any], num_nodes: int, engine: str = 'inprocess',
 def metrics(rec: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
   """One point's metrics from a record (module docstring)."""
   rows = opacus_record.audit(rec, confidence)
-  if not rows:  # no canaries: the utility only
+  client = client_metrics(rec)
+  if not rows:  # no record-level canaries: the utility (and the client level) only
     return {'verdict': 'not audited', 'privacy_violation': math.nan,
-            **opacus_record.utility(rec)}
+            **opacus_record.utility(rec), **client}
   m: dict[str, Any] = {'plant': rows[0]['plant'], 'unit': 'record',
                        'relation': 'add_remove', 'sampling': rows[0]['sampling'],
                        'verdict_confidence': float(confidence)}
@@ -165,6 +229,7 @@ def metrics(rec: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
               'bound_confidence', 'canaries_needed'):
       m[f'{c}/{t}/{k}'] = r[k]
     m[f'{c}/{t}/verdict'] = r['threat_verdict']
+  m.update(client)
   order = ('violation', 'refused', 'no violation', 'cannot refute')
   m['verdict'] = min(verdicts, key=order.index)
   m['privacy_violation'] = (math.nan if m['verdict'] == 'refused'
@@ -175,6 +240,19 @@ def metrics(rec: dict[str, Any], confidence: float = 0.95) -> dict[str, Any]:
   else:
     m['test_accuracy'] = float(rec['test_accuracy'][-1])
   return m
+
+
+def client_metrics(rec: dict[str, Any]) -> dict[str, Any]:
+  """The client-level canaries' audit fields as `client/<field>` ({} without them): the best
+  counted one-run bound, what the canaries could certify, Flower's stated epsilon and the
+  violation flag (`audits.user_app`, family-wise at its confidence)."""
+  ca = rec.get('client_audit')
+  if ca is None:
+    return {}
+  return {f'client/{k}': ca[k] for k in (
+      'best_bound', 'max_certifiable', 'stated_epsilon', 'stated_epsilon_source',
+      'privacy_violation', 'num_canaries', 'n_in', 'n_out', 'verdict_confidence', 'unit',
+      'relation', 'adversary') if k in ca}
 
 
 def setting_seed(key_data: np.ndarray | None, name: str) -> int:
@@ -193,7 +271,9 @@ def point(section, name: str, key_data, engine: str, workdir: str | None
       'learning-rate': float(section.learning_rate), 'target-delta': float(section.delta),
       'target-epsilon': float(s.target_epsilon), 'plant': str(s.plant),
       'grad-canaries': int(s.grad_canaries), 'input-canaries': int(s.input_canaries),
-      'plant-factor': float(s.plant_factor), 'seed': setting_seed(key_data, name), 'canary-seed': setting_seed(key_data, name + '/c')})
+      'plant-factor': float(s.plant_factor), 'client-dp': str(s.client_dp),
+      'client-canaries': int(s.client_canaries), 'client-dp-noise': float(s.client_dp_noise),
+      'seed': setting_seed(key_data, name), 'canary-seed': setting_seed(key_data, name + '/c')})
   t0 = time.monotonic()
   wd = None if workdir is None else pathlib.Path(workdir) / 'torch' / name
   rec = run(cfg, int(section.num_nodes), engine, wd)
@@ -225,9 +305,11 @@ def validate(config) -> None:
     validate_lib.one_of(config, f'{f}.plant', PLANTS)
     validate_lib.checked(config, f'{f}.target_epsilon', validate_lib.number(0, low_open=True))
     validate_lib.checked(config, f'{f}.plant_factor', validate_lib.number(0, low_open=True))
-    for c in ('grad_canaries', 'input_canaries'):
+    for c in ('grad_canaries', 'input_canaries', 'client_canaries'):
       validate_lib.checked(config, f'{f}.{c}', validate_lib.number(0, integer=True))
       validate_lib.checked(config, f'{f}.{c}', canaries)
+    validate_lib.one_of(config, f'{f}.client_dp', CLIENT_DP)
+    validate_lib.checked(config, f'{f}.client_dp_noise', validate_lib.number(0, low_open=True))
 
 
 def plan_points(config, key, workdir: str | None) -> list:
@@ -242,7 +324,9 @@ def plan_points(config, key, workdir: str | None) -> list:
     params = {'part': 'torch', 'setting': name, 'plant': str(st.plant),
               'target_epsilon': float(st.target_epsilon),
               'grad_canaries': int(st.grad_canaries), 'input_canaries': int(st.input_canaries),
-              'plant_factor': float(st.plant_factor), 'num_nodes': int(section.num_nodes),
+              'plant_factor': float(st.plant_factor), 'client_dp': str(st.client_dp),
+              'client_canaries': int(st.client_canaries),
+              'client_dp_noise': float(st.client_dp_noise), 'num_nodes': int(section.num_nodes),
               'num_rounds': int(section.num_rounds), 'engine': engine}
     points.append(base.Point(
         params, lambda n=name: point(section, n, key_data, engine, workdir), unit='canaries'))
