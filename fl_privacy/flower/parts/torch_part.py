@@ -249,10 +249,17 @@ def client_metrics(rec: dict[str, Any]) -> dict[str, Any]:
   ca = rec.get('client_audit')
   if ca is None:
     return {}
-  return {f'client/{k}': ca[k] for k in (
+  out = {f'client/{k}': ca[k] for k in (
       'best_bound', 'max_certifiable', 'stated_epsilon', 'stated_epsilon_source',
       'privacy_violation', 'num_canaries', 'n_in', 'n_out', 'verdict_confidence', 'unit',
-      'relation', 'adversary') if k in ca}
+      'relation', 'adversary', 'all_iterates/epsilon_fit', 'all_iterates/epsilon_fit_ci_low',
+      'all_iterates/epsilon_fit_ci_high') if k in ca}
+  stated = float(ca.get('stated_epsilon', math.nan))
+  out['client/verdict'] = (
+      'no claim' if math.isnan(stated) else
+      'violation' if float(ca['best_bound']) > stated else
+      'no violation' if float(ca['max_certifiable']) > stated else 'cannot refute')
+  return out
 
 
 def setting_seed(key_data: np.ndarray | None, name: str) -> int:
