@@ -191,7 +191,7 @@ def entries() -> tuple[be.Entry, ...]:
           lambda r: be.gaussian_epsilon(mu(classic_std(r, 10.0, DELTA)), DELTA),
           knob='sensitivity / clipping_norm', severity=1e-4,
           severities=(1e-4, 1e-2, 0.3, 0.6, 0.8), milder='higher', trials=2000,
-          verified='flwr 1.42 LocalDpMod source read (localdp_mod.py)'),
+          needs=('flower',), verified='flwr 1.42 LocalDpMod source read (localdp_mod.py)'),
       be.Entry(
           'flower_localdp_classic_formula',
           'LocalDpMod uses the classic Gaussian formula sqrt(2 ln(1.25/delta)) / epsilon '
@@ -205,7 +205,7 @@ def entries() -> tuple[be.Entry, ...]:
           _classic_build,
           lambda e: be.gaussian_epsilon(mu(classic_std(1.0, e, DELTA)), DELTA),
           knob='stated epsilon', severity=10.0, severities=(10.0, 15.0, 20.0, 30.0),
-          milder='lower', trials=8000,
+          milder='lower', trials=8000, needs=('flower',),
           verified='flwr 1.42 LocalDpMod source read'),
       be.Entry(
           'flower_localdp_no_composition',
@@ -219,6 +219,7 @@ def entries() -> tuple[be.Entry, ...]:
           _rounds_build,
           lambda t: be.gaussian_epsilon(math.sqrt(t) * mu(classic_std(1.0, 1.0, DELTA)), DELTA),
           knob='rounds', severity=10, severities=(2, 4, 10, 30), milder='lower', trials=4000,
+          needs=('flower',),
           verified='issue #605 thread read through the search tool (title "Differential '
                    'Privacy"); the example it names was not read'),
   )
