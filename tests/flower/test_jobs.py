@@ -15,7 +15,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from fl_privacy.flower.engines import app
 from fl_privacy.flower.engines import codec
+from fl_privacy.flower.engines import deployment
 from fl_privacy.flower.engines import dispatch
 from fl_privacy.flower.engines import inprocess
 from fl_privacy.flower.engines import jobs
@@ -218,3 +220,75 @@ def test_the_deployment_bound_is_total_memory_over_every_process_of_a_node():
   with open('/proc/meminfo', encoding='utf-8') as f:
     mem_total = int(next(line for line in f if line.startswith('MemTotal:')).split()[1]) * 1024
   assert sizes.total_memory() <= mem_total
+
+
+# ------------------------------------------- the driver's side of a run: wait and result ---
+
+class _Proc:
+  """A stand-in for the SuperLink's Popen: alive until `code` is set."""
+
+  def __init__(self, code=None):
+    self.code = code
+
+  def poll(self):
+    return self.code
+
+
+def _deployment(tmp_path, statuses, superlink_code=None):
+  dep = deployment.LocalDeployment(3, tmp_path / 'dep')
+  dep.superlink = _Proc(superlink_code)
+  seq = iter(statuses)
+  dep.status = lambda run_id: next(seq)
+  dep.cli_error = 'flwr ls exited 1: connection refused'
+  return dep
+
+
+def test_wait_returns_the_finished_entry_and_bears_fewer_failed_calls_than_the_limit(tmp_path):
+  running, done = {'status': 'running'}, {'status': 'finished:completed'}
+  few = [None] * (deployment.CLI_FAILURES - 1)
+  dep = _deployment(tmp_path, [running] + few + [running] + few + [done])
+  assert dep.wait(5, timeout=1e6, poll=0) is done
+  dep = _deployment(tmp_path, [running] + few + [None, done])
+  with pytest.raises(jobs.EngineError, match=rf'`flwr ls --run-id 5` failed '
+                     rf'{deployment.CLI_FAILURES} times in a row: flwr ls exited 1: '
+                     'connection refused'):
+    dep.wait(5, timeout=1e6, poll=0)
+
+
+def test_wait_stops_a_run_past_its_timeout_and_notices_a_dead_superlink(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(deployment.subprocess, 'run', lambda args, **kw: calls.append(args))
+  dep = _deployment(tmp_path, [{'status': 'running'}] * 3)
+  with pytest.raises(jobs.EngineError, match=r'run 5 did not finish within 0 s \(stopped\)'):
+    dep.wait(5, timeout=0, poll=0)
+  assert [a[1:3] for a in calls] == [['stop', '5']]
+  dep = _deployment(tmp_path, [{'status': 'running'}], superlink_code=-9)
+  with pytest.raises(jobs.EngineError, match='the SuperLink exited during run 5'):
+    dep.wait(5, timeout=1e6, poll=0)
+
+
+def test_the_result_is_read_back_as_data_and_a_failed_run_is_one_line(tmp_path):
+  dep = deployment.LocalDeployment(3, tmp_path / 'dep')
+  done = {'status': 'finished:completed'}
+  out = {'result': {'models': [np.arange(3, dtype=np.float32)]}, 'partitions': {17: 0}}
+  app.write_result(app.result_path(5, dep.home), {'result': out})
+  got = dep.result(5, done)
+  assert got['partitions'] == {17: 0} and got['result']['models'][0].dtype == np.float32
+  with pytest.raises(jobs.EngineError, match=r"run 5 finished:failed: ValueError: boom"):
+    dep.result(5, {'status': 'finished:failed', 'status-details': 'Traceback\nValueError: boom'})
+  app.write_result(app.result_path(6, dep.home), {'error': 'the ServerApp raised KeyError: x'})
+  with pytest.raises(jobs.EngineError, match=r'^run 6: the ServerApp raised KeyError: x$'):
+    dep.result(6, done)
+  with pytest.raises(jobs.EngineError, match=r'run 7 finished:failed: no result written'):
+    dep.result(7, {'status': 'finished:failed'})
+  with pytest.raises(ValueError, match='the deployment has 3 SuperNodes, the job needs 4'):
+    dep.submit_job(_job(num_nodes=4))
+
+
+def test_status_picks_the_run_of_flwr_ls_and_none_when_the_call_fails(tmp_path, monkeypatch):
+  dep = deployment.LocalDeployment(3, tmp_path / 'dep')
+  payload = {'runs': [{'run-id': '4', 'status': 'running'}, {'run-id': '5', 'status': 'x'}]}
+  monkeypatch.setattr(dep, '_cli_json', lambda *args, **kw: payload)
+  assert dep.status(5) == {'run-id': '5', 'status': 'x'} and dep.status(6) is None
+  monkeypatch.setattr(dep, '_cli_json', lambda *args, **kw: None)
+  assert dep.status(5) is None

@@ -48,6 +48,8 @@ from fl_privacy.flower.engines.sizes import max_deployment_nodes, NODE_BYTES  # 
 # The repository's Flower App (pyproject.toml with [tool.flwr.app]); `flwr run` builds it.
 APP_DIR = pathlib.Path(__file__).resolve().parents[3] / 'flower_app'
 CONNECTION = 'fl-privacy-local'
+# Failed `flwr ls` calls in a row after which `wait` gives up on a run.
+CLI_FAILURES = 10
 
 
 def _flwr(*args: str) -> list[str]:
@@ -119,6 +121,7 @@ class LocalDeployment:
     self._saved_sigterm = None
     self._watchdog: subprocess.Popen | None = None
     self._submitted = 0
+    self.cli_error = ''
 
   # --- lifecycle ------------------------------------------------------------------------------
 
@@ -198,17 +201,23 @@ class LocalDeployment:
                f'{self.num_nodes} SuperNodes to be online (`flwr supernode ls`)')
 
   def _cli_json(self, *args: str, timeout: float = 120.0) -> dict | None:
-    """`flwr <args> CONNECTION --format json` parsed, None when it fails."""
+    """`flwr <args> CONNECTION --format json` parsed, None when it fails (`self.cli_error`
+    says how)."""
     try:
       out = subprocess.run(_flwr(*args, CONNECTION, '--format', 'json'), env=self.env,
                            capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
+      self.cli_error = f'flwr {args[0]} took more than {timeout:.0f} s'
       return None
     try:
       payload = json.loads(out.stdout[out.stdout.index('{'):])
     except ValueError:
-      return None
-    return payload if out.returncode == 0 and payload.get('success', True) else None
+      payload = None
+    if out.returncode == 0 and isinstance(payload, dict) and payload.get('success', True):
+      return payload
+    self.cli_error = (f'flwr {args[0]} exited {out.returncode}: '
+                      f'{(out.stdout + out.stderr).strip()[-300:]}')
+    return None
 
   def online(self) -> int:
     """The SuperNodes `flwr supernode ls` lists online."""
@@ -303,26 +312,34 @@ class LocalDeployment:
       raise jobs_lib.EngineError(f'flwr run failed (exit {out.returncode}): '
                                  f'{(out.stdout + out.stderr).strip()[-400:]}') from e
 
-  def status(self, run_id: int) -> dict[str, Any]:
-    """The run's entry of `flwr ls --run-id <id> --format json`."""
-    payload = self._cli_json('ls', '--run-id', str(run_id), timeout=60)
-    try:
-      return next(r for r in payload['runs'] if int(r['run-id']) == int(run_id))
-    except (TypeError, KeyError, StopIteration) as e:
-      raise jobs_lib.EngineError(f'flwr ls --run-id {run_id} failed (logs in '
-                                 f'{self.workdir})') from e
+  def status(self, run_id: int) -> dict[str, Any] | None:
+    """The run's entry of `flwr ls --run-id <id> --format json`; None when the call failed
+    (`self.cli_error`) or does not list the run."""
+    payload = self._cli_json('ls', '--run-id', str(run_id))
+    runs = payload.get('runs', []) if payload is not None else []
+    return next((r for r in runs if int(r['run-id']) == int(run_id)), None)
 
   def wait(self, run_id: int, timeout: float, poll: float = 2.0) -> dict[str, Any]:
     """Polls the run's status until it is finished; its entry. EngineError when the SuperLink
     dies or `timeout` passes (the run is stopped with `flwr stop` first)."""
     deadline = time.monotonic() + float(timeout)
+    failures = 0
     while True:
       if self.superlink is None or self.superlink.poll() is not None:
         raise jobs_lib.EngineError(f'the SuperLink exited during run {run_id} (logs in '
                                    f'{self.workdir})')
       entry = self.status(run_id)
-      if str(entry.get('status', '')).startswith('finished'):
-        return entry
+      if entry is None:
+        # A loaded machine can make one CLI call fail or time out: give up only after
+        # `CLI_FAILURES` failures in a row.
+        failures += 1
+        if failures >= CLI_FAILURES:
+          raise jobs_lib.EngineError(f'`flwr ls --run-id {run_id}` failed {failures} times in '
+                                     f'a row: {self.cli_error} (logs in {self.workdir})')
+      else:
+        failures = 0
+        if str(entry.get('status', '')).startswith('finished'):
+          return entry
       if time.monotonic() > deadline:
         subprocess.run(_flwr('stop', str(run_id), CONNECTION), env=self.env,
                        capture_output=True, timeout=60, check=False)
