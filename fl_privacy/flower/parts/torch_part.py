@@ -295,6 +295,11 @@ def validate(config) -> None:
   """Checks the `flower_audit.torch` section and the engine (one line naming the field, exit
   2, through `fl_privacy.validate`), before any run."""
   base = 'flower_audit.torch'
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  missing = [m for m in ('torch', 'opacus') if importlib.util.find_spec(m) is None]
+  validate_lib.require(not missing, 'flower_audit.parts',
+                       "'torch' only with the torch extra installed (pip install -e "
+                       "'.[torch]': torch==2.13.0, opacus==1.6.0)", f"'torch' without {missing}")
   validate_lib.one_of(config, 'flower_audit.engine', ENGINES)
   for f in ('num_nodes', 'num_rounds', 'batch_size'):
     validate_lib.checked(config, f'{base}.{f}', validate_lib.number(1, integer=True))
