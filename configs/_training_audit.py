@@ -85,6 +85,13 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       learning_rate (0.5), twins (8), hidden ((134,): 64-134-10, 10,060 parameters), canaries
       (canary clients a row, pooled over replicate trainings: 512).
     chunk: replicate trainings per compiled call (8).
+    power_draws: simulations per noise factor of each row's power (20): for a row whose scores
+      are the claimed mechanism's own statistic, the smallest planted bug it detects at 95%
+      (`attacks.audit.audit_power`: the row's canaries, statistic and tests on scores drawn
+      with the noise scaled by a factor, not whole trainings); power_factors: the factors
+      tried (0.1 ... 0.95, bisected); simulated_draws: simulations of the optimal attack on
+      the claimed mechanism (20; its median and interval, and the false alarms there);
+      0 skips either (the plant tests' setting).
     plant: TEST KNOB ('none'): plants a bug the audit must flag: 'half_noise' (every
       defense runs half its calibrated noise; ldp_sgd twice its epsilon), 'poisson_full_batch'
       (dp_sgd's noise calibrated for Poisson batches while every row takes part in every step),
@@ -115,6 +122,9 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.model = 'mlp'
   s.optimizer = 'sgd'
   s.chunk = 8
+  s.power_draws = 20
+  s.power_factors = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+  s.simulated_draws = 20
   s.plant = 'none'
   s.record = ml_collections.ConfigDict(dict(
       num_clients=10, per_client=114, canaries_per_client=12, input_per_client=6,

@@ -49,6 +49,7 @@ from fl_privacy.defenses import registry
 from fl_privacy.fl import optimizers
 from fl_privacy.pipelines import base
 from fl_privacy.pipelines import training_audit_figures
+from fl_privacy.pipelines import training_audit_power as power_lib
 from fl_privacy.pipelines import training_audit_runs as runs
 from fl_privacy.report import point_key
 from fl_privacy.report import summary
@@ -73,11 +74,16 @@ SUMMARY = (
         (summary.param('defense'), summary.param('sampling'), summary.param('canary'),
          summary.param('threat'), summary.param('claimed_epsilon', 'eps claimed'),
          summary.metric('dp_epsilon', 'eps audited', digits=2),
-         summary.metric('best_bound', 'eps certified', digits=2),
+         summary.metric('certified_free', 'eps certified (assumes none)', digits=2),
+         summary.metric('certified_gaussian', 'eps if Gaussian', digits=2),
+         summary.metric('best_bound', 'eps best counted', digits=2),
          summary.metric('max_certifiable', 'eps reachable', digits=2),
+         summary.metric('reach_tests', 'refutable by'),
          summary.metric('epsilon_estimate', 'eps estimate', digits=2),
          summary.metric('bounding_canaries', 'canaries (bounding)'),
-         summary.metric('verdict'))),
+         summary.metric('verdict'), summary.metric('verdict_tests', 'verdict by'),
+         summary.metric('verdict_assumes', 'verdict assumes'),
+         summary.metric('power_factor', 'detects noise x (95%)', digits=2))),
 )
 
 
@@ -123,6 +129,13 @@ def validate_config(config) -> dict[str, Any]:
   validate.checked(config, 'training_audit.model', validate.choice(('mlp',)))
   validate.checked(config, 'training_audit.optimizer', validate.choice(optimizers.OPTIMIZERS))
   validate.checked(config, 'training_audit.chunk', validate.number(1, 4096, integer=True))
+  for field in ('power_draws', 'simulated_draws'):
+    validate.checked(config, f'training_audit.{field}', validate.number(
+        0, 10_000, integer=True, words='simulations a row (20 or more for a stated power; '
+        '0: none)'))
+  validate.checked(config, 'training_audit.power_factors', validate.items(
+      validate.number(0, 1, low_open=True, high_open=True),
+      'a non-empty sequence of noise factors in (0, 1)', scalar=False))
   validate.checked(config, 'training_audit.plant', validate.choice(PLANTS))
   for fed, fields in (('record', ('num_clients', 'per_client', 'canaries_per_client',
                                   'input_per_client', 'batch_size', 'epochs', 'num_rounds',
@@ -216,6 +229,8 @@ def unused_fields(config) -> dict[str, str]:
     out.update({f'training_audit.record.{f}': why for f in ('twins', 'canaries',
                                                             'input_canaries')})
     out.update({f'training_audit.client.{f}': why for f in ('twins', 'canaries')})
+    out.update({f'training_audit.{f}': why for f in ('power_draws', 'power_factors',
+                                                      'simulated_draws')})
   if 'side_channel' not in threats:
     out.update({f'training_audit.{f}': "read only by the side channel, which "
                 'training_audit.threats does not choose'
@@ -422,25 +437,6 @@ def _t_interval(values: np.ndarray) -> tuple[float, float, float]:
   return mean, mean - half, mean + half
 
 
-def _curve(config, tr: dict, threat: str, metrics: dict, decl) -> canary_statistics.Curve | None:
-  """The claimed mechanism's own curve of a row whose scores are its likelihood-ratio
-  statistic (independent canaries; `canary_statistics.simulated_bound`), else None."""
-  z = metrics.get('noise_multiplier')
-  if z is None or not math.isfinite(float(z)):
-    return None
-  if tr['canary'] == 'gradient' and threat == 'all_steps':
-    if tr['sampling'] == 'poisson':
-      return canary_statistics.Curve(steps=int(decl.compositions), noise=float(z),
-                                     rate=float(decl.sampling_rate))
-    fed = runs.federation(config, tr)
-    return canary_statistics.Curve(steps=int(fed.epochs) * int(fed.num_rounds), noise=float(z),
-                                   relation='replace_one')
-  if tr['defense'] == 'update_dp' and tr['canary'] == 'client' and threat == 'all_iterates':
-    return canary_statistics.Curve(steps=int(decl.compositions), noise=float(z),
-                                   relation='replace_one')
-  return None
-
-
 def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dict, int]:
   """One (training, threat) point: the declaration's labels, the claim, the audit."""
   s = config.training_audit
@@ -451,6 +447,7 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   if threat == 'side_channel':
     mech = mechanism(tr, runs.participation(config, tr))
     metrics.update(side_lib.audit(done['world'], done['side_scores'], mech, audited, **kw))
+    metrics.update(power_model=power_lib.NOT_SIMULATED)
     metrics.update(dp_adversary=adversary, side_channel_neighbours=side_lib.neighbours(
         decl.unit, decl.relation), side_channel_rows=runs.side_rows(config, tr),
                    audited_pipeline=AUDITED, plant=str(s.plant), threat_reads=', '.join(
@@ -467,7 +464,8 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   mid = 0.0 if (ind and done['relation'] == 'replace_one' and threat != 'last_iterate' and
                 tr['defense'] != 'ldp_sgd') else None
   metrics.update(canaries.audit(sc, world, mech, audited, independent=ind, midpoint=mid, **kw))
-  metrics.update(estimate_method='gaussian_fit',
+  # Estimates are not bounds; each assumes the family it fits.
+  metrics.update(estimate_method='gaussian_fit', estimate_assumes='gaussian',
                  epsilon_gaussian_fit=float(metrics['epsilon_estimate']))
   if tr['canary'] == 'gradient' and threat == 'all_steps' and tr['sampling'] == 'poisson':
     mom = done['scores'].step_moments
@@ -476,14 +474,10 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
                                                    delta=float(s.delta))
     metrics.update(fit)
     metrics.update(epsilon_estimate=fit['fit_epsilon'],
-                   estimate_method='subsampled_gaussian_fit (pld)')
-  curve = _curve(config, tr, threat, metrics, decl)
-  if curve is not None and ind:
-    ref = canary_statistics.simulated_bound(
-        curve, int(metrics['n_in']), int(metrics['n_out']), mech, audited, independent=True,
-        midpoint=mid, **kw)
-    metrics.update(simulated_bound=ref, attainable_ratio=(
-        float(metrics['best_bound']) / ref if ref > 0 else math.nan))
+                   estimate_method='subsampled_gaussian_fit (pld)',
+                   estimate_assumes='poisson_subsampled_gaussian')
+  metrics.update(power_lib.row_power(config, tr, threat, metrics, decl, mechanism=mech,
+                                     independent=ind, midpoint=mid, participation=part, kw=kw))
   acc = np.asarray(done['scores'].test_accuracy, np.float64)
   mean, lo, hi = _t_interval(acc)
   twin = np.asarray(done['twin_accuracy'], np.float64)

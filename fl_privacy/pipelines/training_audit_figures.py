@@ -19,9 +19,39 @@ from fl_privacy.report import atomic_write_text
 from fl_privacy.report import figures
 
 _COLUMNS = ('defense', 'sampling', 'canary', 'threat', 'eps claimed', 'eps audited',
-            'unit', 'relation', 'adversary', 'counted', 'eps certified', 'eps reachable',
+            'unit', 'relation', 'adversary', 'counted', 'eps best counted', 'eps reachable',
             'simulated optimal', 'eps estimate', 'canaries (bounding / all; trainings)',
-            '2 m delta', 'test acc', 'acc change vs twin', 'verdict', 'audited')
+            '2 m delta', 'test acc', 'acc change vs twin', 'verdict', 'audited',
+            'eps certified, assumes none (test)', 'eps if Gaussian (test)', 'refutable by',
+            'verdict by (assumes)', 'detects noise x at 95% (hits; eps planted)',
+            'simulated optimum [95%] (draws)')
+
+
+def _labelled(m: dict, value: str, test: str) -> str:
+  """`value (test)`, or '-' where the value is missing."""
+  text = _f(m.get(value))
+  return text if text == '-' or m.get(test) is None else f'{text} ({m[test]})'
+
+
+def _power(m: dict) -> str:
+  """The detected noise factor with its hits and the planted bug's epsilon; 'none down to
+  <smallest>' when no factor is detected; the model's words where not simulated."""
+  if m.get('power_model') is None:
+    return '-'
+  if m.get('power_draws') is None:
+    return str(m['power_model'])
+  if _f(m.get('power_factor')) == '-':
+    return f"none (next {_f(m.get('power_next_factor'))}x: {m.get('power_next_hits')}/" \
+           f"{m['power_draws']})"
+  return (f"{_f(m['power_factor'])}x ({m['power_hits']}/{m['power_draws']}; "
+          f"{_f(m.get('power_planted_epsilon'))})")
+
+
+def _optimum(m: dict) -> str:
+  if _f(m.get('simulated_bound')) == '-' or m.get('simulated_draws') is None:
+    return '-'
+  return (f"{_f(m['simulated_bound'])} [{_f(m.get('simulated_bound_ci_low'))}, "
+          f"{_f(m.get('simulated_bound_ci_high'))}] ({m['simulated_draws']})")
 
 
 def _f(v, digits: int = 2) -> str:
@@ -64,8 +94,13 @@ def table_markdown(stored: list[dict], config=None) -> str:
            'counted tests (one-run: Steinke et al. 2023; f-DP: Mahloujifar et al. 2024; '
            'Clopper-Pearson, GDP and the privacy-profile test where the canaries are '
            'independent trials); "reachable" is what a perfect attack on these canaries '
-           'certifies (a row below its claim cannot refute it); the estimate is Andrew et al. '
-           '2024\'s Gaussian fit, or the Poisson-subsampled fit of every step (not a bound).',
+           'certifies (a row below its claim cannot refute it unless the profile test can: '
+           '"refutable by" names the tests that could); the estimate is Andrew et al. '
+           '2024\'s Gaussian fit, or the Poisson-subsampled fit of every step (not a bound). '
+           'One-run, Clopper-Pearson and the profile test assume nothing of the mechanism; GDP '
+           'and f-DP bounds assume its trade-off curve is Gaussian ("eps if Gaussian"). '
+           'Power: the largest noise factor the row detects in at least 95% of simulations '
+           'of its own statistic and tests, and the epsilon that noise spends.',
            '']
   if config is not None:
     s = config.training_audit
@@ -104,7 +139,13 @@ def table_markdown(stored: list[dict], config=None) -> str:
         f"{m.get('bounding_canaries', '-')} / {m.get('num_canaries', '-')}; "
         f"{m.get('replicates', '-')}", _f(m.get('one_run_delta_term'), 3),
         _ci(m, 'test_accuracy', 3), _ci(m, 'accuracy_change', 3), verdict,
-        f"`{m.get('audited_pipeline', '-')}`"]) + ' |')
+        f"`{m.get('audited_pipeline', '-')}`",
+        _labelled(m, 'certified_free', 'certified_free_test'),
+        _labelled(m, 'certified_gaussian', 'certified_gaussian_test'),
+        str(m.get('reach_tests', '-')),
+        '-' if m.get('verdict_tests') is None else
+        f"{m['verdict_tests']} ({m.get('verdict_assumes', '-')})",
+        _power(m), _optimum(m)]) + ' |')
   return '\n'.join(lines) + '\n'
 
 

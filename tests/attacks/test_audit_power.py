@@ -88,6 +88,17 @@ def test_the_detected_factor_is_where_the_detection_rate_crosses_95(monkeypatch,
     assert rate == f'{hits[float(f)]}/20'
 
 
+def test_19_of_20_is_a_detection_and_18_is_not(monkeypatch):
+  table = {0.1: 20, 0.2: 19, 0.3: 18, 0.4: 3}
+  monkeypatch.setattr(ap, 'detection', lambda c, d, f, draws, seed: table[f])
+  got = ap.detectable_factor(CURVE, DESIGN, factors=tuple(table), draws=20)
+  assert (got['power_factor'], got['power_hits']) == (0.2, 19)
+  assert (got['power_next_factor'], got['power_next_hits']) == (0.3, 18)
+  # At level 0.9 of 20 draws, 18 is enough.
+  got = ap.detectable_factor(CURVE, DESIGN, factors=tuple(table), draws=20, level=0.9)
+  assert (got['power_factor'], got['power_hits']) == (0.3, 18)
+
+
 def test_nothing_detected_and_everything_detected_are_reported(monkeypatch):
   _cheap(monkeypatch)
   design = ap.Design(40, 40, 'update_dp', 1.0, DELTA, 0.95, True)

@@ -24,7 +24,9 @@ SMOKE_FIELDS = ("--config.training_audit.defenses=('dp_sgd', 'central_dp')",
                 "--config.training_audit.record_kinds=('gradient',)",
                 '--config.training_audit.record.canaries=80',
                 '--config.training_audit.client.canaries=200',
-                '--config.training_audit.side_channel_trials=64')
+                '--config.training_audit.side_channel_trials=64',
+                '--config.training_audit.power_draws=2',
+                '--config.training_audit.simulated_draws=2')
 CANARIES = {'gradient': 80, 'client': 200, 'side_channel': 64}
 WANT = {('dp_sgd', 'poisson', 'gradient', t) for t in ('all_steps', 'all_iterates',
                                                       'last_iterate')}
@@ -102,6 +104,23 @@ def test_smoke_audits_every_expected_point_and_nothing_else(smoke):
   assert 'audited the pipeline the experiments run' in table
   assert os.path.exists(workdir / 'fig_training_audit.png')
   assert 'PRIVACY VIOLATION' not in proc.stderr
+
+
+def test_every_row_is_labelled_and_the_simulated_rows_state_their_power(smoke):
+  _, results, _ = smoke
+  for p in results['points']:
+    m, q = p['metrics'], p['params']
+    assert m['verdict_assumes'] in ('none', 'gaussian'), q
+    assert m['verdict'] in ('violation', 'no violation', 'cannot refute'), q
+    if q['threat'] != 'side_channel':
+      assert m['certified_free'] <= m['best_bound'], q
+    simulated = q['threat'] == 'all_steps' or (q['canary'] == 'client' and
+                                               q['threat'] == 'all_iterates')
+    assert (m['power_model'] != 'not simulated') == simulated, q
+    if simulated:
+      assert m['power_draws'] == 2 and m['power_curve'], q
+  steps = [p['metrics'] for p in results['points'] if p['params']['threat'] == 'all_steps']
+  assert steps and steps[0]['simulated_draws'] == 2
 
 
 def test_resumed_run_reads_every_point_back(smoke):

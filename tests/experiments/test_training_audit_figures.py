@@ -23,9 +23,13 @@ from fl_privacy.report import figures
 from tests import figure_checks
 
 COLUMNS = ['defense', 'sampling', 'canary', 'threat', 'eps claimed', 'eps audited', 'unit',
-           'relation', 'adversary', 'counted', 'eps certified', 'eps reachable',
+           'relation', 'adversary', 'counted', 'eps best counted', 'eps reachable',
            'simulated optimal', 'eps estimate', 'canaries (bounding / all; trainings)',
-           '2 m delta', 'test acc', 'acc change vs twin', 'verdict', 'audited']
+           '2 m delta', 'test acc', 'acc change vs twin', 'verdict', 'audited',
+           'eps certified, assumes none (test)', 'eps if Gaussian (test)', 'refutable by',
+           'verdict by (assumes)', 'detects noise x at 95% (hits; eps planted)',
+           'simulated optimum [95%] (draws)']
+LABELS = ['-'] * 6   # a row stored without the labels and the power
 NAN = float('nan')
 
 
@@ -133,22 +137,42 @@ def test_table_has_one_exact_row_per_point_with_the_config_line():
       'update_dp', 'none', 'client', 'all_iterates', '8.00', '8.50', 'client', 'replace_one',
       'server', 'epsilon_one_run,epsilon_one_run_fdp,epsilon_cp,epsilon_gdp,'
       'epsilon_gdp_midpoint,profile', '9.25', '12.00', '10.00', '-', '100 / 200; 4', '0.004',
-      '0.912 [0.900, 0.925]', '-0.013 [-0.020, -0.005]', '**VIOLATION**', audited]
+      '0.912 [0.900, 0.925]', '-0.013 [-0.020, -0.005]', '**VIOLATION**', audited] + LABELS
   # A Poisson all_steps row's estimate is the subsampled fit; no simulated curve: '-'.
   assert _cells(lines[9]) == [
       'dp_sgd', 'poisson', 'gradient', 'all_steps', '2.00', '2.00', 'record', 'add_remove',
       'server', 'epsilon_one_run,epsilon_cp,profile', '0.00', '1.50', '-', '2.35 (fit)',
-      '100 / 200; 4', '0.004', '0.912', '-', 'cannot refute (needs 12,345)', audited]
+      '100 / 200; 4', '0.004', '0.912', '-', 'cannot refute (needs 12,345)', audited] + LABELS
   # weak_dp: audited composed over the rounds, its per-round claim beside it.
   assert _cells(lines[10]) == [
       'weak_dp', 'none', 'client', 'last_iterate', '2.00', '2.94 (2.00 a round)', 'client',
       'replace_one', 'aggregate', 'epsilon_one_run,epsilon_one_run_fdp', '0.25', '1.00', '-',
       '1.00', '100 / 200; 4', '0.004', '0.912 [0.900, 0.925]', '-0.013 [-0.020, -0.005]',
-      'cannot refute (no count up to 2^24)', audited]
+      'cannot refute (no count up to 2^24)', audited] + LABELS
   # Without a config: no settings line; the text ends with a newline.
   bare = taf.table_markdown(stored)
   assert bare.endswith('|\n') and 'delta 2e-05' not in bare
   assert bare.splitlines()[4:] == lines[6:]
+
+
+def test_the_labels_power_and_optimum_cells():
+  p = _point('dp_sgd', 'shuffle', 'gradient', 'all_steps', 8.0, bound=7.14,
+             certified_free=2.81, certified_free_test='epsilon_cp', certified_gaussian=7.14,
+             certified_gaussian_test='epsilon_gdp_midpoint', reach_tests='epsilon_cp,profile',
+             verdict_tests='epsilon_cp,profile', verdict_assumes='none',
+             power_model="the row's statistic", power_factor=0.9, power_hits=20,
+             power_draws=20, power_planted_epsilon=9.3456, simulated_bound=6.99,
+             simulated_bound_ci_low=6.5, simulated_bound_ci_high=7.25, simulated_draws=20)
+  row = _cells(taf.table_markdown([p]).splitlines()[-1])
+  assert row[-6:] == ['2.81 (epsilon_cp)', '7.14 (epsilon_gdp_midpoint)',
+                      'epsilon_cp,profile', 'epsilon_cp,profile (none)', '0.90x (20/20; 9.35)',
+                      '6.99 [6.50, 7.25] (20)']
+  p['metrics'].update(power_factor=NAN, power_next_factor=0.1, power_next_hits=3,
+                      simulated_draws=None)
+  row = _cells(taf.table_markdown([p]).splitlines()[-1])
+  assert row[-2:] == ['none (next 0.10x: 3/20)', '-']
+  p['metrics'] = dict(p['metrics'], power_model='not simulated', power_draws=None)
+  assert _cells(taf.table_markdown([p]).splitlines()[-1])[-2] == 'not simulated'
 
 
 def test_table_marks_missing_metrics():
@@ -158,7 +182,7 @@ def test_table_marks_missing_metrics():
       del p['metrics'][k]
   row = _cells(taf.table_markdown([p]).splitlines()[-1])
   assert row == ['central_dp', 'none', 'client', 'side_channel', '2.00', '2.00', '-', '-', '-',
-                 '-', '-', '-', '-', '-', '- / -; -', '-', '-', '-', '-', '`-`']
+                 '-', '-', '-', '-', '-', '- / -; -', '-', '-', '-', '-', '`-`'] + LABELS
   # NaN reads as missing too.
   p['metrics'].update(best_bound=NAN, max_certifiable=None, test_accuracy=NAN,
                       simulated_bound=NAN, one_run_delta_term=None)

@@ -31,6 +31,7 @@ from configs import digits
 from fl_privacy import accounting
 from fl_privacy import data
 from fl_privacy import validate
+from fl_privacy.attacks.audit import audit_power
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.attacks.audit import canary_statistics
 from fl_privacy.attacks.audit import side_channel as side_lib
@@ -56,6 +57,8 @@ def _config(**fields):
   s = config.training_audit
   s.clip_norm, s.delta, s.confidence = C, DELTA, CONFIDENCE
   s.side_channel_trials, s.chunk = 64, 32
+  # Few simulations (their statistics are tested in tests/attacks/test_audit_power.py).
+  s.power_draws, s.simulated_draws, s.power_factors = 2, 3, (0.3, 0.6)
   s.record.update(num_clients=4, per_client=16, canaries_per_client=6, input_per_client=2,
                   batch_size=4, epochs=1, num_rounds=2, hidden=(4,), canaries=192,
                   input_canaries=16, twins=0)
@@ -116,6 +119,13 @@ _BAD = [
     ('confidence', 0.5, 'in (0.5, 1.0) (got 0.5)'),
     ('confidence', 1.0, 'in (0.5, 1.0) (got 1.0)'),
     ('record_kinds', ('dirac',), "a subset of ('gradient', 'input') (got ('dirac',))"),
+    ('power_draws', -1, 'an integer in [0, 10000] (simulations a row (20 or more for a '
+     'stated power; 0: none)) (got -1)'),
+    ('simulated_draws', 2.5, 'an integer in [0, 10000] (simulations a row (20 or more for a '
+     'stated power; 0: none)) (got 2.5)'),
+    ('power_factors', (0.5, 1.0), 'a non-empty sequence of noise factors in (0, 1) (got '
+     '(0.5, 1.0))'),
+    ('power_factors', 0.5, 'a non-empty sequence of noise factors in (0, 1) (got 0.5)'),
     ('threats', ('every_iterate',), "a subset of ('all_steps', 'all_iterates', "
      "'last_iterate', 'side_channel') (got ('every_iterate',))"),
     ('record.twins', -1, 'an integer in [0, 1000] (got -1)'),
@@ -532,7 +542,8 @@ def scored(trained):
   with pytest.MonkeyPatch.context() as mp:
     seen = {}
     for module, label in ((canaries, 'threat_scores'), (canaries, 'audit'),
-                          (canary_statistics, 'simulated_bound'), (side_lib, 'audit')):
+                          (audit_power, 'optimum'), (audit_power, 'detectable_factor'),
+                          (side_lib, 'audit')):
       real = getattr(module, label)
       key = f'side_{label}' if module is side_lib else label
       mp.setattr(module, label, lambda *a, _k=key, _r=real, **kw: (
@@ -793,12 +804,27 @@ def test_the_server_row_counts_the_midpoint_test_and_simulates_its_optimal_attac
   grid = np.array([0.5, 1.0, 3.0])
   np.testing.assert_array_equal(kw['claimed_delta'](grid), accounting.delta_curve(
       decl, z, grid, accountant='rdp'))
-  # The optimal attack simulated on the claimed curve: T rounds of noise z, +-1 clip.
-  (curve, n_in, n_out, mech, eps), skw = seen['simulated_bound']
+  # The optimal attack simulated on the claimed curve: T rounds of noise z, +-1 clip; the
+  # row's design (canaries, claim, tests) and the configured draws; the power on the same.
+  (curve, design), skw = seen['optimum']
   assert curve == canary_statistics.Curve(steps=decl.compositions, noise=z,
                                           relation='replace_one')
-  assert (n_in, n_out, mech, eps) == (m['n_in'], m['n_out'], 'update_dp', m['dp_epsilon'])
-  assert skw['independent'] is True and skw['midpoint'] == 0.0
+  assert design == audit_power.Design(
+      n_in=m['n_in'], n_out=m['n_out'], mechanism='update_dp', claimed_epsilon=m['dp_epsilon'],
+      delta=DELTA, confidence=CONFIDENCE, independent=True,
+      claimed_delta=seen['audit'][1]['claimed_delta'], midpoint=0.0)
+  assert skw['draws'] == 3 and skw['observed'] == m['best_bound']
+  # Three draws give a median but no distribution-free 95% interval (NaN; 6 is the fewest).
+  assert m['simulated_draws'] == 3 and math.isnan(m['simulated_bound_ci_low'])
+  (pcurve, pdesign), pkw = seen['detectable_factor']
+  assert (pcurve, pdesign) == (curve, design)
+  assert pkw['draws'] == 2 and tuple(pkw['factors']) == (0.3, 0.6)
+  assert pkw['seed'] != skw['seed']
+  assert m['power_draws'] == 2 and m['power_model'].startswith("the row's statistic")
+  if math.isfinite(m['power_factor']):
+    assert m['power_planted_epsilon'] == pytest.approx(accounting.epsilon(
+        decl, z * m['power_factor'], delta=DELTA, accountant='rdp'))
+    assert m['power_planted_epsilon'] > m['dp_epsilon']
   assert m['simulated_bound'] >= 0
   if m['simulated_bound'] > 0:
     assert m['attainable_ratio'] == pytest.approx(m['best_bound'] / m['simulated_bound'])
@@ -809,7 +835,8 @@ def test_the_server_row_counts_the_midpoint_test_and_simulates_its_optimal_attac
   assert seen['audit'][1]['independent'] is False and seen['audit'][1]['midpoint'] is None
   np.testing.assert_array_equal(seen['audit'][0][0], d['scores'].last)
   assert last['counted_bounds'] == 'epsilon_one_run,epsilon_one_run_fdp'
-  assert 'simulated_bound' not in seen and 'simulated_bound' not in last
+  assert 'optimum' not in seen and 'simulated_bound' not in last
+  assert last['power_model'] == 'not simulated' and 'power_factor' not in last
   del configs
 
 
@@ -832,16 +859,21 @@ def test_poisson_all_steps_takes_the_subsampled_fit_as_its_estimate(trained, sco
   np.testing.assert_equal(m['epsilon_estimate'], fit['fit_epsilon'])
   _, gauss = canary_statistics.gaussian_fit_epsilon(scores[world], scores[~world], DELTA)
   assert m['epsilon_gaussian_fit'] == gauss != m['epsilon_estimate']
-  (curve, *_), skw = seen['simulated_bound']
+  (curve, design), _ = seen['optimum']
   assert curve == canary_statistics.Curve(steps=decl.compositions, noise=z,
                                           rate=decl.sampling_rate)
-  assert skw['midpoint'] is None and 'attainable_ratio' in m
+  assert design.midpoint is None and 'attainable_ratio' in m
+  assert design.mechanism == 'dp_sgd_poisson' and design.independent
+  # The headline is assumption-free; Poisson counts no Gaussian test.
+  assert m['certified_free'] == m['best_bound'] and m['best_bound_assumes'] == 'none'
+  assert m['certified_gaussian_test'] == 'none'
+  assert m['estimate_assumes'] == 'poisson_subsampled_gaussian'
   for threat in ('all_iterates', 'last_iterate'):
     other, _, seen = scored['dp_sgd', threat]
     assert seen['audit'][1]['independent'] is False
     assert other['estimate_method'] == 'gaussian_fit' and 'fit_epsilon' not in other
     assert other['counted_bounds'] == 'epsilon_one_run'
-    assert 'simulated_bound' not in other
+    assert 'simulated_bound' not in other and other['power_model'] == 'not simulated'
 
 
 def test_a_sampled_aggregates_reader_scores_dependent_canaries(trained, scored):
@@ -861,6 +893,12 @@ def test_a_sampled_aggregates_reader_scores_dependent_canaries(trained, scored):
   assert kw['independent'] is False and kw['midpoint'] is None
   assert m['counted_bounds'] == 'epsilon_one_run'   # not Gaussian, not independent
   assert 'simulated_bound' not in m and m['canaries_independent'] == 0.0
+  # Its power: the subsampled mixture of T rounds at the round's rate, one-run tests only,
+  # the canaries drawn independently (the run couples them).
+  (curve, design), _ = seen['detectable_factor']
+  assert curve == canary_statistics.Curve(steps=2, noise=z, rate=0.5, relation='replace_one')
+  assert design.independent is False and design.mechanism == mechanism
+  assert 'independently' in m['power_model'] and 'optimum' not in seen
 
 
 def test_weak_dp_is_audited_composed_with_its_per_round_claim_beside(trained, scored):
@@ -883,6 +921,10 @@ def test_weak_dp_is_audited_composed_with_its_per_round_claim_beside(trained, sc
     assert np.all(profile > accounting.delta_curve(decl, z, grid))
     # The federation draws half the clients a round: the sampled curve.
     assert seen['audit'][0][2] == 'weak_dp_without_replacement'
+    # The planted bug's epsilon is the composed declaration's at the detected noise.
+    if threat == 'all_iterates' and math.isfinite(m['power_factor']):
+      assert m['power_planted_epsilon'] == pytest.approx(accounting.epsilon(
+          composed, z * m['power_factor'], delta=DELTA, accountant='rdp'))
   for name in ('update_dp', 'central_dp'):
     assert 'exceeds_per_round' not in scored[name, 'all_iterates'][0]
 
@@ -970,3 +1012,18 @@ def test_the_fields_a_run_does_not_read_are_named_with_why():
       'read only for input canaries, which training_audit.record_kinds does not choose')
   s.defenses = ('dp_sgd', 'weak_dp')
   assert 'training_audit.side_channel_others' not in ta.unused_fields(config)
+
+
+def test_the_headline_column_is_the_assumption_free_bound_and_the_verdict_says_by_what():
+  cols = {c.title: c.cell for c in ta.SUMMARY[0].columns}
+  point = {'params': {}, 'metrics': dict(certified_free=0.83, certified_gaussian=7.14,
+                                         best_bound=7.14, verdict='no violation',
+                                         verdict_tests='epsilon_gdp_midpoint',
+                                         verdict_assumes='gaussian', power_factor=0.9,
+                                         reach_tests='epsilon_gdp,profile')}
+  assert cols['eps certified (assumes none)'](point) == '0.83'
+  assert cols['eps if Gaussian'](point) == '7.14'
+  assert cols['verdict assumes'](point) == 'gaussian'
+  assert cols['verdict by'](point) == 'epsilon_gdp_midpoint'
+  assert cols['refutable by'](point) == 'epsilon_gdp,profile'
+  assert cols['detects noise x (95%)'](point) == '0.90'

@@ -127,7 +127,10 @@ def detectable_factor(curve: cs.Curve, design: Design, *, factors=FACTORS,
       seen[i] = detection(curve, design, f[i], draws=draws, seed=seed)
     return seen[i]
 
-  ok = lambda i: hits(i) >= level * int(draws)
+  # The hits a detection needs, an integer (19 of 20 at 95%), so that no float rounding of
+  # level x draws decides a factor.
+  need = math.ceil(float(level) * int(draws) - 1e-9)
+  ok = lambda i: hits(i) >= need
   lo, hi = -1, len(f)   # ok(lo) holds (or lo = -1), ok(hi) fails (or hi = len(f))
   while hi - lo > 1:
     mid = (lo + hi) // 2
