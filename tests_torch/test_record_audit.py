@@ -22,7 +22,7 @@ BASE = {'num-server-rounds': 5, 'target-epsilon': 2.0, 'learning-rate': 2.0, 'se
 
 
 def _run(**overrides):
-  return torch_part.run_inprocess(torch_part.run_config(**BASE, **overrides), NODES)
+  return torch_part.run_inprocess(torch_part.run_config(**{**BASE, **overrides}), NODES)
 
 
 @pytest.fixture(scope='module')

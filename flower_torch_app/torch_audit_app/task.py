@@ -135,7 +135,7 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
 
 def flat_parameters(model: nn.Module) -> np.ndarray:
   """The trainable parameters as one vector (the order of `model.parameters()`: the
-  coordinates the gradient canaries are Dirac directions of)."""
+  coordinates the gradient canaries' pool is cut from)."""
   return np.concatenate([p.detach().cpu().numpy().ravel() for p in _plain(model).parameters()])
 
 

@@ -2,8 +2,8 @@
 
 The app (`flower_torch_app/`, package `torch_audit_app`) trains every node with Opacus's
 DP-SGD; one node holds record-level canaries, each IN its data by a fair coin, and the
-server's `RecordingFedAvg` writes `record.npz` (the node's uploads, its noisy steps at the
-canary coordinates, the input-space canaries' losses, its Opacus epsilons). This module
+server's `RecordingFedAvg` writes `record.npz` (the node's uploads, its noisy steps projected
+on the canaries' directions, the input-space canaries' losses, its Opacus epsilons). This module
 runs afterwards, outside the app (JAX allowed here): it scores every canary per threat and
 audits the scores against the epsilon Opacus's accountant reported for that node's whole
 training.
@@ -103,7 +103,7 @@ def step_scores(steps: np.ndarray, m: int, q: np.ndarray) -> np.ndarray:
   y = y - np.median(y, axis=0, keepdims=True)
   s = np.std(y[:, m:], axis=1)
   if y.shape[1] - m < 2 or not np.all(s > 0):
-    raise ValueError('the every-step score needs at least two null coordinates with spread')
+    raise ValueError('the every-step score needs at least two null directions with spread')
   return poisson_llr(y[:, :m], q, s)
 
 
