@@ -101,3 +101,34 @@ def test_the_value_grid_at_its_edges():
                                 [0.0])
   np.testing.assert_array_equal(value_grid.round_to(np.array([1 / 32 + 1e-9, 0.99]), levels),
                                 [1 / 16, 1.0])
+
+
+def test_the_paired_interval_by_hand():
+  from scipy import stats as sp_stats  # pylint: disable=g-import-not-at-top
+  # Spread: Student's t over the clients' differences, by hand.
+  a, f = np.array([3, 5, 2, 8, 6, 4]), np.array([1, 5, 0, 4, 6, 1])
+  d = (a - f) / 8
+  half = sp_stats.t.ppf(0.975, 5) * d.std(ddof=1) / np.sqrt(6)
+  assert paired.difference(a, f, 8) == pytest.approx((d.mean(), d.mean() - half,
+                                                      d.mean() + half))
+  # ... and a 90% interval is narrower than the 95% one.
+  _, lo90, hi90 = paired.difference(a, f, 8, confidence=0.9)
+  assert d.mean() - half < lo90 < hi90 < d.mean() + half
+  # Clipped to [-1, 1]: three clients of one example each, +1, -1, +1.
+  assert paired.difference([1, 0, 1], [0, 1, 0], 1) == pytest.approx((1 / 3, -1.0, 1.0))
+  # No spread: Clopper-Pearson's upper bound after 0 of T, u = 1 - 0.025^(1 / T).
+  u = 1 - 0.025 ** (1 / 10)
+  assert paired.difference(np.full(10, 3), np.full(10, 3), 8) == pytest.approx((0, -u, u))
+  assert paired.difference(np.full(10, 6), np.full(10, 2), 8) == pytest.approx(
+      (0.5, 0.5 - 1.5 * u, 0.5 + 0.5 * u))
+  # Two clients are enough; sizes of one example are valid; per-client sizes broadcast.
+  assert paired.difference([1, 0], [0, 0], 1)[0] == 0.5
+  assert paired.difference([2, 1], [0, 1], [4, 2])[0] == pytest.approx(0.25)
+  for bad in (dict(adaptive=[[1, 0]], fixed=[[0, 0]], sizes=1),     # 2-D
+              dict(adaptive=[1, 0, 1], fixed=[0, 0], sizes=1),      # shapes differ
+              dict(adaptive=[0, 0], fixed=[0, 0], sizes=0),         # no examples
+              dict(adaptive=[0, 0], fixed=[-1, 0], sizes=2),        # negative count
+              dict(adaptive=[-1, 0], fixed=[0, 0], sizes=2),
+              dict(adaptive=[0, 0], fixed=[3, 0], sizes=2)):        # more than the client has
+    with pytest.raises(ValueError):
+      paired.difference(**bad)
