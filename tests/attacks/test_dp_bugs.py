@@ -9,10 +9,6 @@ twin 0).
 from __future__ import annotations
 
 import math
-import pathlib
-import subprocess
-import sys
-
 import ml_collections
 import numpy as np
 import pytest
@@ -25,8 +21,6 @@ from fl_privacy.attacks.audit import bug_entries as be
 from fl_privacy.attacks.audit import bug_flower
 from fl_privacy.pipelines import dp_bugs
 from fl_privacy.pipelines import dp_bugs_tables
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _config(**overrides):
@@ -141,10 +135,9 @@ def test_bad_fields_are_refused(field, value):
 
 
 def test_bad_extra_exits_2_with_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, '-m', 'experiments.dp_bugs', '--config=configs/digits.py:smoke',
-       f'--workdir={tmp_path / "run"}', '--config.dp_bugs.extra=no_such_module:entry'],
-      cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+  # In a fork of the test process's preloaded interpreter (tests/experiments/cli.py).
+  from tests.experiments import cli  # pylint: disable=g-import-not-at-top
+  proc = cli.run_forked('dp_bugs', tmp_path / 'run', '--config.dp_bugs.extra=no_such_module:entry')
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and 'dp_bugs.extra' in lines[0], proc.stderr[-2000:]
