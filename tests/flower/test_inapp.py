@@ -430,16 +430,19 @@ DIM4 = 7
 class _Stub(Strategy):
   """A Message-API strategy: trains every node, returns a fixed aggregate (or none)."""
 
-  def __init__(self, aggregate=None):
+  def __init__(self, aggregate=None, only=None):
     self.aggregate = aggregate
+    self.only = only
     self.seen = []
+    self.asked = []
 
   def configure_train(self, server_round, arrays, config, grid):
+    self.asked.append((server_round, config))
     return [Message(RecordDict({'arrays': arrays}), dst_node_id=n, message_type='train')
-            for n in grid.get_node_ids()]
+            for n in grid.get_node_ids() if self.only is None or n in self.only]
 
   def aggregate_train(self, server_round, replies):
-    self.seen.append(len(list(replies)))
+    self.seen.append((server_round, len(list(replies))))
     return self.aggregate, None
 
   def configure_evaluate(self, server_round, arrays, config, grid):
@@ -456,7 +459,7 @@ def _record(values) -> ArrayRecord:
   return ArrayRecord({'w': Array(np.asarray(values, np.float64))})
 
 
-def test_the_strategy_records_the_projections_the_replies_and_the_uploads(tmp_path):
+def test_the_strategy_records_the_projections_the_replies_and_the_uploads(tmp_path, caplog):
   """By hand on a stub strategy: the model and the aggregate on every direction (cached or
   redrawn), which canaries were sent and replied, each canary's upload on its direction; a
   reply of another size or an error is not read; the file holds what memory holds."""
@@ -479,18 +482,23 @@ def test_the_strategy_records_the_projections_the_replies_and_the_uploads(tmp_pa
       replies = {m.metadata.dst_node_id: Message(RecordDict({'arrays': _record(
           np.linspace(-1, 1, DIM4) + (m.metadata.dst_node_id - 9))}), reply_to=m)
                  for m in sent}
-      replies[13] = Message(RecordDict({'arrays': _record(np.zeros(3))}), reply_to=sent[3])
+      replies[12] = Message(RecordDict({'arrays': _record(np.zeros(3))}), reply_to=sent[2])
       replies[14] = Message(Error(code=0, reason='lost'), reply_to=sent[4])
-      arrays, metrics = strategy.aggregate_train(3, list(replies.values()))
-    assert arrays is aggregate and metrics is None and stub.seen == [5]
+      with caplog.at_level('WARNING'):
+        arrays, metrics = strategy.aggregate_train(3, list(replies.values()))
+    assert 'round 3: canary 0 replied 3 coordinates, the model has 7 (not read)' in caplog.text
+    assert arrays is aggregate and metrics is None
+    assert stub.seen == [(3, 5)] and stub.asked == [(3, ConfigRecord())]
     (r,) = strategy.rounds
     assert r.server_round == 3 and r.num_messages == 6
     assert r.sampled.tolist() == [True, True, True, True]  # configure_train sent all 6
-    assert r.replied.tolist() == [True, False, False, False]
+    assert r.replied.tolist() == [False, True, False, False]
+    assert r.sampled.dtype == r.replied.dtype == np.bool_
     np.testing.assert_allclose(r.before, dirs @ np.linspace(-1, 1, DIM4), rtol=1e-13)
     np.testing.assert_allclose(r.after, dirs @ (np.arange(DIM4) / 10), rtol=1e-13)
-    np.testing.assert_allclose(r.uploads[0], 3 * dirs[0].sum(), rtol=1e-12)
-    assert np.isnan(r.uploads[1:]).all() and math.isnan(r.flower_epsilon)
+    np.testing.assert_allclose(r.uploads[1], 4 * dirs[1].sum(), rtol=1e-12)
+    assert np.isnan(r.uploads[[0, 2, 3]]).all() and math.isnan(r.flower_epsilon)
+    assert (strategy._projector.matrix is None) == (cache == 0)  # pylint: disable=protected-access
     np.testing.assert_array_equal(r.model, np.linspace(-1, 1, DIM4))
     np.testing.assert_array_equal(r.aggregate, np.arange(DIM4) / 10)
     meta, (again,) = recorder.load_rounds(tmp_path / str(cache) / recorder.ROUNDS_FILE)
@@ -506,9 +514,10 @@ def test_the_strategy_records_the_projections_the_replies_and_the_uploads(tmp_pa
       'threats': ['all_iterates', 'uploads'], 'gaussian': True, 'delta': 1e-5,
       'confidence': 0.95, 'stated_epsilon': None, 'flower': None}
   # No aggregate: the round's model again. No configure_train: refused.
-  strategy = recorder.CanaryAuditStrategy(_Stub(None), seed=SEED4, canary_norm=1.0,
-                                          clip_norm=1.0, num_null=2,
+  strategy = recorder.CanaryAuditStrategy(_Stub(None, only=(10, 13, 14)), seed=SEED4,
+                                          canary_norm=1.0, clip_norm=1.0, num_null=2,
                                           canary_nodes={12 + i: i for i in range(4)})
+  assert strategy.meta()['flower'] is None and strategy.meta()['dimension'] is None
   with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
     strategy.configure_train(1, model, ConfigRecord(), grid)
     strategy.aggregate_train(1, [])
@@ -520,9 +529,12 @@ def test_the_strategy_records_the_projections_the_replies_and_the_uploads(tmp_pa
   np.testing.assert_array_equal(strategy.rounds[0].after, strategy.rounds[0].before)
   assert strategy.rounds[0].uploads is None and not strategy.rounds[0].replied.any()
   assert strategy.meta()['delta'] is None
+  assert strategy.rounds[0].sampled.tolist() == [False, True, True, False]
+  assert strategy.rounds[0].num_messages == 3
+  assert strategy.rounds[0].model is None and strategy.rounds[0].aggregate is None
 
 
-def test_the_strategy_refuses_what_it_cannot_record():
+def test_the_strategy_refuses_what_it_cannot_record(tmp_path):
   ok = dict(seed=1, canary_norm=2.0, clip_norm=1.0)
   bad = [(dict(seed=-1), 'canary seed'), (dict(canary_norm=0.5), 'canary_norm must be >= 1'),
          (dict(clip_norm=0.0), 'clip_norm must be > 0'), (dict(delta=1.0), 'delta must be in'),
@@ -532,7 +544,8 @@ def test_the_strategy_refuses_what_it_cannot_record():
          (dict(threats=()), 'threats must be'), (dict(threats=('x',)), 'threats must be'),
          (dict(threats=('uploads', 'uploads')), 'threats must be'),
          (dict(num_null=1), 'num_null must be >= 2'),
-         (dict(canary_nodes={1: 0, 2: 1, 3: 2}), '3 canary nodes: the audit needs at least 4'),
+         (dict(canary_nodes={1: 0, 2: 1, 3: 2}), r'^3 canary nodes: the audit needs at least 4 '
+          r'\(two in each world for the split threshold\)$'),
          (dict(canary_nodes={1: 0, 2: 1, 3: 2, 4: 4}), r'must be 0..k-1, one node each \(got '
           r'\[0, 1, 2, 4\]\)'),
          (dict(canary_nodes={1: 0, 2: 1, 3: 2, 4: 3}, num_canaries=5),
@@ -540,7 +553,8 @@ def test_the_strategy_refuses_what_it_cannot_record():
   for change, message in bad:
     with pytest.raises(ValueError, match=message):
       recorder.CanaryAuditStrategy(_Stub(), **{**ok, **change})
-  with pytest.raises(TypeError, match='wraps a flwr.serverapp.strategy.Strategy'):
+  with pytest.raises(TypeError, match=r'^CanaryAuditStrategy wraps a flwr.serverapp.strategy.'
+                     r'Strategy whose round loop is Strategy.start \(got object\)$'):
     recorder.CanaryAuditStrategy(object(), **ok)
 
   class OwnLoop(_Stub):
@@ -556,6 +570,14 @@ def test_the_strategy_refuses_what_it_cannot_record():
                                                    ('all_iterates', 'last_iterate'))
   with pytest.raises(RuntimeError, match='not known before the first round'):
     _ = strategy.k
+  assert (strategy.keep_models, strategy.query_timeout, strategy.cache_bytes,
+          strategy.directory) == (False, 300.0, 256 * 2**20, None)
+  every = recorder.CanaryAuditStrategy(_Stub(), **ok, threats=recorder.THREATS[::-1],
+                                       query_timeout=12, directory=tmp_path / 'new' / 'run')
+  again = recorder.CanaryAuditStrategy(_Stub(), **ok, directory=tmp_path / 'new' / 'run')
+  assert every.directory == again.directory and every.directory.is_dir()
+  assert every.threats == ('all_iterates', 'last_iterate', 'uploads')
+  assert every.query_timeout == 12.0 and isinstance(every.query_timeout, float)
 
 
 def test_flowers_stated_claim_and_its_ledger_are_recorded():
@@ -585,3 +607,167 @@ def test_flowers_stated_claim_and_its_ledger_are_recorded():
   assert recorder.flower_stated(recorder.CanaryAuditStrategy(
       flwr_strategy.DifferentialPrivacyServerSideFixedClipping(fedavg, 1.5, 0.5, 10),
       seed=1, canary_norm=2.0, clip_norm=0.5)) is None
+
+
+def test_the_canaries_are_learnt_by_one_query_and_must_share_the_strategys_settings(caplog):
+  """2 user nodes (one of them not wrapped: its query reply is an error, so it is a real
+  node), 4 canaries: the strategy learns node -> index before round 1; a canary whose seed,
+  norm or clip is not the strategy's stops the run with the setting named."""
+  user = ClientApp()
+  configs = [{}, {}] + canaries.canary_node_configs(4, seed=SEED4, canary_norm=2.0,
+                                                    clip_norm=0.5)
+  apps = [user] + [canaries.with_canaries(user)] * 5
+  grid = inprocess.InProcessGrid(apps, node_configs=configs, node_ids=[7, 8, 20, 21, 22, 23])
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    found = recorder.discover_canaries(grid, timeout=5)
+    assert sorted(found) == [20, 21, 22, 23]
+    assert found[22] == {'canary-index': 2, 'canary-seed': SEED4, 'canary-norm': 2.0,
+                         'clip-norm': 0.5}
+    strategy = recorder.CanaryAuditStrategy(_Stub(), seed=SEED4, canary_norm=2.0,
+                                            clip_norm=0.5, num_null=2, num_canaries=4)
+    with caplog.at_level('WARNING'):
+      strategy.configure_train(1, _record(np.zeros(3)), ConfigRecord(), grid)
+    assert strategy.canary_nodes == {20: 0, 21: 1, 22: 2, 23: 3} and strategy.k == 4
+    assert 'node 7 did not answer the canary query (taken as a real node)' in caplog.text
+    for change, key in ((dict(seed=SEED4 + 1), 'canary-seed'), (dict(canary_norm=3.0),
+                                                               'canary-norm'),
+                        (dict(clip_norm=0.25), 'clip-norm')):
+      settings = {**dict(seed=SEED4, canary_norm=2.0, clip_norm=0.5), **change}
+      other = recorder.CanaryAuditStrategy(_Stub(), num_null=2, **settings)
+      with pytest.raises(ValueError, match=rf'^canary node 20 \(index 0\) has {key}='
+                         r'[0-9.]+, the strategy [0-9.]+: every canary and the strategy need '
+                         'the same$'):
+        other.configure_train(1, _record(np.zeros(3)), ConfigRecord(), grid)
+    wrong_count = recorder.CanaryAuditStrategy(_Stub(), seed=SEED4, canary_norm=2.0,
+                                               clip_norm=0.5, num_canaries=5)
+    with pytest.raises(ValueError, match='4 canary nodes, 5 expected'):
+      wrong_count.configure_train(1, _record(np.zeros(3)), ConfigRecord(), grid)
+
+
+class _Silent(inprocess.InProcessGrid):
+  """A grid whose last node never answers (Flower's grid drops a reply after its timeout)."""
+
+  def send_and_receive(self, messages, *, timeout=None):
+    self.timeouts = getattr(self, 'timeouts', []) + [timeout]
+    messages = list(messages)
+    return super().send_and_receive(messages[:-1])
+
+
+def test_a_node_that_does_not_answer_the_query_is_a_real_node(caplog):
+  configs = canaries.canary_node_configs(5, seed=SEED4, canary_norm=2.0, clip_norm=0.5)
+  grid = _Silent([canaries.canary_client_app] * 5, node_configs=configs)
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID), caplog.at_level('WARNING'):
+    found = recorder.discover_canaries(grid, timeout=12.5)
+  nodes = grid.get_node_ids()
+  assert sorted(found) == nodes[:4] and grid.timeouts == [12.5]
+  assert (f'node {nodes[4]} did not answer the canary query within 12 s (taken as a real '
+          'node)') in caplog.text
+
+
+def test_the_strategy_hands_evaluation_and_its_summary_to_the_inner_strategy(caplog):
+  calls = []
+
+  class Inner(_Stub):
+    def configure_evaluate(self, server_round, arrays, config, grid):
+      calls.append(('configure_evaluate', server_round, arrays, config, grid))
+      return ['m']
+
+    def aggregate_evaluate(self, server_round, replies):
+      calls.append(('aggregate_evaluate', server_round, replies))
+      return 'metrics'
+
+    def summary(self):
+      calls.append(('summary',))
+
+  strategy = recorder.CanaryAuditStrategy(Inner(), seed=1, canary_norm=2.0, clip_norm=1.0)
+  assert strategy.configure_evaluate(3, 'a', 'c', 'g') == ['m']
+  assert strategy.aggregate_evaluate(4, 'r') == 'metrics'
+  with caplog.at_level('INFO'):
+    strategy.summary()
+  assert calls == [('configure_evaluate', 3, 'a', 'c', 'g'), ('aggregate_evaluate', 4, 'r'),
+                   ('summary',)]
+  assert 'CanaryAuditStrategy around Inner' in caplog.text
+
+
+def test_the_recording_is_replaced_whole_with_the_usual_file_mode(tmp_path):
+  path = tmp_path / 'r.bin'
+  recorder._atomic_write(path, b'one')  # pylint: disable=protected-access
+  umask = os.umask(0)
+  os.umask(umask)
+  assert path.read_bytes() == b'one' and (path.stat().st_mode & 0o777) == 0o666 & ~umask
+  with pytest.raises(TypeError):
+    recorder._atomic_write(path, 'not bytes')  # pylint: disable=protected-access
+  assert path.read_bytes() == b'one' and sorted(p.name for p in tmp_path.iterdir()) == ['r.bin']
+
+
+def test_directions_are_kept_in_memory_up_to_the_cache_size_exactly():
+  for cache, kept in ((6 * DIM4 * 8, True), (6 * DIM4 * 8 - 1, False)):
+    projector = recorder._Projector(SEED4, 6, cache)  # pylint: disable=protected-access
+    flat = np.arange(DIM4, dtype=np.float64)
+    got = projector(flat)
+    assert (projector.matrix is not None) == kept and projector.dimension == DIM4
+    np.testing.assert_allclose(got, [canaries.canary_direction(SEED4, i, DIM4) @ flat
+                                     for i in range(6)], rtol=1e-13)
+    np.testing.assert_array_equal(projector.direction(2, DIM4),
+                                  canaries.canary_direction(SEED4, 2, DIM4))
+
+
+def test_the_chain_of_wrapped_strategies_ends_and_never_loops():
+  class W:
+    def __init__(self, inner=None, strategy=None):
+      self.inner, self.strategy = inner, strategy
+
+  c = W()
+  b = W(strategy=c)
+  a = W(inner=b)
+  assert list(recorder._chain(a)) == [a, b, c]  # pylint: disable=protected-access
+  a.inner, c.strategy = b, a  # a cycle
+  assert list(recorder._chain(a)) == [a, b, c]  # pylint: disable=protected-access
+  assert list(recorder._chain(None)) == []  # pylint: disable=protected-access
+
+
+class _Spends(_Stub):
+  """A strategy with Flower's `privacy_spent()` over a real RdpAccountant, one release per
+  aggregate; `bare` drops the accountant attribute (a wrapper of someone else's)."""
+
+  def __init__(self, bare=False):
+    super().__init__(_record(np.zeros(DIM4)))
+    acc = RdpAccountant(PrivacyConfig(
+        target_delta=1e-5, population_size=6, neighboring_relation=NeighboringRelation.
+        REPLACE_ONE, sampling_method=SamplingMethod.WITHOUT_REPLACEMENT), orders=(2.0, 8.0))
+    self._acc = acc
+    if not bare:
+      self.accountant = acc
+    self.noise_multiplier, self.clipping_norm, self.num_sampled_clients = 2.0, 0.5, 6
+
+  def aggregate_train(self, server_round, replies):
+    self._acc.compose(GaussianPrivacyEvent(2.0, 6, 6))
+    return super().aggregate_train(server_round, replies)
+
+  def privacy_spent(self):
+    return self._acc.get_privacy_spent()
+
+
+def test_flowers_epsilon_after_every_round_is_recorded(tmp_path):
+  nodes = [10, 11, 12, 13, 14, 15]
+  grid = inprocess.InProcessGrid([canaries.canary_client_app] * 6, node_ids=nodes)
+  inner = _Spends()
+  strategy = recorder.CanaryAuditStrategy(inner, seed=SEED4, canary_norm=2.0, clip_norm=0.5,
+                                          num_null=2, canary_nodes={12 + i: i for i in range(4)},
+                                          directory=tmp_path)
+  with inprocess.task_identity(grid.run.run_id, SUPERLINK_NODE_ID):
+    for r in (1, 2):
+      strategy.configure_train(r, _record(np.zeros(DIM4)), ConfigRecord(), grid)
+      strategy.aggregate_train(r, [])
+  first, second = (x.flower_epsilon for x in strategy.rounds)
+  assert 0 < first < second == inner.privacy_spent().epsilon
+  meta, rounds = recorder.load_rounds(tmp_path / recorder.ROUNDS_FILE)
+  assert [x.flower_epsilon for x in rounds] == [first, second]
+  assert meta['flower']['stated_relation'] == 'replace-one'
+  assert meta['flower']['accountant_state'] == inner.accountant.state_dict()
+  assert meta['flower']['wrapper_settings'] == {'noise_multiplier': 2.0, 'clipping_norm': 0.5,
+                                                'num_sampled_clients': 6}
+  bare = recorder.flower_stated(_Spends(bare=True))
+  assert (bare['stated_relation'], bare['stated_sampling'], bare['accountant_state']) == (
+      'None', 'None', None)
+  assert bare['stated_epsilon'] == 0.0 and bare['wrapper'] == '_Spends'
