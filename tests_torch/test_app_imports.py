@@ -32,3 +32,11 @@ def test_the_app_declares_exactly_the_pinned_dependencies():
     deps = tomllib.load(f)['project']['dependencies']
   assert 'torch==2.13.0' in deps and 'opacus==1.6.0' in deps
   assert not any(d.startswith(('torchvision', 'jax', 'fl-privacy', 'fl_privacy')) for d in deps)
+
+
+def test_the_vendored_canary_files_are_the_in_app_ones():
+  # `python -m fl_privacy.flower.inapp.vendor flower_torch_app/torch_audit_app/` copies them
+  # byte for byte; rerun it when fl_privacy/flower/inapp changes.
+  inapp = APP_DIR.parent / 'fl_privacy' / 'flower' / 'inapp'
+  for name in ('fl_privacy_canaries.py', 'fl_privacy_canary_strategy.py'):
+    assert (APP_DIR / 'torch_audit_app' / name).read_bytes() == (inapp / name).read_bytes(), name
