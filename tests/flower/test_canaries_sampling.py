@@ -330,8 +330,12 @@ def test_a_trained_audit_reports_its_model_and_loss_by_round():
 # ---------------------------------------------------------------------------- validation ---
 
 def _config(**training):
-  config = digits.get_config('smoke')  # 64 canaries + 64 real nodes, dimension 512
+  config = digits.get_config('smoke')  # dimension 512
   with config.ignore_type():
+    # 64 canaries + 64 real nodes (the smoke config's 22 fit a local deployment; these rules
+    # are stated on 128).
+    config.flower_audit.training.num_canaries = 64
+    config.flower_audit.training.num_real = 64
     for k, v in training.items():
       config.flower_audit.training[k] = v
   return config
