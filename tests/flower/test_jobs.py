@@ -156,6 +156,10 @@ def test_the_ordered_grid_lists_and_returns_by_partition_and_names_what_it_lost(
   lost = [(x['round'], x['partition'], x['reason'].split(':')[0]) for x in out['losses']]
   assert lost == [(1, 0, 'error'), (1, 1, 'no reply within the timeout'),
                   (2, 1, 'no reply within the timeout')]
+  # The error's reason is its last line (the exception under the ClientApp's traceback).
+  assert out['losses'][0]['reason'].endswith('RuntimeError: partition 0 fails in round 1')
+  assert jobs.last_line('Traceback\n  at x\n\n  ValueError: y  \n\n') == 'ValueError: y'
+  assert jobs.last_line('a\nb\nc') == 'c' and jobs.last_line('') == ''
   assert out['node_ids'] == [30, 20, 10] and out['partitions'] == {30: 0, 20: 1, 10: 2}
 
 
