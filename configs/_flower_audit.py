@@ -97,7 +97,7 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       `Grid`, one process: the fast path), 'simulation' (Flower's Simulation Engine as
       Flower 1.42 runs it: `flwr run flower_app` against a SuperLink started with
       `--simulation`, `num-supernodes` = the part's node count, the ClientApps in Ray actor
-      processes; the training part's 1,000 nodes run there) or 'deployment' (Flower's
+      processes; meant for the training part's 1,000 nodes, not yet run end to end there) or 'deployment' (Flower's
       Deployment Engine on 127.0.0.1: one `flower-superlink` and one `flower-supernode`
       process a node, started and stopped by the run). On both Flower engines each job
       travels inside the run (`flwr run --run-config`, the job as JSON data, no path, no
