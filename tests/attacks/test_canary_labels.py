@@ -47,6 +47,9 @@ def test_labelled_bounds_split_the_counted_bounds_by_assumption():
   assert (got['certified_gaussian'], got['certified_gaussian_test'],
           got['certified_gaussian_assumes']) == (0.0, 'none', 'none')
   assert got['best_bound_assumes'] == 'none'
+  # An infinite bound is skipped as `best_bound` skips it (no finite evidence).
+  inf = cs.labelled_bounds({**found, 'epsilon_cp': np.inf}, ('epsilon_one_run', 'epsilon_cp'))
+  assert (inf['certified_free'], inf['certified_free_test']) == (0.5, 'epsilon_one_run')
   zero = cs.labelled_bounds(dict(found, epsilon_one_run=0.0), ('epsilon_one_run',))
   assert (zero['certified_free_test'], zero['best_bound_assumes']) == ('none', 'none')
 
