@@ -49,7 +49,7 @@ def _upload(sparse, x):
   loss = lambda p: -jnp.mean(jax.nn.log_softmax(model.apply({'params': p}, x, sparse=sparse))[
       jnp.arange(len(x)), y])
   with jax.default_matmul_precision('highest'):
-    return jax.grad(loss)(params), cuts
+    return jax.jit(jax.grad(loss))(params), cuts   # jitted: one compilation, not one per op
 
 
 def test_the_sparse_imprint_recovers_each_example_exactly_from_its_own_unit():
@@ -98,9 +98,10 @@ def test_one_round_of_the_averaging_knob_is_the_single_round():
   y = jnp.asarray(rng.integers(0, 10, size=24), jnp.int32)
   cuts = jnp.asarray(imprint.thresholds(np.asarray(x), 8), jnp.float32)
   g = game.Game('imprint', models.MLP(hidden=(4,), num_classes=10), batch_size=2, num_bins=8)
-  one = game.run(g, jax.random.key(2), x, y, cuts, jnp.int32(2), game.knobs(32.0, 0.1, 24))
-  two = game.run(g, jax.random.key(2), x, y, cuts, jnp.int32(2),
-                 game.knobs(32.0, 0.1, 24, rounds=2))
+  # One program for both knobs (traced): one compilation, not one per op.
+  run = jax.jit(lambda kn: game.run(g, jax.random.key(2), x, y, cuts, jnp.int32(2), kn))
+  one = run(game.knobs(32.0, 0.1, 24))
+  two = run(game.knobs(32.0, 0.1, 24, rounds=2))
   np.testing.assert_array_equal(one['index'], two['index'])
   # Without a defense every round is the same upload: its mean is that upload.
   np.testing.assert_allclose(one['recovered'], two['recovered'], atol=1e-5)
