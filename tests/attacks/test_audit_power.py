@@ -150,3 +150,15 @@ def test_rate_interval_is_clopper_pearson():
   lo, hi = ap.rate_interval(19, 20)
   assert lo == pytest.approx(sps.beta.ppf(0.025, 19, 2)) and hi == pytest.approx(
       sps.beta.ppf(0.975, 20, 1))
+
+
+def test_a_draws_free_bound_is_the_audits_assumption_free_headline():
+  rng = np.random.default_rng(8)
+  world = np.arange(200) % 2 == 0
+  s = rng.normal(size=200) + np.where(world, 1.5, -1.5)
+  design = ap.Design(100, 100, 'update_dp', 50.0, DELTA, 0.95, True, midpoint=0.0)
+  got = ap.verdict(s[world], s[~world], design)
+  m = cs.audit(s, world, 'update_dp', 50.0, delta=DELTA, confidence=0.95, independent=True,
+               midpoint=0.0, reach=False, report_all=False)
+  assert got['free'] == m['certified_free'] < got['best'] == m['best_bound']
+  assert got['flagged'] is False
