@@ -128,3 +128,11 @@ def test_verdict_labels_say_what_carries_the_verdict(refutes, reachable, want):
   assert (cs.verdict_of(refutes, reachable), got['verdict_tests'], got['verdict_assumes'],
           got['verdict_free']) == want
   assert got['reach_tests'] == (','.join(reachable) or 'none')
+
+
+def test_reachable_assuming_nothing_is_below_the_gaussian_tests_reach():
+  # A perfect attack on 200 canaries: GDP reads a far larger epsilon than Clopper-Pearson.
+  a = cs.attainable(100, 100, 'update_dp', 2.0, delta=DELTA, confidence=0.95,
+                    independent=True, midpoint=True)
+  assert 0 < a['max_certifiable_free'] < a['max_certifiable']
+  assert a['reach_tests'][0] == 'epsilon_one_run' or 'epsilon_cp' in a['reach_tests']
