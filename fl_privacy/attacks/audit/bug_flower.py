@@ -14,7 +14,7 @@ float32 vector of length 2; the target's update is a Dirac canary 2C e_1 (above 
 Flower's clip acts) in the in-world and a client that did not train in the out-world (1e-6 C
 e_2: an update of exactly 0 makes Flower's clip divide by zero). Score: the upload's
 coordinate 0 minus w_t's, summed over the uploads the adversary reads (the optimal statistic
-of a Gaussian shift). Relation: zero-out (sensitivity C), as `fl_privacy.flower.dp_audit`
+of a Gaussian shift). Relation: zero-out (sensitivity C), as `fl_privacy.flower.audits.dp_games`
 audits LocalDpMod.
 
 Flower draws its noise from numpy's global generator: each trial seeds it from its own
@@ -24,6 +24,7 @@ generator, and the caller's global state is restored after a game.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 from typing import Iterator
 
@@ -70,54 +71,24 @@ def _update(present: bool, clip: float) -> np.ndarray:
   return v
 
 
+def _flower_calls():
+  """Flower's own DP functions, called from `fl_privacy.flower.audits.localdp_calls` (Flower
+  code lives in fl_privacy/flower, the optional extra; this catalog loads it by name)."""
+  return importlib.import_module('fl_privacy.flower.audits.localdp_calls')
+
+
 def localdp_upload(rng: np.random.Generator, update: np.ndarray, clip: float,
                    sensitivity: float, epsilon: float, delta: float) -> np.ndarray:
   """One reply through LocalDpMod's two Flower functions (module docstring), numpy's global
   generator seeded from `rng`."""
-  from flwr.supercore import differential_privacy as fdp  # pylint: disable=g-import-not-at-top
-  np.random.seed(int(rng.integers(2**32)))
-  params = [(W_T.astype(np.float64) + update).astype(np.float32)]
-  fdp.compute_clip_model_update(params, [W_T.copy()], clip)
-  fdp.add_gaussian_noise_inplace(params, classic_std(sensitivity, epsilon, delta))
-  return params[0]
+  return _flower_calls().clip_and_noise(rng, W_T, update, clip,
+                                        classic_std(sensitivity, epsilon, delta))
 
 
 def localdp_mod_upload(rng: np.random.Generator, update: np.ndarray, clip: float,
                        sensitivity: float, epsilon: float, delta: float) -> np.ndarray:
   """The same reply through the whole `LocalDpMod.__call__` (Flower's Message layer)."""
-  import logging  # pylint: disable=g-import-not-at-top
-  from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message,  # pylint: disable=g-import-not-at-top
-                        MessageType, MetricRecord, RecordDict)
-  from flwr.clientapp.mod import LocalDpMod  # pylint: disable=g-import-not-at-top
-  from flwr.supercore.task_identity import TaskIdentity  # pylint: disable=g-import-not-at-top
-  np.random.seed(int(rng.integers(2**32)))
-  mod = LocalDpMod(clip, sensitivity, epsilon, delta)
-  params = (W_T.astype(np.float64) + update).astype(np.float32)
-
-  def reply(m, c):
-    del c
-    return Message(RecordDict({'arrays': ArrayRecord({'w': Array(params.copy())}),
-                               'metrics': MetricRecord({'num-examples': 1})}), reply_to=m)
-  saved = tuple(getattr(TaskIdentity, f'_{k}') for k in ('run_id', 'node_id', 'task_id'))
-  flwr_logger = logging.getLogger('flwr')
-  level = flwr_logger.level
-  try:
-    # Flower's Message reads the running task's identity (set by its runtime).
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    flwr_logger.setLevel(logging.ERROR)
-    msg = Message(RecordDict({'arrays': ArrayRecord({'w': Array(W_T.copy())}),
-                              'config': ConfigRecord({'server-round': 1})}), 1,
-                  MessageType.TRAIN)
-    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    out = mod(msg, ctx, reply)
-  finally:
-    (TaskIdentity._run_id, TaskIdentity._node_id,  # pylint: disable=protected-access
-     TaskIdentity._task_id) = saved  # pylint: disable=protected-access
-    flwr_logger.setLevel(level)
-  if out.has_error():
-    raise RuntimeError(f'LocalDpMod replied with an error: {out.error.reason}')
-  _, record = next(iter(out.content.array_records.items()))
-  return np.asarray(record['w'].numpy())
+  return _flower_calls().through_mod(rng, W_T, update, clip, sensitivity, epsilon, delta)
 
 
 def localdp_game(clip: float, sensitivity: float, epsilon: float, rounds: int = 1,
