@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import pathlib
 import shutil
 import sys
@@ -85,9 +84,6 @@ def _user_app_folder(root: pathlib.Path) -> pathlib.Path:
   return root
 
 
-@pytest.mark.skipif(os.environ.get('FL_PRIVACY_ALL_ENGINE_TESTS') != '1',
-                    reason='1-1.5 min; CI stays under 25 minutes without it: run with '
-                    'FL_PRIVACY_ALL_ENGINE_TESTS=1')
 def test_a_users_app_with_vendored_canaries_audits_as_in_process(no_leftovers, monkeypatch):
   seed = _canary_seed()
   nodes = NUM_REAL + NUM_CANARIES
