@@ -254,12 +254,13 @@ def prepare(config) -> dict:
   pool, public = splits[s.split], splits[s.public_split]
   adaptive = len(tuple(s.adaptive.restore_scales)) > 0 and 'imprint' in (
       tuple(s.attacks) + tuple(s.defense_attacks))
-  clients, tuning = tuning_split(config, len(pool), adaptive)
   # PSNR and SSIM read pixels in [0, 1] and the figures draw images: feature vectors have
-  # neither (they reached matplotlib after the results were written).
+  # neither (they reached matplotlib after the results were written). Checked first: the
+  # dataset is the more basic mistake than any size drawn from it.
   validate.require(pool.is_image, 'data.name', 'an image dataset (reconstruction scores and '
                    'draws images: PSNR, SSIM on pixels in [0, 1])',
                    f'{config.data.name}, feature vectors of {tuple(pool.x.shape[1:])}')
+  clients, tuning = tuning_split(config, len(pool), adaptive)
   points = grid(config)
   largest = max([p['batch_size'] * p['num_batches'] for p in points] or [1])
   data_lib.require_examples(config.data, f'its {s.split!r} split', len(pool), largest,

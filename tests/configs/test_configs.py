@@ -10,7 +10,7 @@ from configs import _base
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / 'configs'
 SECTIONS = {
     'digits': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'flower_audit',
-               'training_audit', 'reconstruction'),
+               'training_audit', 'reconstruction', 'dp_bugs'),
     'npz': ('ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel', 'dp_audit', 'training_audit',
             'reconstruction'),
     'mnist': ('dishonest', 'ldp_audit'),
@@ -72,7 +72,8 @@ def test_python_m_configs_lists_every_config_and_its_sections():
   assert 'toy' in listing.config_names() and '_base' not in listing.config_names()
   digits = listing.describe('digits')
   assert digits['sections'] == ['ami', 'dishonest', 'ldp_audit', 'fedmia', 'pastel',
-                                'dp_audit', 'flower_audit', 'training_audit', 'reconstruction']
+                                'dp_audit', 'flower_audit', 'training_audit', 'reconstruction',
+                                'dp_bugs']
   assert 'dishonest_mia' in digits['experiments']
   one = subprocess.run([sys.executable, '-m', 'configs', 'toy'], cwd=repo, capture_output=True,
                        text=True, timeout=120, check=False)

@@ -189,7 +189,8 @@ def test_the_specification_table():
   assert registry.ADVERSARY == {'ami': 'server', 'dishonest_mia': 'server', 'fedmia': 'server',
                                 'pastel': None, 'duplicates': None, 'ldp_audit': None,
                                 'dp_audit': None, 'toy_game': None, 'flower_audit': 'server',
-                                'training_audit': None, 'reconstruction': 'server'}
+                                'training_audit': None, 'reconstruction': 'server',
+                                'dp_bugs': None}
 
 
 # Minimal params for make(name, ...).

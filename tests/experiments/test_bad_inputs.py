@@ -258,7 +258,7 @@ ROWS = [
     ('a utility client smaller than its minibatch', 'reconstruction',
      lambda t: ['--config=configs/digits.py:smoke', '--config.reconstruction.utility.examples=4'],
      "config.reconstruction.utility.examples: must be in [center.imprint = 8 (its minibatch), "
-     "1438 (the train split)] (got 4)"),
+     "1338 (the train split less the tuning pool)] (got 4)"),
     ('feature vectors to reconstruct', 'reconstruction',
      lambda t: _npz_flags(_npz(t, 'feat', x=_features(), y=_labels())),
      "config.data.name: must be an image dataset (reconstruction scores and draws images: "
@@ -517,6 +517,7 @@ _BAD_FIELD = {
                        'config.reconstruction.psnr_threshold'),
     'training_audit': ('--config.training_audit.record.per_client=100000',
                        'config.training_audit.record.per_client'),
+    'dp_bugs': ('--config.dp_bugs.seeds=0', 'config.dp_bugs.seeds'),
 }
 
 
