@@ -62,7 +62,7 @@ def test_nodes_with_homes_of_their_own_run_the_job_and_a_late_node_is_named(no_l
   """SuperNodes with their own FLWR_HOME and working directory, sharing no folder with the
   submitter: the job reaches them inside the run (the run config file, read by `flwr run`
   only, is gone before any node trains); node 2 sleeps past the round's timeout."""
-  job = _job(actions={(1, 2): 'sleep:600'}, round_timeout=30.0, rounds=1)
+  job = _job(actions={(1, 2): 'sleep:600'}, round_timeout=45.0, rounds=1)
   submitter, nodes = no_leftovers / 'submitter', no_leftovers / 'nodes'
   with deployment.LocalDeployment(3, submitter / 'dep', node_root=nodes) as dep:
     for k, proc in enumerate(dep.supernodes):
@@ -82,8 +82,10 @@ def test_nodes_with_homes_of_their_own_run_the_job_and_a_late_node_is_named(no_l
 def test_a_supernode_killed_mid_round_is_named_and_its_processes_are_gone(no_leftovers):
   markers = no_leftovers / 'markers'
   markers.mkdir()
-  job = _job(actions={(1, 1): 'sleep:60'}, markers=str(markers), min_nodes=2,
-             round_timeout=15.0, rounds=1)
+  # The survivors must reply within the round's timeout even on a loaded 2-core CI machine
+  # (a ClientApp process starts in seconds there, not milliseconds): 15 s lost node 0 too.
+  job = _job(actions={(1, 1): 'sleep:600'}, markers=str(markers), min_nodes=2,
+             round_timeout=60.0, rounds=1)
   box = {}
   with deployment.LocalDeployment(3, no_leftovers / 'dep') as dep:
     def run():
