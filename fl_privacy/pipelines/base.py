@@ -35,6 +35,8 @@ from types import ModuleType
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from fl_privacy import catalog
+from fl_privacy import data as data_lib
+from fl_privacy import validate
 from fl_privacy.defenses import registry
 from fl_privacy.report import progress
 from fl_privacy.report import run_point
@@ -86,6 +88,16 @@ def unused(pipeline, config) -> dict[str, str]:
   out.update(data_unused(config))
   out.update(fn(config) if fn is not None else {})
   return out
+
+
+def train_test(config) -> tuple[Any, Any]:
+  """The `train` and `test` splits of `config.data` (`data.load`), for the pipelines that train
+  on one and evaluate on the other; a dataset without both is refused
+  (`validate.ConfigError` naming `data.name`)."""
+  splits = data_lib.load(config.data)
+  validate.require('train' in splits and 'test' in splits, 'data.name',
+                   'a dataset with train and test splits', config.data.name)
+  return splits['train'], splits['test']
 
 
 def data_unused(config) -> dict[str, str]:

@@ -183,6 +183,33 @@ def test_two_nodes_refused_only_where_fedmia_runs():
     pipeline.validate_config(_config(num_clients=1, parts=('dp',)))
 
 
+def test_deployment_size_refusal_names_every_process_of_a_node(monkeypatch):
+  # `engines.sizes` counts a node as its SuperNode, the superexec the SuperNode starts and one
+  # ClientApp process: the refusal lists the same three and their NODE_BYTES.
+  from fl_privacy.flower.engines import deployment  # pylint: disable=import-outside-toplevel
+  from fl_privacy.flower.engines import sizes  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(deployment, 'max_deployment_nodes', lambda: 3)
+  config = _config(engine='deployment', num_clients=4, parts=('fedmia',))
+  with pytest.raises(validate.ConfigError) as e:
+    pipeline.validate_config(config)
+  assert 'flower_audit.num_clients' in str(e.value) and 'at most 3 (' in str(e.value)
+  assert (f'a SuperNode, its superexec and a ClientApp process, '
+          f'~{sizes.NODE_BYTES / 1e9:.1f} GB a node' in str(e.value))
+  assert pipeline.validate_config(_config(engine='deployment', num_clients=3,
+                                          parts=('fedmia',)))
+
+
+def test_prepare_refuses_a_dataset_without_a_test_split(monkeypatch):
+  # `base.train_test`: the train and test splits, or one line naming data.name.
+  from fl_privacy import data as data_lib  # pylint: disable=import-outside-toplevel
+  config = _config(parts=('dp',))
+  monkeypatch.setattr(data_lib, 'load', lambda section: {'train': 'tr', 'other': 'o'})
+  with pytest.raises(validate.ConfigError, match=r'data\.name.*train and test splits'):
+    pipeline.prepare(config)
+  monkeypatch.setattr(data_lib, 'load', lambda section: {'test': 'te', 'train': 'tr'})
+  assert base.train_test(config) == ('tr', 'te')
+
+
 def test_two_replicates_each_stored_and_reported_over_both(tmp_path, monkeypatch):
   """Unit level (the end-to-end run with replicates=2 took 92 s under load): the native
   deployment of the MLP (the CNN's per-example measurements cost 13-21 s of CPU a training),

@@ -41,7 +41,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from fl_privacy import data as data_lib
 from fl_privacy import defenses
 from fl_privacy import validate
 from fl_privacy.attacks.passive import scores as scores_lib
@@ -189,13 +188,13 @@ def validate_config(config) -> dict[str, Any]:
 
 
 def _check_deployment_size(config, parts, design) -> None:
-  """On the Deployment Engine every node is a SuperNode process, and each of its messages a
-  ClientApp process, a round's all at once: refuse node counts this machine's memory cannot
-  hold (`engines.max_deployment_nodes`)."""
+  """On the Deployment Engine every node is a SuperNode process with the superexec it starts,
+  and each of its messages a ClientApp process, a round's all at once (`engines.sizes`):
+  refuse node counts this machine's memory cannot hold (`engines.max_deployment_nodes`)."""
   bound = deployment_lib.max_deployment_nodes()
-  reason = (f"engine 'deployment' runs at most {bound} nodes on this machine: a SuperNode and "
-            f'a ClientApp process, ~{deployment_lib.NODE_BYTES / 1e9:.1f} GB a node, all at once; '
-            "engine 'simulation' runs more")
+  reason = (f"engine 'deployment' runs at most {bound} nodes on this machine: a SuperNode, its "
+            f'superexec and a ClientApp process, ~{deployment_lib.NODE_BYTES / 1e9:.1f} GB a '
+            "node, all at once; engine 'simulation' runs more")
   if set(parts) & {'fedmia', 'dishonest'}:
     validate.checked(config, 'flower_audit.num_clients', validate.Rule(
         f'at most {bound} ({reason})', lambda n: int(n) <= bound))
@@ -242,10 +241,7 @@ def unused_fields(config) -> dict[str, str]:
 def prepare(config) -> dict[str, Any]:
   """Validates the config and loads the data (digits); writes nothing."""
   state = validate_config(config)
-  splits = data_lib.load(config.data)
-  validate.require('train' in splits and 'test' in splits, 'data.name',
-                   'a dataset with train and test splits', config.data.name)
-  train, test = splits['train'], splits['test']
+  train, test = base.train_test(config)
   s = config.flower_audit
   need = int(s.num_clients) * int(s.per_client)
   validate.require(need <= len(train), 'flower_audit.per_client',
