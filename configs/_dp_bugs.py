@@ -15,7 +15,7 @@ import ml_collections
 # names; a test checks they agree (the config layer does not import the audit's builders).
 BUGS = ('flower_localdp_sensitivity', 'flower_localdp_classic_formula',
         'flower_localdp_no_composition', 'opacus_571', 'opacus_819',
-        'opacus_adaclip_accounting', 'batch_clipping', 'clip_after_noise',
+        'opacus_adaclip_accounting', 'opacus_batchnorm', 'batch_clipping', 'clip_after_noise',
         'noise_reused_across_clients', 'noise_reused_across_rounds',
         'replace_one_as_add_remove', 'noise_per_round_as_per_step',
         'record_epsilon_as_client', 'shuffle_as_poisson', 'fl_bench_steps_undercount',

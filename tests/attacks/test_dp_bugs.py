@@ -116,12 +116,15 @@ def test_missing_torch_extra_is_a_row_not_a_drop(monkeypatch):
       raise ImportError(name)
     return real(name, *a, **k)
   monkeypatch.setattr(bug_catalog.importlib, 'import_module', fake)
-  config = _config(bugs=('opacus_571',))
+  config = _config(bugs=('opacus_571', 'opacus_batchnorm'))
   entries = dp_bugs.validate_config(config)
   params = dp_bugs.points(config, entries)
-  assert [p['variant'] for p in params] == ['bug', 'twin']
-  m, n = dp_bugs.audit_point(config, entries['opacus_571'], params[0], None)
-  assert n == 0 and m['verdict'] == 'not run: needs the torch extra'
+  assert [(p['bug'], p['variant']) for p in params] == [
+      ('opacus_571', 'bug'), ('opacus_571', 'twin'), ('opacus_batchnorm', 'bug'),
+      ('opacus_batchnorm', 'twin')]
+  for p in params:
+    m, n = dp_bugs.audit_point(config, entries[p['bug']], p, None)
+    assert n == 0 and m['verdict'] == 'not run: needs the torch extra'
 
 
 @pytest.mark.parametrize('field, value', [('seeds', 0), ('trial_scale', -1.0),

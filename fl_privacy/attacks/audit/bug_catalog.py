@@ -3,9 +3,9 @@
 What `python -m experiments.dp_bugs` audits (fl_privacy/pipelines/dp_bugs.py). Statistical DP
 testers (StatDP, DP-Sniper, Delta-Siege, DP-Auditorium) benchmark themselves on catalogs of
 buggy mechanisms; this one holds the bugs FL deployments shipped, each reproduced through the
-library it lives in (`bug_flower`: Flower's DP functions; `bug_opacus`: Opacus, with the
-`torch` extra; `bug_own`: fl-privacy's own defenses, accountant and sampler) and audited by
-the audit that fits its threat (`bug_audit`). Entries beyond the reach of a black- or
+library it lives in (`bug_flower`: Flower's DP functions; `bug_opacus`, `bug_opacus_norm`:
+Opacus, with the `torch` extra; `bug_own`: fl-privacy's own defenses, accountant and
+sampler) and audited by the audit that fits its threat (`bug_audit`). Entries beyond the reach of a black- or
 white-box audit stay here, marked out of reach, with the reason (`OUT_OF_REACH`).
 
 Adding a bug: a module-level `bug_entries.Entry` (or a function returning one) in any
@@ -63,9 +63,11 @@ def catalog(include_torch: bool = True) -> tuple[be.Entry, ...]:
   they were not run), our own stack, then the out-of-reach ones."""
   from fl_privacy.attacks.audit import bug_flower  # pylint: disable=g-import-not-at-top
   from fl_privacy.attacks.audit import bug_opacus  # pylint: disable=g-import-not-at-top
+  from fl_privacy.attacks.audit import bug_opacus_norm  # pylint: disable=g-import-not-at-top
   from fl_privacy.attacks.audit import bug_own  # pylint: disable=g-import-not-at-top
   del include_torch
-  return bug_flower.entries() + bug_opacus.entries() + bug_own.entries() + OUT_OF_REACH
+  return (bug_flower.entries() + bug_opacus.entries() + (bug_opacus_norm.entry(),)
+          + bug_own.entries() + OUT_OF_REACH)
 
 
 def names() -> tuple[str, ...]:
