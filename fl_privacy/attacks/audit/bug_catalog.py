@@ -5,8 +5,9 @@ testers (StatDP, DP-Sniper, Delta-Siege, DP-Auditorium) benchmark themselves on 
 buggy mechanisms; this one holds the bugs FL deployments shipped, each reproduced through the
 library it lives in (`bug_flower`: Flower's DP functions; `bug_opacus`, `bug_opacus_norm`:
 Opacus, with the `torch` extra; `bug_own`: fl-privacy's own defenses, accountant and
-sampler) and audited by the audit that fits its threat (`bug_audit`). Entries beyond the reach of a black- or
-white-box audit stay here, marked out of reach, with the reason (`OUT_OF_REACH`).
+sampler) and audited by the audit that fits its threat (`bug_audit`). Entries beyond the
+reach of a black- or white-box audit stay here, marked out of reach, with the reason
+(`OUT_OF_REACH`).
 
 Adding a bug: a module-level `bug_entries.Entry` (or a function returning one) in any
 importable module, named on the command line as `--config.dp_bugs.extra=module:attr`

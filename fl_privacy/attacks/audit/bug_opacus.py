@@ -37,7 +37,7 @@ LIB = 'Opacus 1.6.0 (torch extra)'
 
 
 @contextlib.contextmanager
-def _torch_state() -> Iterator[None]:
+def torch_state() -> Iterator[None]:
   """The caller's torch generator state restored afterwards; one intra-op thread meanwhile
   (the games' tensors are a few floats: threads only contend with JAX's)."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -74,7 +74,7 @@ def _step(model, optimizer, rows) -> np.ndarray:
   return (w0 - w1).numpy().reshape(-1).astype(np.float64)
 
 
-def _opacus_epsilon(z: float, q: float, steps: int) -> float:
+def opacus_epsilon(z: float, q: float, steps: int) -> float:
   from opacus.accountants import RDPAccountant  # pylint: disable=g-import-not-at-top
   acc = RDPAccountant()
   acc.history = [(float(z), float(q), int(steps))]
@@ -122,7 +122,7 @@ def normaliser_game(dim: int, buggy: bool) -> be.Game:
     return float(u[0] - np.sum(u[1:] ** 2))
 
   def play(seed, n):
-    with _torch_state():
+    with torch_state():
       return be.numpy_game(world, 'other').play(seed, n)
   event = _poisson_event(RATE, Z)
   return be.Game(play, 'other', event=event)
@@ -134,7 +134,7 @@ def _poisson_event(q, z):
 
 
 def _normaliser_claim(s) -> be.Claim:
-  return be.Claim(_opacus_epsilon(Z, RATE, 1), DELTA, 'record', 'add_remove',
+  return be.Claim(opacus_epsilon(Z, RATE, 1), DELTA, 'record', 'add_remove',
                   'reads the step\'s update', 'poisson', 'opacus RDPAccountant (z, q, steps)',
                   _poisson_event(RATE, Z))
 
@@ -175,7 +175,7 @@ def _adaclip_optimizer(model, cls, z, sigma_b):
 def accounted_multiplier(ratio: float) -> float:
   """What the accountant's `step_hook` reads after one step of the pre-fix subclass with
   sigma_b = ratio x z / 2: run it once and read `optimizer.noise_multiplier`."""
-  with _torch_state():
+  with torch_state():
     model = _model(2)
     opt = _adaclip_optimizer(model, _adaclip_class(), ADA_Z, ratio * ADA_Z / 2)
     read = []
@@ -230,13 +230,13 @@ def adaclip_game(ratio: float, buggy: bool) -> be.Game:
     return float(u[0] / (z_grad ** 2 * C) - count / sigma_b ** 2)
 
   def play(seed, n):
-    with _torch_state():
+    with torch_state():
       return be.numpy_game(world, 'gaussian').play(seed, n)
   return be.Game(play, 'gaussian')
 
 
 def _adaclip_claim(ratio) -> be.Claim:
-  return be.Claim(_opacus_epsilon(accounted_multiplier(float(ratio)), 1.0, 1), DELTA,
+  return be.Claim(opacus_epsilon(accounted_multiplier(float(ratio)), 1.0, 1), DELTA,
                   'record', 'zero_out', 'reads the update and the clip bound', 'none',
                   'opacus RDPAccountant at the multiplier step_hook reads')
 

@@ -100,7 +100,7 @@ def _optimizer(model, z: float):
 @functools.lru_cache(maxsize=None)
 def mean_updates(known: int, fixed: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """The noiseless updates (canary in, canary out): the same Opacus path at z = 0."""
-  with bug_opacus._torch_state():  # pylint: disable=protected-access
+  with bug_opacus.torch_state():
     model, lin = _model(fixed)
     opt = _optimizer(model, 0.0)
     return tuple(tuple(_step(model, lin, opt, *_batch(known, p))) for p in (True, False))
@@ -145,14 +145,14 @@ def game(known: int, buggy: bool) -> be.Game:
     return float(np.dot(u - m_out, direction))
 
   def play(seed, n):
-    with bug_opacus._torch_state():  # pylint: disable=protected-access
+    with bug_opacus.torch_state():
       return be.numpy_game(world, 'gaussian').play(seed, n)
   return be.Game(play, 'gaussian', checks=validator_checks)
 
 
 def _claim(known) -> be.Claim:
   import dp_accounting  # pylint: disable=g-import-not-at-top
-  return be.Claim(bug_opacus._opacus_epsilon(Z, 1.0, 1), DELTA, 'record',  # pylint: disable=protected-access
+  return be.Claim(bug_opacus.opacus_epsilon(Z, 1.0, 1), DELTA, 'record',
                   'add_remove', 'reads the step\'s update', 'none',
                   'opacus RDPAccountant (z, q = 1, 1 step)', dp_accounting.GaussianDpEvent(Z))
 

@@ -44,6 +44,26 @@ def _others(count):
   return jnp.asarray(dp_canary.known_contributions(count, DIM, C))
 
 
+def _gaussian_parts(world, eps, unit, relation, adversary, stated_by, steps=lambda s: 1,
+                    bug_curve='gaussian'):
+  """(mu, claim, build) of an entry whose stack states `eps` for `steps(knob)` Gaussian
+  releases of mu / sqrt(steps) each, and whose `world` takes theta = (z, knob, bug flag) with
+  z = sqrt(steps) / mu (knob 0 where the entry has none); `bug_curve`: the buggy variant's
+  trade-off curve."""
+  mu = be.gaussian_mu(eps, DELTA)
+
+  def claim(s):
+    k = int(steps(s))
+    return be.Claim(eps, DELTA, unit, relation, adversary, 'none', stated_by,
+                    be.gaussian_event(mu / math.sqrt(k), k))
+
+  def build(variant, s):
+    bug = variant == 'bug'
+    return be.jax_game(world, [math.sqrt(int(steps(s))) / mu, 0 if s is None else int(s), bug],
+                       bug_curve if bug else 'gaussian')
+  return mu, claim, build
+
+
 # ------------------------------------------------------------- batch-mean clipping ---
 
 # Static sizes: a knob (B, K, m) selects the first rows or steps of a static maximum, so one
@@ -77,13 +97,9 @@ def _batch_true_mu(batch: int, z: float) -> float:
 
 
 def batch_clipping_entry() -> be.Entry:
-  mu = be.gaussian_mu(1.0, DELTA)
-  claim = lambda b: be.Claim(1.0, DELTA, 'record', 'add_remove', 'reads the noisy step',  # noqa: E731
-                             'none', 'Gaussian mechanism of sensitivity C / B on the mean',
-                             be.gaussian_event(mu))
-
-  def build(variant, b):
-    return be.jax_game(_batch_world, [1.0 / mu, int(b), variant == 'bug'])
+  mu, claim, build = _gaussian_parts(_batch_world, 1.0, 'record', 'add_remove',
+                                     'reads the noisy step',
+                                     'Gaussian mechanism of sensitivity C / B on the mean')
   return be.Entry(
       'batch_clipping', 'the batch-mean gradient clipped (backpropagation clipping) and noised '
       'as if every example were clipped: one example moves the mean by C, not C / B',
@@ -100,7 +116,7 @@ def batch_clipping_entry() -> be.Entry:
 
 
 def _clip_world(key, present, theta):
-  z, buggy = theta[0], theta[1]
+  z, buggy = theta[0], theta[2]   # theta[1]: no knob
   raw = dp_canary.canary_vector(DIM, 100.0 * C) * jnp.where(present, 1.0, 0.0)
   wrong = dp.clip_tree(gaussian.add_noise(key, raw, z * C), C)
   right = dp.clip_and_noise_update(key, raw, C, z)
@@ -108,14 +124,9 @@ def _clip_world(key, present, theta):
 
 
 def clip_after_noise_entry() -> be.Entry:
-  mu = be.gaussian_mu(1.0, DELTA)
-  claim = lambda s: be.Claim(1.0, DELTA, 'client', 'zero_out', 'the server, the upload',  # noqa: E731
-                             'none', 'update DP: Gaussian, sensitivity C',
-                             be.gaussian_event(mu))
-
-  def build(variant, s):
-    bug = variant == 'bug'
-    return be.jax_game(_clip_world, [1.0 / mu, bug], 'other' if bug else 'gaussian')
+  _, claim, build = _gaussian_parts(_clip_world, 1.0, 'client', 'zero_out',
+                                    'the server, the upload',
+                                    'update DP: Gaussian, sensitivity C', bug_curve='other')
   return be.Entry(
       'clip_after_noise', 'noise added to the raw update, then the noisy update clipped: the '
       'clip bounds the output, not the sensitivity (unbounded)',
@@ -223,14 +234,9 @@ def _steps_world(key, present, theta):
 
 
 def per_step_entry() -> be.Entry:
-  eps = 2.0
-  mu = be.gaussian_mu(eps, DELTA)
-  claim = lambda k: be.Claim(eps, DELTA, 'record', 'add_remove', 'the server, the update',  # noqa: E731
-                             'none', 'K noisy steps of z composed',
-                             be.gaussian_event(mu / math.sqrt(int(k)), int(k)))
-
-  def build(variant, k):
-    return be.jax_game(_steps_world, [math.sqrt(int(k)) / mu, int(k), variant == 'bug'])
+  mu, claim, build = _gaussian_parts(_steps_world, 2.0, 'record', 'add_remove',
+                                     'the server, the update', 'K noisy steps of z composed',
+                                     steps=int)
   return be.Entry(
       'noise_per_round_as_per_step', 'noise added once to a round\'s update of K clipped '
       'steps, accounted as K noisy steps: sensitivity K C against noise z C',
@@ -256,14 +262,9 @@ def _client_world(key, present, theta):
 
 
 def per_client_entry() -> be.Entry:
-  eps = 2.0
-  mu = be.gaussian_mu(eps, DELTA)
-  claim = lambda m: be.Claim(eps, DELTA, 'client', 'zero_out', 'the server, the update',  # noqa: E731
-                             'none', 'record-level DP-SGD epsilon reported for the client',
-                             be.gaussian_event(mu))
-
-  def build(variant, m):
-    return be.jax_game(_client_world, [1.0 / mu, int(m), variant == 'bug'])
+  mu, claim, build = _gaussian_parts(_client_world, 2.0, 'client', 'zero_out',
+                                     'the server, the update',
+                                     'record-level DP-SGD epsilon reported for the client')
   return be.Entry(
       'record_epsilon_as_client', 'a record-level epsilon (each client\'s DP-SGD) reported as '
       'the federation\'s client-level guarantee: a client of m records is m records',
