@@ -15,9 +15,13 @@ numpy generator; the caller's torch state is restored afterwards.
   coordinate's noise being scaled by it). Twin: the normaliser of the public N.
 - `opacus_adaclip_accounting`: `AdaClipDPOptimizer` adds the gradient noise at
   z' = (z^-2 - (2 sigma_b)^-2)^-1/2 > z (Andrew et al. 2021, Theorem 1); 1.6.0 keeps z where
-  the accountant reads it, the bug (before the fix) left z' there, so the accountant composed
-  less privacy loss than the round (gradient + noisy unclipped count) spends. Reproduced as a
-  subclass that stores z' where `step_hook` reads it.
+  the accountant reads it, while earlier code (as quoted in Opacus issue #757, 2025) assigned
+  z' to `self.noise_multiplier`, which the accountant's step hook reads (in 1.6.0; that the
+  earlier hook read the same attribute is inferred, not read), so the
+  accountant composed less privacy loss than the round (gradient + noisy unclipped count)
+  spends. Reproduced as a subclass that stores z' where `step_hook` reads it.
+
+The BatchNorm entry is `bug_opacus_norm`.
 """
 
 from __future__ import annotations
@@ -143,7 +147,7 @@ def _true_normaliser(dim):
   return None
 
 
-# ------------------------------------------------------- adaptive clipping (#779/#807) ---
+# ------------------------------------------------- adaptive clipping (pre-fix, #757) ---
 
 ADA_Z = 1.0
 
@@ -258,21 +262,29 @@ def entries() -> tuple[be.Entry, ...]:
           'opacus_819', 'the same data-dependent normaliser, its leak growing with the output '
           'dimension (every coordinate\'s noise is rescaled)',
           'Opacus issue #819 "Potential mismatch between FEASGM-style normalization and '
-          'SGM-based privacy accounting" (2026; extends #571). Not BatchNorm: the brief '
-          'called #819 a BatchNorm report; its text is about the normaliser',
+          'SGM-based privacy accounting" (open, opened 2026-05-18; a fix is open as PR #838 '
+          '"Fix mismatch between FEASGM-style normalization and SGM-based privacy '
+          'accounting"; extends #571). Not BatchNorm (the brief called #819 a BatchNorm '
+          'report; its text is about the normaliser; BatchNorm: opacus_batchnorm)',
           LIB + ': DPOptimizer with privacy_engine.py\'s expected_batch_size',
           'mechanism audit', _normaliser_claim,
           lambda v, d: normaliser_game(int(d), v == 'bug'), _true_normaliser,
           knob='output dimension d', severity=64, severities=(2, 8, 64), milder='lower',
-          needs=('torch',), trials=1000, verified='issue text read through the search tool'),
+          needs=('torch',), trials=1000,
+          verified='issue #819 text and PR #838\'s title and state read through the search '
+          'tool'),
       be.Entry(
           'opacus_adaclip_accounting', 'adaptive clipping adds gradient noise at the adjusted '
           'z\' > z and the accountant composed z\', not z: the noisy unclipped count went '
           'unaccounted',
-          'Opacus #779 / #807 as the brief names them (not found through the search tool: '
-          'unverified); the fixed behaviour is documented in opacus 1.6.0 '
-          'AdaClipDPOptimizer.add_noise ("the original noise_multiplier is preserved for '
-          'privacy accounting"); G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, '
+          'pre-fix code assigned the adjusted z\' to self.noise_multiplier, the attribute '
+          'the accountant\'s step hook reads (the code as quoted in Opacus issue #757 '
+          '"AdaClipDPOptimizer noise_multiplier and unclipped_num_std combination '
+          'constraints", 2025-05-11); opacus 1.6.0 AdaClipDPOptimizer.add_noise: "the original '
+          'noise_multiplier is preserved for privacy accounting". Not PR #779 ("Fix '
+          'AdaClipOptimizer", 2025-08-08, closed: it converts unclipped_num to float before '
+          'drawing its noise, a dtype fix); #807 not found; the fixing commit not '
+          'identified. G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, '
           '"Differentially Private Learning with Adaptive Clipping", NeurIPS 2021, '
           'arXiv:1905.03871, Theorem 1',
           LIB + ': AdaClipDPOptimizer subclass (the pre-fix accounting)', 'mechanism audit',
@@ -280,5 +292,6 @@ def entries() -> tuple[be.Entry, ...]:
           lambda r: be.gaussian_epsilon(adaclip_mu(ADA_Z, r * ADA_Z / 2), DELTA),
           knob='sigma_b / (z / 2)', severity=1.1, severities=(1.1, 1.5, 3.0), milder='higher',
           needs=('torch',), trials=1000,
-          verified='issue numbers not verified; opacus 1.6.0 source read'),
+          verified='the pre-fix code as quoted in issue #757 (search tool); #779 read as a '
+          'dtype fix; #807 not found; opacus 1.6.0 source read'),
   )

@@ -6,16 +6,22 @@ so one example's presence changes every other example's activations, and with th
 "per-sample" gradients Opacus computes and clips: the sum of clipped gradients moves by up to
 (B + 1) C when one record is added, while the accountant assumes C. Opacus says so in the
 message `ModuleValidator.validate` gives an affine BatchNorm ("BatchNorm makes each sample's
-normalized value depend on its peers in a batch"), and Opacus issue #308's maintainers named
-BatchNorm as the root cause of a report (ffuuugor, 2022-04-27; addressed in PR #340 by an
-InstanceNorm option).
+normalized value depend on its peers in a batch"); Opacus issue #308's maintainers named
+BatchNorm as the root cause of a report (ffuuugor, 2022-04-27, as a parent session quoted
+it: "addressed in #340", which PR #353, "Add replace_bn_with_in boolean flag to BatchNorm fix
+method", closes); PR #261 ("Enable validation for GradSampleModule", 2021) added the
+GradSampleModule check for this reason ("wrong results altogether (if there's something like
+`BatchNorm` is involved)").
 
 What Opacus 1.6.0 allows (read in its source and checked by `checks`): the validators run only
 on *trainable* submodules (`ModuleValidator.validate` iterates `trainable_modules`, and so does
 `GradSampleModule`'s strict check), so a BatchNorm without trainable parameters (affine=False,
 or its affine parameters frozen, as in fine-tuning) is never looked at: `validate` returns no
 error, `GradSampleModule(strict=True)` and `PrivacyEngine.make_private` accept the model, and
-`ModuleValidator.fix` leaves the BatchNorm in place. An affine BatchNorm is refused
+`ModuleValidator.fix` leaves the BatchNorm in place. We found no upstream report of this gap
+(two searches of Opacus's issues; #472 asks for BatchNorm with frozen running statistics,
+i.e. in eval mode, which does not mix the batch): the entry is a class of bug reachable
+through Opacus 1.6.0, not a reproduction of a filed one. An affine BatchNorm is refused
 (`ShouldReplaceModuleError`), and forcing it through `GradSampleModule(strict=False)` fails in
 1.6.0's functorch path ("This layer has buffers and is not supported by Opacus").
 
@@ -163,9 +169,11 @@ def entry() -> be.Entry:
       'every other record\'s clipped "per-sample" gradient, so the step\'s sensitivity is '
       'about sqrt(B) C, not C',
       'Opacus issue #308 (maintainer ffuuugor, 2022-04-27: "We\'ve identified the root cause: '
-      'it\'s BatchNorm", addressed in PR #340 by an InstanceNorm option); Opacus 1.6.0 '
-      'validators/batch_norm.py (the refusal\'s text). The brief named #819 for it: #819 is '
-      'the normaliser (opacus_819)',
+      'it\'s BatchNorm", addressed in #340, closed by PR #353 "Add replace_bn_with_in boolean '
+      'flag to BatchNorm fix method"); PR #261 "Enable validation for GradSampleModule" '
+      '(2021); Opacus 1.6.0 validators/batch_norm.py (the refusal\'s text). The affine-free '
+      'gap in the validators: no upstream report found (a class of bug). The brief named '
+      '#819 for BatchNorm: #819 is the normaliser (opacus_819)',
       bug_opacus.LIB + ': GradSampleModule (strict) + DPOptimizer over '
       'BatchNorm1d(affine=False): the validators see only trainable modules, so it passes',
       'mechanism audit', _claim, lambda v, b: game(int(b), v == 'bug'),
@@ -176,5 +184,6 @@ def entry() -> be.Entry:
       'ModuleValidator.validate (ShouldReplaceModuleError) and fails in GradSampleModule '
       '(strict=False) in 1.6.0, so the affine-free BatchNorm the validators never inspect is '
       'the path that runs (the row\'s opacus_validate_* checks)',
-      verified='issue #308 comment as quoted in the brief (not re-read here); opacus 1.6.0 '
-      'source read and its behaviour checked in this row')
+      verified='#308\'s comment as a parent session quoted it (not re-read); PRs #353 and '
+      '#261 read through the search tool; opacus 1.6.0 source read and its behaviour '
+      'checked in this row')
