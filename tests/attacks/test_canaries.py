@@ -26,6 +26,7 @@ from scipy import stats as sp_stats
 from fl_privacy import models
 from fl_privacy.attacks.audit import canaries
 from fl_privacy.attacks.audit import canary_statistics
+from fl_privacy.attacks.audit import canary_training
 from fl_privacy.defenses import configured
 from fl_privacy.defenses import dp
 from fl_privacy.defenses import registry
@@ -281,7 +282,7 @@ def test_place_examples_keeps_the_shards_mask_aux_and_dtypes_and_places_each_row
 
 def test_slot_positions_and_the_slot_table_follow_the_placement():
   owner = np.array([0, 1, 0, 0, 1, 2, 0])
-  positions = canaries._slot_positions  # pylint: disable=protected-access
+  positions = canary_training._slot_positions  # pylint: disable=protected-access
   np.testing.assert_array_equal(positions(owner), [0, 0, 1, 2, 1, 0, 3])
   np.testing.assert_array_equal(canaries.slot_table(owner, 4),
                                 [[0, 2, 3, 6], [1, 4, -1, -1], [5, -1, -1, -1],
@@ -289,7 +290,7 @@ def test_slot_positions_and_the_slot_table_follow_the_placement():
   # place_examples' round-robin placement: canary i in slot i // K of client i mod K.
   ex = canaries.place_examples(_clients(k=3, n=2), np.zeros((8, DIM_IN), np.float32),
                                np.zeros(8, np.int32), np.ones(8, bool), 'replace_one')
-  positions = canaries._slot_positions  # pylint: disable=protected-access
+  positions = canary_training._slot_positions  # pylint: disable=protected-access
   np.testing.assert_array_equal(positions(ex.owner), np.arange(8) // 3)
 
 
@@ -718,13 +719,13 @@ def test_replicates_are_the_separate_trainings_whatever_the_chunk():
   data = _client_canaries(3, 40)
   hooks = _update_dp(0.7)
   whole = _train_clients(data, hooks, 0.5)
-  programs = len(canaries._PROGRAMS)   # pylint: disable=protected-access
+  programs = len(canary_training._PROGRAMS)   # pylint: disable=protected-access
   one = lambda i: jax.tree_util.tree_map(lambda a: a[i:i + 1], data)
   alone = [_train_clients(one(i), hooks, 0.5) for i in range(3)]
   by_chunk = [_train_clients(data, hooks, 0.5, chunk=c) for c in (1, 2, 3)]
   # The noise is an operand of the program (`split_hooks`): another z compiles nothing new.
   _train_clients(data, _update_dp(0.1), 0.5)
-  assert len(canaries._PROGRAMS) == programs   # pylint: disable=protected-access
+  assert len(canary_training._PROGRAMS) == programs   # pylint: disable=protected-access
   j = 40
   for field in ('uploads', 'last', 'test_accuracy'):
     want = np.concatenate([getattr(a, field) for a in alone])
