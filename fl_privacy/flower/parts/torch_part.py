@@ -37,6 +37,8 @@ import numpy as np
 
 from fl_privacy import validate as validate_lib
 from fl_privacy.flower.audits import opacus_record
+from fl_privacy.flower.engines import deployment as deployment_lib
+from fl_privacy.flower.engines import inprocess
 
 APP_DIR = pathlib.Path(__file__).resolve().parents[3] / 'flower_torch_app'
 ENGINES = ('inprocess', 'deployment', 'simulation')
@@ -72,24 +74,6 @@ def _app_modules():
   return client_app, server_app
 
 
-def _inprocess_engine():
-  # pylint: disable=import-outside-toplevel
-  try:
-    from fl_privacy.flower.engines import inprocess
-  except ImportError:  # the layout before `flower/ as rooms`
-    from fl_privacy.flower import runner as inprocess
-  return inprocess
-
-
-def _deployment_class():
-  # pylint: disable=import-outside-toplevel
-  try:
-    from fl_privacy.flower.engines.deployment import LocalDeployment
-  except ImportError:  # the layout before `flower/ as rooms`
-    from fl_privacy.flower.engines import LocalDeployment
-  return LocalDeployment
-
-
 # The metric keys the torch app's train replies carry (client-level canaries reply 0.0 for
 # each: FedAvg refuses replies whose keys differ).
 REPLY_METRICS = ('train-loss', 'epsilon-rdp', 'epsilon-prv', 'noise-multiplier', 'sample-rate',
@@ -121,7 +105,6 @@ def run_inprocess(cfg: dict[str, Any], num_nodes: int) -> dict[str, Any]:
   import tempfile  # pylint: disable=import-outside-toplevel
   from flwr.common.constant import SUPERLINK_NODE_ID  # pylint: disable=import-outside-toplevel
   client_app, server_app = _app_modules()
-  inprocess = _inprocess_engine()
   configs = node_configs(cfg, num_nodes)
   with tempfile.TemporaryDirectory() as tmp:
     if int(cfg.get('client-canaries', 0)) and not cfg.get('record-dir'):
@@ -168,9 +151,9 @@ def run_flwr(cfg: dict[str, Any], num_nodes: int, workdir: str | pathlib.Path, *
   if simulation and int(cfg.get('client-canaries', 0)):
     raise ValueError('client-canaries: a simulation-mode SuperLink has no SuperNodes to '
                      "configure as canaries (use engine 'inprocess' or 'deployment')")
-  deployment = _deployment_class()(len(configs) if configs else int(num_nodes),
-                                   workdir / 'deployment', node_configs=configs,
-                                   simulation=simulation)
+  deployment = deployment_lib.LocalDeployment(len(configs) if configs else int(num_nodes),
+                                              workdir / 'deployment', node_configs=configs,
+                                              simulation=simulation)
   with deployment:
     run_id = deployment.submit(cfg, app_dir=APP_DIR)
     entry = deployment.wait(run_id, timeout)
