@@ -264,8 +264,8 @@ def entries() -> tuple[be.Entry, ...]:
           'Opacus issue #819 "Potential mismatch between FEASGM-style normalization and '
           'SGM-based privacy accounting" (open, opened 2026-05-18; a fix is open as PR #838 '
           '"Fix mismatch between FEASGM-style normalization and SGM-based privacy '
-          'accounting"; extends #571). Not BatchNorm (the brief called #819 a BatchNorm '
-          'report; its text is about the normaliser; BatchNorm: opacus_batchnorm)',
+          'accounting"; extends #571). Not BatchNorm (issue 50 of this project called #819 a '
+          'BatchNorm report; its text is about the normaliser; BatchNorm: opacus_batchnorm)',
           LIB + ': DPOptimizer with privacy_engine.py\'s expected_batch_size',
           'mechanism audit', _normaliser_claim,
           lambda v, d: normaliser_game(int(d), v == 'bug'), _true_normaliser,

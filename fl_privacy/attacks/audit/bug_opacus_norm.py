@@ -7,9 +7,9 @@ so one example's presence changes every other example's activations, and with th
 (B + 1) C when one record is added, while the accountant assumes C. Opacus says so in the
 message `ModuleValidator.validate` gives an affine BatchNorm ("BatchNorm makes each sample's
 normalized value depend on its peers in a batch"); Opacus issue #308's maintainers named
-BatchNorm as the root cause of a report (ffuuugor, 2022-04-27, as a parent session quoted
-it: "addressed in #340", which PR #353, "Add replace_bn_with_in boolean flag to BatchNorm fix
-method", closes); PR #261 ("Enable validation for GradSampleModule", 2021) added the
+BatchNorm as the root cause of a report (ffuuugor, 2022-04-27, as quoted in this project's
+issue-50 notes, not re-read: "addressed in #340", which PR #353, "Add replace_bn_with_in
+boolean flag to BatchNorm fix method", closes); PR #261 ("Enable validation for GradSampleModule", 2021) added the
 GradSampleModule check for this reason ("wrong results altogether (if there's something like
 `BatchNorm` is involved)").
 
@@ -172,8 +172,8 @@ def entry() -> be.Entry:
       'it\'s BatchNorm", addressed in #340, closed by PR #353 "Add replace_bn_with_in boolean '
       'flag to BatchNorm fix method"); PR #261 "Enable validation for GradSampleModule" '
       '(2021); Opacus 1.6.0 validators/batch_norm.py (the refusal\'s text). The affine-free '
-      'gap in the validators: no upstream report found (a class of bug). The brief named '
-      '#819 for BatchNorm: #819 is the normaliser (opacus_819)',
+      'gap in the validators: no upstream report found (a class of bug). Issue 50 of this '
+      'project named #819 for BatchNorm: #819 is the normaliser (opacus_819)',
       bug_opacus.LIB + ': GradSampleModule (strict) + DPOptimizer over '
       'BatchNorm1d(affine=False): the validators see only trainable modules, so it passes',
       'mechanism audit', _claim, lambda v, b: game(int(b), v == 'bug'),
@@ -184,6 +184,6 @@ def entry() -> be.Entry:
       'ModuleValidator.validate (ShouldReplaceModuleError) and fails in GradSampleModule '
       '(strict=False) in 1.6.0, so the affine-free BatchNorm the validators never inspect is '
       'the path that runs (the row\'s opacus_validate_* checks)',
-      verified='#308\'s comment as a parent session quoted it (not re-read); PRs #353 and '
+      verified='#308\'s comment as quoted in issue-50 notes (not re-read); PRs #353 and '
       '#261 read through the search tool; opacus 1.6.0 source read and its behaviour '
       'checked in this row')
