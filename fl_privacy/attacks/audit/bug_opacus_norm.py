@@ -10,8 +10,8 @@ normalized value depend on its peers in a batch"); Opacus issue #308's maintaine
 BatchNorm as the root cause of a report (ffuuugor, 2022-04-27, as quoted in this project's
 issue-50 notes, not re-read: "addressed in #340", which PR #353, "Add replace_bn_with_in
 boolean flag to BatchNorm fix method", closes); PR #261 ("Enable validation for
-GradSampleModule", 2021) added the GradSampleModule check for this reason ("wrong results altogether (if there's something like
-`BatchNorm` is involved)").
+GradSampleModule", 2021) added the GradSampleModule check for this reason ("wrong results
+altogether (if there's something like `BatchNorm` is involved)").
 
 What Opacus 1.6.0 allows (read in its source and checked by `checks`): the validators run only
 on *trainable* submodules (`ModuleValidator.validate` iterates `trainable_modules`, and so does
