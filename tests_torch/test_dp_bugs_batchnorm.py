@@ -48,6 +48,7 @@ def test_opacus_refuses_affine_batchnorm_but_not_this_one():
   assert checks['opacus_validate_errors_affine_batchnorm'] == 1
   assert checks['opacus_validate_affine_error'] == 'ShouldReplaceModuleError'
   assert checks['opacus_validate_errors_this_model'] == 0
+  assert checks['opacus_validate_errors_frozen_affine_batchnorm'] == 0
   assert checks['opacus_fix_keeps_batchnorm'] == 1.0
 
 

@@ -32,10 +32,9 @@ sum_i t_i f(x_i)). The B known records are zeros labelled -1, the canary (1, 0) 
 Without the canary the batch's variance is 0 and every gradient is 0; with it the known
 records normalise to -1 / sqrt(2B + 1) each, so each known record's clipped gradient moves
 by sqrt(2 / (2B + 1)) C along (1, 1): the update moves by about sqrt(B) C (4.7 C at B = 16;
-`shift`), not C. The
-adversary knows everything but the noise: it replays the step without noise in both worlds
-(the same Opacus path at z = 0) and scores the update's projection on the difference, the
-optimal statistic of two Gaussians of one covariance. The twin is the same model with the
+`shift`), not C. The adversary knows everything but the noise: it replays the step without
+noise in both worlds (the same Opacus path at z = 0) and scores the update's projection on the
+difference, the optimal statistic of two Gaussians of one covariance. The twin is the same model with the
 BatchNorm replaced by Opacus's own fixer (`ModuleValidator.FIXERS[BatchNorm1d]`: GroupNorm,
 which normalises each example by itself), accounted the same way.
 """
@@ -43,7 +42,6 @@ which normalises each example by itself), accounted the same way.
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
@@ -120,7 +118,8 @@ def shift(known: int, fixed: bool) -> float:
 
 def validator_checks(seed: int) -> dict:
   """What Opacus 1.6.0's validators say (the row's notes): errors for this model, for the
-  same model with an affine BatchNorm, and whether `ModuleValidator.fix` left it in place."""
+  same model with an affine BatchNorm and with that BatchNorm's parameters frozen, and
+  whether `ModuleValidator.fix` left this model's BatchNorm in place."""
   del seed
   import torch  # pylint: disable=g-import-not-at-top
   from opacus.validators import ModuleValidator  # pylint: disable=g-import-not-at-top
@@ -130,7 +129,11 @@ def validator_checks(seed: int) -> dict:
                                torch.nn.Linear(LENGTH, 1, bias=False))
   refused = ModuleValidator.validate(net(True))
   fixed = ModuleValidator.fix(net(False))
+  frozen = net(True)
+  frozen[0].requires_grad_(False)
   return {'opacus_validate_errors_this_model': len(ModuleValidator.validate(net(False))),
+          'opacus_validate_errors_frozen_affine_batchnorm':
+              len(ModuleValidator.validate(frozen)),
           'opacus_validate_errors_affine_batchnorm': len(refused),
           'opacus_validate_affine_error': type(refused[0]).__name__ if refused else '',
           'opacus_fix_keeps_batchnorm': float(isinstance(fixed[0], torch.nn.BatchNorm1d))}
