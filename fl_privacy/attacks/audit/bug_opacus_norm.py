@@ -34,9 +34,9 @@ records normalise to -1 / sqrt(2B + 1) each, so each known record's clipped grad
 by sqrt(2 / (2B + 1)) C along (1, 1): the update moves by about sqrt(B) C (4.7 C at B = 16;
 `shift`), not C. The adversary knows everything but the noise: it replays the step without
 noise in both worlds (the same Opacus path at z = 0) and scores the update's projection on the
-difference, the optimal statistic of two Gaussians of one covariance. The twin is the same model with the
-BatchNorm replaced by Opacus's own fixer (`ModuleValidator.FIXERS[BatchNorm1d]`: GroupNorm,
-which normalises each example by itself), accounted the same way.
+difference, the optimal statistic of two Gaussians of one covariance. The twin is the same
+model with the BatchNorm replaced by Opacus's own fixer (`ModuleValidator.FIXERS[BatchNorm1d]`:
+GroupNorm, which normalises each example by itself), accounted the same way.
 """
 
 from __future__ import annotations
