@@ -43,12 +43,13 @@ from fl_privacy import memory
 from fl_privacy import models as models_lib
 from fl_privacy import validate
 from fl_privacy.attacks.audit import canaries
-from fl_privacy.attacks.audit import canary_statistics
 from fl_privacy.attacks.audit import side_channel as side_lib
 from fl_privacy.defenses import registry
 from fl_privacy.fl import optimizers
 from fl_privacy.pipelines import base
+from fl_privacy.pipelines import training_audit_checks as checks
 from fl_privacy.pipelines import training_audit_figures
+from fl_privacy.pipelines import training_audit_poisson as poisson_lib
 from fl_privacy.pipelines import training_audit_power as power_lib
 from fl_privacy.pipelines import training_audit_runs as runs
 from fl_privacy.report import point_key
@@ -77,6 +78,7 @@ SUMMARY = (
          summary.metric('certified_free', 'eps certified (assumes none)', digits=2),
          summary.metric('certified_gaussian', 'eps if Gaussian', digits=2),
          summary.metric('best_bound', 'eps best counted', digits=2),
+         summary.metric('epsilon_mle_pld', 'eps MLE/PLD (assumes Poisson family)', digits=2),
          summary.metric('max_certifiable', 'eps reachable', digits=2),
          summary.metric('reach_tests', 'refutable by'),
          summary.metric('epsilon_estimate', 'eps estimate', digits=2),
@@ -268,11 +270,11 @@ def prepare(config) -> dict[str, Any]:
                      f'at most {len(train) // int(fed.num_clients)} (num_clients x per_client '
                      f'rows of the train split, which has {len(train)})', fed.per_client)
     if tr['canary'] != 'side_channel':
-      _check_training_fits(config, tr, dim)
+      checks.training_fits(config, tr, dim)
     _check_claim(config, state, tr)
     if tr['canary'] == 'side_channel':
       decl = runs.claim(config, state, tr).declaration
-      _check_side_channel(config, tr, len(train), 'server' if decl is None else decl.adversary)
+      checks.side_channel(config, tr, len(train), 'server' if decl is None else decl.adversary)
       continue
     m = runs.canaries_per_training(config, tr)
     if tr['canary'] == 'gradient' or (tr['canary'] == 'client'):
@@ -286,40 +288,6 @@ def prepare(config) -> dict[str, Any]:
                        f'at most {pool // int(fed.num_clients)} (the {pool} images no client '
                        'holds are the input canaries)', fed.input_per_client)
   return state
-
-
-def _check_training_fits(config, tr: dict, dim: int) -> None:
-  """Refuses a chunk of replicate trainings whose clients' updates cannot fit in memory (a
-  lower bound: one P-float update per client, real and canary, of every training of the
-  chunk, side by side under vmap)."""
-  s = config.training_audit
-  fed, f = runs.federation(config, tr), 'record' if tr['defense'] == 'dp_sgd' else 'client'
-  chunk = min(int(s.chunk), runs.replicates(config, tr))
-  clients = int(fed.num_clients) + (0 if f == 'record' else
-                                    runs.canaries_per_training(config, tr))
-  memory.require_fits(f'training_audit.{f}.hidden', tuple(fed.hidden),
-                      chunk * clients * dim * memory.FLOAT_BYTES,
-                      f"the clients' updates ({chunk} trainings a chunk (training_audit.chunk) "
-                      f'x {clients} clients x {dim:,} parameters x 4 bytes)')
-
-
-def _check_side_channel(config, tr: dict, pool: int, adversary: str) -> None:
-  """The side-channel game draws each trial's rows without replacement from the `pool` train
-  rows (the target's n + 2 candidates and n for each other client the aggregate's reader
-  sees beside it) and holds a permutation of them per trial (`side_channel.play`): both must
-  fit before any training runs."""
-  s, n = config.training_audit, runs.side_rows(config, tr)
-  others = 0 if adversary == 'server' else int(s.side_channel_others)
-  validate.require(n + 2 + others * n <= pool, 'training_audit.side_channel_others',
-                   f'at most {(pool - n - 2) // n} (each of the other clients holds {n} rows '
-                   f'drawn beside the target\'s {n + 2} candidates from the {pool} train rows)',
-                   s.side_channel_others)
-  # 5 words a row: 1.40 GB peak above the interpreter's for 50,000 trials of the 1,438 digits
-  # rows (19.5 bytes a row; /usr/bin/time -v, 2026-11-29).
-  memory.require_fits('training_audit.side_channel_trials', s.side_channel_trials,
-                      int(s.side_channel_trials) * pool * 5 * memory.FLOAT_BYTES,
-                      f'the per-trial draws ({s.side_channel_trials} trials x a permutation '
-                      f'of {pool} rows, sorted with its random keys: 5 words of 4 bytes a row)')
 
 
 def _check_claim(config, state, tr: dict) -> None:
@@ -463,20 +431,16 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   # clipped contribution plus noise): 0 is a threshold fixed before the data.
   mid = 0.0 if (ind and done['relation'] == 'replace_one' and threat != 'last_iterate' and
                 tr['defense'] != 'ldp_sgd') else None
-  metrics.update(canaries.audit(sc, world, mech, audited, independent=ind, midpoint=mid, **kw))
+  extra = poisson_lib.extra_tests(tr, threat, done)   # the MLE / PLD test joins the family
+  metrics.update(canaries.audit(sc, world, mech, audited, independent=ind, midpoint=mid,
+                                extra_tests=extra, **kw))
   # Estimates are not bounds; each assumes the family it fits.
   metrics.update(estimate_method='gaussian_fit', estimate_assumes='gaussian',
                  epsilon_gaussian_fit=float(metrics['epsilon_estimate']))
-  if tr['canary'] == 'gradient' and threat == 'all_steps' and tr['sampling'] == 'poisson':
-    mom = done['scores'].step_moments
-    fit = canary_statistics.subsampled_fit_epsilon(mom[world], mom[~world],
-                                                   steps=int(decl.compositions),
-                                                   delta=float(s.delta))
-    metrics.update(fit)
-    metrics.update(epsilon_estimate=fit['fit_epsilon'],
-                   estimate_method='subsampled_gaussian_fit (pld)',
-                   estimate_assumes='poisson_subsampled_gaussian')
+  metrics.update(poisson_lib.row_fits(tr, threat, done, world, metrics,
+                                      steps=int(decl.compositions), delta=float(s.delta)))
   metrics.update(power_lib.row_power(config, tr, threat, metrics, decl, mechanism=mech,
+                                     mle_steps=int(decl.compositions) if extra else None,
                                      independent=ind, midpoint=mid, participation=part, kw=kw))
   acc = np.asarray(done['scores'].test_accuracy, np.float64)
   mean, lo, hi = _t_interval(acc)

@@ -73,10 +73,13 @@ def _planted_epsilon(decl, z: float, factor: float, delta: float, accountant: st
 
 def row_power(config, tr: dict, threat: str, metrics: dict, decl, *, mechanism: str,
               independent: bool, midpoint: float | None, participation: float,
-              kw: dict) -> dict[str, Any]:
+              kw: dict, mle_steps: int | None = None) -> dict[str, Any]:
   """The row's simulated optimum (independent rows) and detectable planted bug.
 
-  `kw`: the audit's delta, confidence and claimed_delta. Returns `power_model`, and where the
+  `kw`: the audit's delta, confidence and claimed_delta; `mle_steps`: a Poisson row whose
+  verdict counts the MLE / PLD test on its per-step readings (the steps each canary saw),
+  simulated with it (`audit_power.mle_verdict`: about 5-10 s a draw at the default's
+  16,440 canaries x 50 steps). Returns `power_model`, and where the
   row is simulated `audit_power.detectable_factor`'s fields, `power_planted_epsilon` (the
   epsilon the declaration spends at the detected factor's noise: the bug's size in epsilon)
   and, for independent canaries, `audit_power.optimum`'s (`simulated_bound` with its
@@ -91,7 +94,7 @@ def row_power(config, tr: dict, threat: str, metrics: dict, decl, *, mechanism: 
       n_in=int(metrics['n_in']), n_out=int(metrics['n_out']), mechanism=mechanism,
       claimed_epsilon=float(metrics['dp_epsilon']), delta=float(kw['delta']),
       confidence=float(kw['confidence']), independent=bool(independent),
-      claimed_delta=kw.get('claimed_delta'), midpoint=midpoint)
+      claimed_delta=kw.get('claimed_delta'), midpoint=midpoint, mle_steps=mle_steps)
   words = seed(config, tr, threat)
   out: dict[str, Any] = {'power_model': (
       "the row's statistic on the claimed curve" if independent or c.rate >= 1 else

@@ -36,6 +36,7 @@ import numpy as np
 from scipy import stats as sps
 
 from fl_privacy.attacks.audit import canary_statistics as cs
+from fl_privacy.attacks.audit import poisson_mle
 
 # Noise factors tried, ascending (f = 1 is the claim; smaller is a larger bug).
 FACTORS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -64,14 +65,21 @@ class Design:
   independent: bool
   claimed_delta: Callable | None = None
   midpoint: float | None = None
+  # A Poisson row whose per-step readings join its verdict (`mle_verdict`): the steps each
+  # canary saw; None: the row's scores alone.
+  mle_steps: int | None = None
 
 
 def _draw(curve: cs.Curve, design: Design, seed: int, draw: int) -> dict[str, Any]:
-  """One simulation: scores of the design's canaries from `curve`, the row's tests on them.
+  """One simulation: scores of the design's canaries from `curve`, the row's tests on them
+  (with `design.mle_steps`, the per-step readings too, and `mle_verdict`).
   Draw d's randomness is `default_rng([seed, d])` at every factor (common random numbers:
   the factors' rates differ by the noise, not by the draws)."""
   rng = np.random.default_rng([int(seed), int(draw)])
   world = np.concatenate([np.ones(design.n_in, bool), np.zeros(design.n_out, bool)])
+  if design.mle_steps is not None:
+    x, s = curve_readings(curve, world, rng)
+    return mle_verdict(x, s, world, design, design.mle_steps)
   s = cs.curve_scores(curve, world, rng)
   return verdict(s[world], s[~world], design)
 
@@ -181,5 +189,78 @@ def optimum(curve: cs.Curve, design: Design, *, draws: int = MIN_DRAWS, seed: in
   return out
 
 
+# ------------------------------------------------- the MLE / PLD test of a Poisson row ---
+
+
+def curve_readings(curve: cs.Curve, world: np.ndarray, rng: np.random.Generator
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """The per-step readings [n, steps] of a Poisson-subsampled Gaussian `curve` (add/remove:
+  noise N(0, curve.noise^2), plus the shift with probability `rate` for an IN canary) and the
+  all_steps score each canary's readings give (the sum of their likelihood ratios under the
+  claim's noise, `curve_scores`' statistic)."""
+  if curve.relation != 'add_remove' or curve.rr_epsilon is not None or not curve.rate < 1:
+    raise ValueError('readings are simulated for a Poisson-subsampled Gaussian (add/remove)')
+  world = np.asarray(world, bool)
+  shape = (len(world), int(curve.steps))
+  s, d, q = float(curve.noise), float(curve.shift), float(curve.rate)
+  v = float(s if curve.score_noise is None else curve.score_noise) ** 2
+  x = rng.normal(0.0, s, size=shape) + d * ((rng.random(shape) < q) & world[:, None])
+  score = np.logaddexp(np.log1p(-q), np.log(q) + (x * d - 0.5 * d * d) / v).sum(1)
+  return x, score
+
+
+def mle_verdict(readings: np.ndarray, scores: np.ndarray, world: np.ndarray, design: Design,
+                steps: int, discretization: float = poisson_mle.VALUE_DISCRETIZATION
+                ) -> dict[str, Any]:
+  """A Poisson row's verdict with the MLE / PLD test in its family: the counted tests on
+  the scores and `poisson_mle.audit` on the readings, each at 1 - (1 - c) / (k + 1).
+  `mle_bound`, `mle_flagged`, `flagged` (any test refutes), `best`, `free`."""
+  world = np.asarray(world, bool)
+  r = cs._tests(scores[world], scores[~world], design.mechanism, design.claimed_epsilon,  # pylint: disable=protected-access
+                delta=design.delta, confidence=design.confidence,
+                independent=design.independent, claimed_delta=design.claimed_delta,
+                midpoint=design.midpoint, report_all=False, extra=1)
+  m = poisson_mle.audit(readings[world], readings[~world], steps=int(steps),
+                        claimed_epsilon=design.claimed_epsilon, delta=design.delta,
+                        level=r['each'], discretization=discretization)
+  others = bool(cs.refuting(r, design.claimed_epsilon))
+  free = cs.labelled_bounds(r['found'], r['counted'])['certified_free']
+  return {'best': float(r['best']), 'free': float(free),
+          'mle_bound': float(m['epsilon_mle_pld']),
+          'mle_flagged': bool(m['mle_pld_refutes']), 'others_flagged': others,
+          'flagged': others or bool(m['mle_pld_refutes']),
+          'mle_point': float(m['epsilon_mle_point'])}
+
+
+def mle_power(curve: cs.Curve, design: Design, factors=(1.0,), *, draws: int = MIN_DRAWS,
+              seed: int = 0, discretization: float = poisson_mle.VALUE_DISCRETIZATION
+              ) -> dict[float, dict[str, Any]]:
+  """At each noise factor (1.0: the claimed mechanism), `draws` simulations of the row's
+  readings and verdict (`mle_verdict`): the MLE / PLD test's hits and the verdict's (with its
+  95% Clopper-Pearson interval), the lower bound's median with its 95% interval. At factor 1
+  a hit is a false alarm. Draw d's randomness is `default_rng([seed, d])` at every factor."""
+  out: dict[float, dict[str, Any]] = {}
+  world = np.concatenate([np.ones(design.n_in, bool), np.zeros(design.n_out, bool)])
+  for f in factors:
+    c = curve if float(f) == 1.0 else planted(curve, float(f))
+    got = []
+    for d in range(int(draws)):
+      x, sc = curve_readings(c, world, np.random.default_rng([int(seed), int(d)]))
+      got.append(mle_verdict(x, sc, world, design, curve.steps, discretization))
+    bound = np.array([g['mle_bound'] for g in got])
+    hits = sum(g['flagged'] for g in got)
+    mle_hits = sum(g['mle_flagged'] for g in got)
+    lo, hi = median_interval(bound)
+    out[float(f)] = {
+        'mle_pld_bound': float(np.median(bound)), 'mle_pld_bound_ci_low': lo,
+        'mle_pld_bound_ci_high': hi, 'mle_pld_bound_min': float(bound.min()),
+        'mle_pld_hits': int(mle_hits), 'mle_pld_rate_ci': rate_interval(mle_hits, int(draws)),
+        'verdict_hits': int(hits), 'verdict_rate_ci': rate_interval(hits, int(draws)),
+        'others_hits': int(sum(g['others_flagged'] for g in got)), 'draws': int(draws),
+        'mle_point_median': float(np.median([g['mle_point'] for g in got]))}
+  return out
+
+
 __all__ = ['FACTORS', 'LEVEL', 'MIN_DRAWS', 'planted', 'Design', 'verdict', 'detection', 'rate_interval',
-           'detectable_factor', 'median_interval', 'optimum']
+           'detectable_factor', 'median_interval', 'optimum', 'curve_readings', 'mle_verdict',
+           'mle_power']

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fl_privacy import accounting
+from fl_privacy.attacks.audit.poisson_mle import subsampled_fit_epsilon  # re-exported
 from fl_privacy.eval import auditing
 
 # Mechanisms whose trade-off curve is not Gaussian: the f-DP one-run bound and the GDP bound
@@ -62,9 +62,12 @@ VERDICTS = ('violation', 'no violation', 'cannot refute')
 # read epsilon off the mu-GDP curve they reject; so does the f-DP one-run bound, which tests
 # Gaussian trade-off curves: rejecting mu-GDP refutes (epsilon(mu), delta)-DP only for a
 # mechanism at most as private as the Gaussian with that epsilon).
+# 'poisson_subsampled_gaussian': the MLE / PLD bound of `poisson_mle` (valid where the
+# mechanism is a Poisson-subsampled Gaussian read at every step, whatever its q, noise, shift).
 ASSUMES = {'epsilon_one_run': 'none', 'epsilon_cp': 'none', 'profile': 'none',
            'epsilon_one_run_fdp': 'gaussian', 'epsilon_gdp': 'gaussian',
-           'epsilon_gdp_midpoint': 'gaussian'}
+           'epsilon_gdp_midpoint': 'gaussian',
+           'epsilon_mle_pld': 'poisson_subsampled_gaussian'}
 # The largest number of canaries `canaries_needed` searches (2^24, about 1.7e7).
 NEEDED_CAP = 1 << 24
 
@@ -94,53 +97,8 @@ def gaussian_fit_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, delta: f
   return mu, auditing.gdp_epsilon(mu, delta)
 
 
-def subsampled_fit_epsilon(in_moments: np.ndarray, out_moments: np.ndarray, *, steps: int,
-                           delta: float, accountant: str = 'pld') -> dict[str, float]:
-  """The Poisson-subsampled Gaussian fitted to what every step showed of the canaries.
-
-  A white-box reader of every DP-SGD step sees, per step and canary, L = the canary's clipped
-  gradient if it was drawn (shift D = C under add/remove) plus N(0, s^2): L ~ (1 - q) N(0, s^2)
-  + q N(D, s^2) for an IN canary, N(0, s^2) for an OUT one. The moments pooled over canaries
-  and steps give s^2 = E[L^2] of the OUT canaries (their mean is 0), q D = E[L] and
-  q D^2 = E[L^2] - s^2 of the IN ones, so D = (E[L^2] - s^2) / E[L] and q = E[L] / D; the
-  epsilon of `steps` compositions of that mechanism (noise multiplier s / D, rate q) is read
-  from dp-accounting (`accountant`, PLD by default: the tightest it has). An ESTIMATE of what
-  runs (it assumes the family), not a bound; a wrong noise, clip or sampling shows as a wrong
-  s, D or q.
-
-  Args:
-    in_moments, out_moments: [n, 3] per canary (sum of L, sum of L^2, number of steps).
-    steps: the compositions the mechanism's declaration counts.
-    delta: of the epsilon.
-    accountant: 'pld' or 'rdp'.
-
-  Returns:
-    `fit_rate`, `fit_shift`, `fit_noise_std`, `fit_noise_multiplier` and `fit_epsilon`
-    (NaN where the moments do not determine them: no positive shift).
-  """
-  a = np.asarray(in_moments, np.float64).sum(0)
-  b = np.asarray(out_moments, np.float64).sum(0)
-  out = dict(fit_rate=math.nan, fit_shift=math.nan, fit_noise_std=math.nan,
-             fit_noise_multiplier=math.nan, fit_epsilon=math.nan)
-  if not (a[2] > 0 and b[2] > 0):
-    return out
-  var = b[1] / b[2]
-  m1, m2 = a[0] / a[2], a[1] / a[2]
-  out['fit_noise_std'] = math.sqrt(var)
-  if not (m1 > 0 and m2 - var > 0):
-    return out
-  shift = (m2 - var) / m1
-  rate = min(m1 / shift, 1.0)
-  z = math.sqrt(var) / shift
-  decl = accounting.Declaration('dp_sgd', 'record', 'add_remove', 'server', 'poisson', 1.0,
-                                int(steps), rate)
-  out.update(fit_rate=rate, fit_shift=shift, fit_noise_multiplier=z,
-             fit_epsilon=accounting.epsilon(decl, z, delta=delta, accountant=accountant))
-  return out
-
-
 def assumes(test: str) -> str:
-  """'none' or 'gaussian': what `test` (a bound of `BOUNDS` or 'profile') assumes (`ASSUMES`);
+  """'none', 'gaussian' or 'poisson_subsampled_gaussian': what `test` (a bound of `BOUNDS` or 'profile') assumes (`ASSUMES`);
   an unknown name is refused, never taken as assumption-free."""
   if test not in ASSUMES:
     raise ValueError(f'no assumption recorded for the test {test!r} (one of {tuple(ASSUMES)})')
@@ -194,19 +152,22 @@ def verdict_of(refutes: tuple, reachable: tuple) -> str:
 def verdict_labels(refutes: tuple, reachable: tuple) -> dict[str, str]:
   """What the verdict rests on. `verdict_tests`: the tests that refute (a violation) or that
   could have (otherwise); `verdict_assumes`: 'none' when an assumption-free test carries the
-  verdict (refutes, or could have refuted), 'gaussian' when only tests that assume a
-  Gaussian curve do; `verdict_free`: the verdict of the assumption-free tests alone (what
+  verdict (refutes, or could have refuted), else what the tests that carry it assume
+  ('gaussian', 'poisson_subsampled_gaussian', or both joined by a comma); `verdict_free`: the verdict of the assumption-free tests alone (what
   the row says of a mechanism whose curve is not Gaussian)."""
   free = lambda tests: tuple(t for t in tests if assumes(t) == 'none')
   carry = refutes if refutes else reachable
   return {'verdict_tests': ','.join(carry) if carry else 'none',
-          'verdict_assumes': 'none' if (free(carry) or not carry) else 'gaussian',
+          'verdict_assumes': 'none' if (free(carry) or not carry) else ','.join(
+              sorted({assumes(t) for t in carry})),
           'verdict_free': verdict_of(free(refutes), free(reachable)),
           'reach_tests': ','.join(reachable) if reachable else 'none'}
 
 
-def _level(counted: tuple, profile: bool, confidence: float) -> float:
-  return 1.0 - (1.0 - float(confidence)) / (len(counted) + int(profile))
+def _level(counted: tuple, profile: bool, confidence: float, extra: int = 0) -> float:
+  """Each test's level: Bonferroni over the counted bounds, the profile test and `extra`
+  tests the caller runs beside them (the MLE / PLD test of a Poisson row)."""
+  return 1.0 - (1.0 - float(confidence)) / (len(counted) + int(profile) + int(extra))
 
 
 def _profile_grid(claimed_epsilon: float) -> np.ndarray:
@@ -216,12 +177,13 @@ def _profile_grid(claimed_epsilon: float) -> np.ndarray:
 def _tests(ins: np.ndarray, outs: np.ndarray, mechanism: str, claimed_epsilon: float, *,
            delta: float, confidence: float, independent: bool,
            claimed_delta: Callable | None, midpoint: float | None = None,
-           report_all: bool = True) -> dict[str, Any]:
+           report_all: bool = True, extra: int = 0) -> dict[str, Any]:
   """The counted tests on one set of scores: the bounds, the best, the profile test (the
-  f-DP one-run bound, about 0.5 s, is computed uncounted only with `report_all`)."""
+  f-DP one-run bound, about 0.5 s, is computed uncounted only with `report_all`), each at
+  the family's level with `extra` more tests in it."""
   counted = counted_bounds(mechanism, independent, midpoint is not None)
   profile = independent and claimed_delta is not None
-  each = _level(counted, profile, confidence)
+  each = _level(counted, profile, confidence, extra)
   found = dict(auditing.audit_scores(ins, outs, delta=delta, confidence=each,
                                      fdp=report_all or 'epsilon_one_run_fdp' in counted))
   found['epsilon_gdp_midpoint'] = math.nan
@@ -319,13 +281,15 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
           delta: float, confidence: float, independent: bool = False,
           claimed_delta: Callable[[np.ndarray], np.ndarray] | None = None,
           midpoint: float | None = None, reach: bool = True,
-          report_all: bool = True) -> dict[str, Any]:
+          report_all: bool = True, extra_tests: int = 0) -> dict[str, Any]:
   """The audit of one threat's canary scores against a claim (module docstring).
 
   `midpoint`: a threshold the design fixes before the data (0 for a replace-one canary whose
   score is symmetric between its worlds), which adds the GDP bound at that threshold to the
   counted tests of an independent Gaussian-shaped mechanism. `report_all` False skips the f-DP
-  one-run bound where it is not counted (NaN; about 0.5 s saved).
+  one-run bound where it is not counted (NaN; about 0.5 s saved). `extra_tests`: tests the
+  caller runs beside these in the verdict's Bonferroni family (each test's level, reported
+  as `bound_confidence`, counts them; the caller runs its own at that level).
 
   Returns:
     `epsilon_one_run`, `epsilon_one_run_fdp`, `epsilon_cp`, `epsilon_gdp` (each at
@@ -351,7 +315,7 @@ def audit(scores: np.ndarray, world: np.ndarray, mechanism: str, claimed_epsilon
     raise ValueError('the audit needs at least two canaries in each world')
   r = _tests(ins, outs, mechanism, claimed_epsilon, delta=delta, confidence=confidence,
              independent=independent, claimed_delta=claimed_delta, midpoint=midpoint,
-             report_all=report_all)
+             report_all=report_all, extra=extra_tests)
   found = r['found']
   mu, est = gaussian_fit_epsilon(ins, outs, delta)
   if mechanism in NO_ESTIMATE:
