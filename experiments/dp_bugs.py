@@ -1,9 +1,9 @@
 """A catalog of real, documented DP bugs of FL stacks, each beside its correct twin, audited.
 
-Every entry (Flower's LocalDpMod, Opacus's normaliser and adaptive-clipping accounting,
-FL-bench's step count, batch-mean clipping after Tramer et al. 2022, noise reuse, relation and
-unit mix-ups, our own data-dependent schedule, ...) is reproduced through the library it lives
-in and played as a canary game against its claim, buggy and twin, over several seeds; entries
+Every entry (Flower's LocalDpMod, Opacus's normaliser, adaptive-clipping accounting and a
+BatchNorm its validators let through, FL-bench's step count, batch-mean clipping after Tramer
+et al. 2022, noise reuse, relation and unit mix-ups, our own data-dependent schedule, ...) is
+reproduced through the library it lives in and played as a canary game against its claim, buggy and twin, over several seeds; entries
 beyond a black- or white-box audit's reach are listed with the reason.
 
   python -m experiments.dp_bugs                                    # the catalog, 3 seeds
