@@ -161,6 +161,11 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   from fl_privacy.pipelines import training_audit_poisson as tap   # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(tap.poisson_mle, 'audit', functools.partial(pm.audit,
                                                                    discretization=COARSE))
+  # The moment fit is `test_canary_statistics`' subject (its PLD reading takes seconds here).
+  calls = []
+  monkeypatch.setattr(tap.poisson_mle, 'subsampled_fit_epsilon',
+                      lambda a, b, steps, delta: calls.append((len(a), len(b), steps)) or
+                      {'fit_epsilon': math.nan})
   q, steps, z = 0.3, 10, 1.5
   claim = accounting.epsilon(_decl(q, steps), z, delta=DELTA, accountant='pld')
   inn, out = _readings(7, 150, steps, q, z / 2, 1.0)   # half the claim's noise ran
@@ -185,3 +190,4 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   assert got['verdict_assumes'] == 'poisson_subsampled_gaussian'
   assert got['verdict_free'] == 'no violation' and got['mle_pld_level'] == 0.99
   assert got['counted_bounds'].endswith(',epsilon_mle_pld')
+  assert calls[0] == (150, 150, steps) and math.isnan(got['epsilon_estimate'])
