@@ -86,8 +86,9 @@ def mle_test(metrics: dict, reads: np.ndarray, world: np.ndarray, *, steps: int,
 
 def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict, *,
              steps: int, delta: float) -> dict[str, Any]:
-  """A Poisson row's fits: the moment estimate always, the MLE / PLD test where the readings
-  were kept (else `mle_pld_model` says they were not). Empty for other rows."""
+  """A Poisson row's fits: the moment estimate always (over the claim's `steps`), the MLE /
+  PLD test where the readings were kept, composed over the fewest steps a canary saw
+  (`mle_steps_seen`; else `mle_pld_model` says they were not). Empty for other rows."""
   if not is_poisson_row(tr, threat):
     return {}
   out = moment_fit(done, world, steps=steps, delta=delta)
@@ -96,7 +97,11 @@ def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict
     out['mle_pld_model'] = ('not run: the trainings kept two moments of the per-step '
                             'readings, not the readings (Scores.step_readings)')
     return out
-  out.update(mle_test(metrics, reads, world, steps=steps, delta=delta))
+  # The steps the canaries saw (their readings), not those the claim counts: a training that
+  # ran more steps than it claims shows them. The fewest any canary saw keeps the bound low.
+  seen = int(np.min(np.sum(np.isfinite(reads), axis=1)))
+  out.update(mle_test(metrics, reads, world, steps=seen, delta=delta), mle_steps_seen=seen,
+             mle_steps_claimed=int(steps))
   return out
 
 

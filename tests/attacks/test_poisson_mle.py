@@ -191,3 +191,4 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   assert got['verdict_free'] == 'no violation' and got['mle_pld_level'] == 0.99
   assert got['counted_bounds'].endswith(',epsilon_mle_pld')
   assert calls[0] == (150, 150, steps) and math.isnan(got['epsilon_estimate'])
+  assert got['mle_steps_seen'] == steps == got['mle_steps_claimed']
