@@ -1,7 +1,9 @@
 """The MLE / PLD Poisson audit (`attacks.audit.poisson_mle`): its likelihood, fit, region and
 lower bound on small simulated readings (a few thousand a world, seeded)."""
 
+import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from fl_privacy import accounting
 from fl_privacy.attacks.audit import audit_power
 from fl_privacy.attacks.audit import canary_statistics as cs
 from fl_privacy.attacks.audit import poisson_mle as pm
+from fl_privacy.pipelines import training_audit_poisson as tap
 
 DELTA = 1e-5
 COARSE = pm.COARSE   # PLD's coarse interval: a cheaper lower estimate, for fast tests
@@ -156,9 +159,6 @@ def test_the_power_simulation_flags_a_large_planted_bug_and_reads_the_row_score(
 
 
 def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings(monkeypatch):
-  import functools   # pylint: disable=g-import-not-at-top
-  from types import SimpleNamespace   # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import training_audit_poisson as tap   # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(tap.poisson_mle, 'audit', functools.partial(pm.audit,
                                                                    discretization=COARSE))
   # The moment fit is `test_canary_statistics`' subject (its PLD reading takes seconds here).

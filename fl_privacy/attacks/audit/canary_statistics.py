@@ -98,8 +98,9 @@ def gaussian_fit_epsilon(in_scores: np.ndarray, out_scores: np.ndarray, delta: f
 
 
 def assumes(test: str) -> str:
-  """'none', 'gaussian' or 'poisson_subsampled_gaussian': what `test` (a bound of `BOUNDS` or 'profile') assumes (`ASSUMES`);
-  an unknown name is refused, never taken as assumption-free."""
+  """'none', 'gaussian' or 'poisson_subsampled_gaussian': what `test` (a bound of `BOUNDS`,
+  'profile' or 'epsilon_mle_pld') assumes (`ASSUMES`); an unknown name is refused, never
+  taken as assumption-free."""
   if test not in ASSUMES:
     raise ValueError(f'no assumption recorded for the test {test!r} (one of {tuple(ASSUMES)})')
   return ASSUMES[test]
@@ -153,8 +154,9 @@ def verdict_labels(refutes: tuple, reachable: tuple) -> dict[str, str]:
   """What the verdict rests on. `verdict_tests`: the tests that refute (a violation) or that
   could have (otherwise); `verdict_assumes`: 'none' when an assumption-free test carries the
   verdict (refutes, or could have refuted), else what the tests that carry it assume
-  ('gaussian', 'poisson_subsampled_gaussian', or both joined by a comma); `verdict_free`: the verdict of the assumption-free tests alone (what
-  the row says of a mechanism whose curve is not Gaussian)."""
+  ('gaussian', 'poisson_subsampled_gaussian', or both joined by a comma); `verdict_free`:
+  the verdict of the assumption-free tests alone (what the row says of a mechanism whose
+  curve is not Gaussian)."""
   free = lambda tests: tuple(t for t in tests if assumes(t) == 'none')
   carry = refutes if refutes else reachable
   return {'verdict_tests': ','.join(carry) if carry else 'none',

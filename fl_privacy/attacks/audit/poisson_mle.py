@@ -46,6 +46,7 @@ import functools
 import math
 from typing import Any
 
+from dp_accounting.pld import privacy_loss_distribution as pld
 import numpy as np
 from scipy import optimize
 from scipy import special
@@ -193,7 +194,6 @@ def critical(level: float, dof: int = 2) -> float:
 @functools.lru_cache(maxsize=4096)
 def _pld(q: float, noise_multiplier: float, steps: int, delta: float,
          discretization: float) -> float:
-  from dp_accounting.pld import privacy_loss_distribution as pld  # pylint: disable=g-import-not-at-top
   one = pld.from_gaussian_mechanism(
       standard_deviation=float(noise_multiplier), sampling_prob=float(min(q, 1.0)),
       pessimistic_estimate=False, value_discretization_interval=float(discretization),
