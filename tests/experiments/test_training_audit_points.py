@@ -868,6 +868,10 @@ def test_poisson_all_steps_takes_the_subsampled_fit_as_its_estimate(trained, sco
   assert m['certified_free'] == m['best_bound'] and m['best_bound_assumes'] == 'none'
   assert m['certified_gaussian_test'] == 'none'
   assert m['estimate_assumes'] == 'poisson_subsampled_gaussian'
+  # The trainings keep two moments, not the per-step readings: no MLE / PLD test, none in the
+  # verdict's family (`training_audit_poisson`).
+  assert kw['extra_tests'] == 0 and m['mle_pld_model'].startswith('not run')
+  assert 'epsilon_mle_pld' not in m
   for threat in ('all_iterates', 'last_iterate'):
     other, _, seen = scored['dp_sgd', threat]
     assert seen['audit'][1]['independent'] is False
