@@ -192,3 +192,23 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   assert got['counted_bounds'].endswith(',epsilon_mle_pld')
   assert calls[0] == (150, 150, steps) and math.isnan(got['epsilon_estimate'])
   assert got['mle_steps_seen'] == steps == got['mle_steps_claimed']
+
+
+def test_a_row_with_readings_simulates_its_power_with_the_mle_test(monkeypatch):
+  seen = []
+  real = audit_power.mle_verdict
+
+  def coarse(*args, **kw):
+    seen.append(args[-1])
+    return real(*args, discretization=COARSE)
+  monkeypatch.setattr(audit_power, 'mle_verdict', coarse)
+  q, steps = 0.3, 10
+  curve = cs.Curve(steps=steps, noise=1.5, rate=q)
+  claim = accounting.epsilon(_decl(q, steps), 1.5, delta=DELTA, accountant='pld')
+  design = audit_power.Design(n_in=100, n_out=100, mechanism='dp_sgd_poisson',
+                              claimed_epsilon=claim, delta=DELTA, confidence=0.95,
+                              independent=True, mle_steps=steps)
+  assert audit_power.detection(curve, design, 0.5, draws=1) == 1 and seen == [steps]
+  # Without `mle_steps` the row's scores alone: these 200 canaries flag nothing at 0.5x.
+  bare = audit_power.Design(**{**design.__dict__, 'mle_steps': None})
+  assert audit_power.detection(curve, bare, 0.5, draws=1) == 0 and seen == [steps]
