@@ -79,8 +79,9 @@ def mle_test(metrics: dict, reads: np.ndarray, world: np.ndarray, *, steps: int,
              privacy_violation=float(bool(refutes)),
              mle_pld_model='per-step readings, binned MLE, profile-LR region, PLD (optimistic)')
   if 'verdict' in metrics:
+    # The readings suffice to refute (a perfect attack's bound is infinite): no count needed.
     out.update(verdict=canary_statistics.verdict_of(refutes, reach), can_refute=1.0,
-               **canary_statistics.verdict_labels(refutes, reach))
+               canaries_needed=0, **canary_statistics.verdict_labels(refutes, reach))
   return out
 
 

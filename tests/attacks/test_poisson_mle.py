@@ -175,7 +175,7 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   tr = dict(canary='gradient', sampling='poisson')
   metrics = dict(dp_epsilon=claim, bound_confidence=0.99, refuting_tests='none',
                  reach_tests='epsilon_cp', counted_bounds='epsilon_one_run,epsilon_cp',
-                 verdict='no violation')
+                 verdict='no violation', canaries_needed=-1)
   bare = tap.row_fits(tr, 'all_steps', {'scores': SimpleNamespace(step_moments=mom)}, world,
                       metrics, steps=steps, delta=DELTA)
   assert 'not run' in bare['mle_pld_model'] and 'epsilon_mle_pld' not in bare
@@ -192,6 +192,7 @@ def test_a_poisson_row_counts_the_mle_test_in_its_verdict_only_with_its_readings
   assert got['counted_bounds'].endswith(',epsilon_mle_pld')
   assert calls[0] == (150, 150, steps) and math.isnan(got['epsilon_estimate'])
   assert got['mle_steps_seen'] == steps == got['mle_steps_claimed']
+  assert got['canaries_needed'] == 0 and 'epsilon_mle_pld' in got['reach_tests']
 
 
 def test_a_row_with_readings_simulates_its_power_with_the_mle_test(monkeypatch):
