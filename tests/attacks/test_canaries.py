@@ -982,6 +982,8 @@ def test_poisson_step_reading_without_noise_is_the_clip_on_exactly_the_drawn_ste
   np.testing.assert_allclose(sc.step_moments[:, 0], C * drawn, atol=1e-4)
   np.testing.assert_allclose(sc.step_moments[:, 1], C * C * drawn, atol=1e-4)
   np.testing.assert_array_equal(sc.step_moments[:, 2], steps)
+  # The readings themselves (`poisson_mle`'s input): C on exactly the drawn steps.
+  np.testing.assert_allclose(sc.step_readings, C * draws, rtol=0, atol=1e-5)
   llr = canaries.step_llr(jnp.asarray(C * draws), poisson['q'], C, PZ * C)
   np.testing.assert_allclose(sc.steps, np.asarray(llr).sum(axis=1), rtol=1e-5, atol=1e-4)
 
@@ -995,6 +997,9 @@ def test_poisson_step_reading_is_the_canary_plus_independent_gaussian_noise(pois
   np.testing.assert_allclose(sc.step_moments[:, 0], own.sum(axis=1), rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(sc.step_moments[:, 1], (own**2).sum(axis=1), rtol=1e-5,
                              atol=1e-4)
+  # train keeps the readings themselves, one a step (every step of a Poisson client is live).
+  assert sc.step_readings.shape == own.shape
+  np.testing.assert_allclose(sc.step_readings, own, rtol=1e-5, atol=1e-4)
   # L minus the canary's own clipped gradient: N(0, (z C)^2), 2560 readings.
   resid = own - C * draws.reshape(PR * PM, -1)
   assert sp_stats.kstest(resid.ravel() / (PZ * C), 'norm').pvalue > P_MIN
@@ -1007,6 +1012,37 @@ def test_poisson_step_reading_is_the_canary_plus_independent_gaussian_noise(pois
   flat = all_resid.reshape(-1, PM)
   corr = np.corrcoef(flat, rowvar=False)
   assert np.abs(corr[~np.eye(PM, dtype=bool)]).max() < 5 / math.sqrt(flat.shape[0])
+
+
+def test_poisson_readings_are_kept_round_by_round_and_nan_where_no_step_ran():
+  # Client 0 holds canaries 0 and 1, client 1 canary 2 and an empty slot; 2 rounds of 3
+  # steps. Round 1: only client 0 takes part, and its last step is padding (live 0).
+  reading = canaries.StepReading(poisson=True, clip_norm=C, batch_size=2, rate=0.5,
+                                 noise_std=1.0, base_rows=4)
+  slot_of = jnp.asarray([[0, 1], [2, -1]])
+  observe, reduce, init, _ = canary_training._example_observers(  # pylint: disable=protected-access
+      'gradient', reading, slot_of, jnp.arange(3), None, None, None, lambda p: p,
+      noise_std=1.0, num_rounds=2, steps=3)
+  leftover = jnp.arange(9.0).reshape(3, 3) + 1.0                 # [S, m]
+  live = jnp.asarray([1.0, 1.0, 0.0])
+
+  @jax.jit   # one compiled program: op-by-op dispatch costs seconds on a loaded machine
+  def rounds_of(init):
+    seen = jax.vmap(lambda i: observe(None, 1, i, None, jnp.zeros(3),
+                                      (leftover, jnp.zeros((3, 2)), live)))(jnp.arange(2))
+    one = reduce(init, 1, seen, jnp.asarray([1.0, 0.0]))
+    return seen[3], one[3], reduce(one, 0, seen, jnp.asarray([1.0, 1.0]))[3]
+  reads, got, both = (np.asarray(a) for a in rounds_of(init))
+  # reads [clients, slots, S]; got, both [clients, slots, T, S].
+  np.testing.assert_array_equal(reads[0], [[1.0, 4.0, np.nan], [2.0, 5.0, np.nan]])
+  assert got.shape == (2, 2, 2, 3)
+  np.testing.assert_array_equal(got[0, :, 1], reads[0])
+  assert np.isnan(got[:, :, 0]).all() and np.isnan(got[1]).all()
+  # Both clients in round 0: client 1's canary gets its column, the empty slot stays NaN.
+  got = both
+  np.testing.assert_array_equal(got[1, 0, 0], [3.0, 6.0, np.nan])
+  assert np.isnan(got[1, 1]).all()
+  np.testing.assert_array_equal(got[0, :, 1], reads[0])
 
 
 def test_poisson_scores_are_the_step_llr_and_follow_the_claimed_curve(poisson):

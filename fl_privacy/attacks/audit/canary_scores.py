@@ -67,9 +67,11 @@ class Scores(NamedTuple):
   training (`participants` [T, m]), the last iterate's projection w_0 - w_T (`last` [m]; the
   loss decrease for input canaries), the `all_steps` score (`steps` [m]) and the per-step
   moments behind it (`step_moments` [m, 3]: sum of L, of L^2, and the client's live steps,
-  every step for Poisson batches: `canary_statistics.subsampled_fit_epsilon` reads them), and
-  each training's
-  final test accuracy (`test_accuracy` [R], NaN without a test split)."""
+  every step for Poisson batches: `canary_statistics.subsampled_fit_epsilon` reads them), for
+  Poisson batches the per-step readings themselves (`step_readings` [m, T x S]: round by
+  round, each round's E x S local steps, NaN on the steps the canary's client did not take;
+  `poisson_mle.audit` reads them; None for other trainings), and each training's final test
+  accuracy (`test_accuracy` [R], NaN without a test split)."""
   uploads: np.ndarray
   aggregates: np.ndarray
   known: np.ndarray
@@ -78,6 +80,7 @@ class Scores(NamedTuple):
   test_accuracy: np.ndarray
   steps: np.ndarray | None = None
   step_moments: np.ndarray | None = None
+  step_readings: np.ndarray | None = None
 
 
 def threat_scores(scores: Scores, threat: str, adversary: str, *, participation: float,

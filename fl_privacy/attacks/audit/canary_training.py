@@ -22,6 +22,7 @@ import jax
 from jax import flatten_util
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fl_privacy.attacks.audit import canary_scores
 from fl_privacy.defenses import dp
@@ -133,11 +134,30 @@ def _step_trace(reading: StepReading, coords: jax.Array, per: int, ravel: Callab
   return trace
 
 
+def _steps_per_round(loss_fn, params, clients: rounds.ClientData, hooks, trace: Callable, *,
+                     optimizer, epochs: int, batch_size: int) -> int:
+  """The local steps a client's round traces (E x S, padding steps included): the length
+  of its stacked traces, read off one client's round without running it (`jax.eval_shape`)."""
+  first = lambda tree: jax.tree_util.tree_map(lambda a: a[0], tree)
+  opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(0)
+
+  def one(p, x, y, mask, aux):
+    return local.client_update(loss_fn, p, x, y, key=jax.random.key(0), hooks=hooks,
+                               mask=mask, aux=aux, optimizer=opt, epochs=epochs,
+                               batch_size=batch_size, trace=trace)[2]
+  got = jax.eval_shape(one, params, first(clients.x), first(clients.y),
+                       None if clients.mask is None else first(clients.mask),
+                       None if clients.aux is None else first(clients.aux))
+  return int(jax.tree_util.tree_leaves(got)[0].shape[0])
+
+
 def _example_observers(kind: str, reading: StepReading | None, slot_of: jax.Array,
                        coords: jax.Array | None, cx, cy, per_example_ce, ravel: Callable,
-                       noise_std=None):
+                       noise_std=None, *, num_rounds: int = 0, steps: int = 0):
   """observe / reduce / init / trace of canary examples: the server's per-round reading of the
-  owner's upload (`all_iterates`), and with `reading` the per-step one (`all_steps`)."""
+  owner's upload (`all_iterates`), and with `reading` the per-step one (`all_steps`); for
+  Poisson batches also the readings themselves ([clients, slots, num_rounds, steps], NaN
+  where the client took no step; `steps` per round, `_steps_per_round`)."""
   num_real, per = slot_of.shape
   ids = jnp.clip(slot_of, 0, None)
   live_slot = (slot_of >= 0).astype(jnp.float32)
@@ -170,15 +190,28 @@ def _example_observers(kind: str, reading: StepReading | None, slot_of: jax.Arra
       score = jnp.sum(own * held, axis=0)
     moments = jnp.stack([own.sum(0), (own ** 2).sum(0),
                          jnp.broadcast_to(live.sum(), (per,))], axis=-1)
-    return server_view(i, global_params, upload), score, moments
+    seen = (server_view(i, global_params, upload), score, moments)
+    if reading.poisson:
+      # The readings themselves [per, S] for the MLE / PLD test (`poisson_mle`); NaN on the
+      # steps the client did not take.
+      seen += (jnp.where(live[:, None] > 0, own, jnp.nan).T,)
+    return seen
 
   def reduce(state, t, seen, part):
-    del t
     w = part[:, None] * live_slot
-    return tuple(s + v * (w if v.ndim == 2 else w[..., None]) for s, v in zip(state, seen))
+    sums = tuple(s + v * (w if v.ndim == 2 else w[..., None])
+                 for s, v in zip(state[:3], seen[:3]))
+    if not reading.poisson:
+      return sums
+    # Round t's readings of the clients that took part (and of real canary slots); NaN
+    # elsewhere, so a canary's row holds exactly the steps its client ran.
+    reads = jnp.where(w[..., None] > 0, seen[3], jnp.nan)
+    return sums + (state[3].at[:, :, t, :].set(reads),)
 
   init = (jnp.zeros((num_real, per)), jnp.zeros((num_real, per)),
           jnp.zeros((num_real, per, 3)))
+  if reading.poisson:
+    init += (jnp.full((num_real, per, num_rounds, steps), jnp.nan),)
   return observe, reduce, init, _step_trace(reading, coords, per, ravel)
 
 
@@ -248,9 +281,14 @@ def _compiled(apply_fn, *, kind: str, hooks, num_rounds: int, optimizer, epochs:
         project = lambda p: ravel(p)[coords]
       else:
         project = lambda p: -per_example_ce(p, planted.x, planted.y)
+      trace = None if reading is None else _step_trace(reading, coords, slot_of.shape[1],
+                                                       ravel)
+      steps = 0 if reading is None or not reading.poisson else _steps_per_round(
+          loss_fn, params, clients, h, trace, optimizer=optimizer, epochs=epochs,
+          batch_size=batch_size)
       observe, reduce, init, trace = _example_observers(
           kind, reading, slot_of, coords, planted.x, planted.y, per_example_ce, ravel,
-          noise_std)
+          noise_std, num_rounds=num_rounds, steps=steps)
     final, log = rounds.run(loss_fn, params, clients, key=rkey, num_rounds=num_rounds,
                             optimizer=optimizer, epochs=epochs, batch_size=batch_size,
                             hooks=h, participation=participation, observe=observe,
@@ -356,14 +394,15 @@ def _scores(out, kind: str, owner: np.ndarray | None, test_y) -> canary_scores.S
   observed, per_round, count, first, last, correct = out
   r = per_round.shape[0]
   per_round, first, last = (np.asarray(a) for a in (per_round, first, last))
-  steps = moments = None
+  steps = moments = reads = None
   if kind == 'client':
     own, known = (np.asarray(a) for a in observed)
   else:
     pos = _slot_positions(owner)
     pick = lambda a: np.asarray(a)[:, owner, pos]
     if isinstance(observed, tuple):
-      own, steps, moments = (pick(a) for a in observed)
+      own, steps, moments = (pick(a) for a in observed[:3])
+      reads = pick(observed[3]) if len(observed) > 3 else None   # [R, m, T, S]
     else:
       own = pick(observed)
     known = np.zeros_like(per_round)
@@ -382,7 +421,8 @@ def _scores(out, kind: str, owner: np.ndarray | None, test_y) -> canary_scores.S
                 participants=flat_tm(parts), last=(sign * (first - last)).reshape(r * m),
                 test_accuracy=acc,
                 steps=None if steps is None else steps.reshape(r * m),
-                step_moments=None if moments is None else moments.reshape(r * m, 3))
+                step_moments=None if moments is None else moments.reshape(r * m, 3),
+                step_readings=None if reads is None else reads.reshape(r * m, -1))
 
 
 __all__ = ['StepReading', 'Planted', 'gradient_canary_loss', 'slot_table', 'split_hooks',
