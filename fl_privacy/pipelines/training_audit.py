@@ -431,17 +431,26 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
   # clipped contribution plus noise): 0 is a threshold fixed before the data.
   mid = 0.0 if (ind and done['relation'] == 'replace_one' and threat != 'last_iterate' and
                 tr['defense'] != 'ldp_sgd') else None
-  extra = poisson_lib.extra_tests(tr, threat, done)   # the MLE / PLD test joins the family
+  mle_on, mle_power = poisson_lib.settings(config)
+  # The MLE / PLD test joins the family.
+  extra = poisson_lib.extra_tests(tr, threat, done, enabled=mle_on)
   metrics.update(canaries.audit(sc, world, mech, audited, independent=ind, midpoint=mid,
                                 extra_tests=extra, **kw))
   # Estimates are not bounds; each assumes the family it fits.
   metrics.update(estimate_method='gaussian_fit', estimate_assumes='gaussian',
                  epsilon_gaussian_fit=float(metrics['epsilon_estimate']))
   metrics.update(poisson_lib.row_fits(tr, threat, done, world, metrics,
-                                      steps=int(decl.compositions), delta=float(s.delta)))
-  metrics.update(power_lib.row_power(config, tr, threat, metrics, decl, mechanism=mech,
-                                     mle_steps=int(decl.compositions) if extra else None,
-                                     independent=ind, midpoint=mid, participation=part, kw=kw))
+                                      steps=int(decl.compositions), delta=float(s.delta),
+                                      enabled=mle_on))
+  metrics.update(power_lib.row_power(
+      config, tr, threat, metrics, decl, mechanism=mech,
+      mle_steps=int(decl.compositions) if extra and mle_power else None,
+      independent=ind, midpoint=mid, participation=part, kw=kw))
+  simulated = not metrics['power_model'].startswith(power_lib.NOT_SIMULATED)
+  if extra and not mle_power and simulated:
+    # The simulated verdict then counts the scores' tests alone (at the family's level of 3).
+    metrics['power_model'] += ('; without the MLE / PLD test (training_audit.mle_power off: '
+                               'smoke size)')
   acc = np.asarray(done['scores'].test_accuracy, np.float64)
   mean, lo, hi = _t_interval(acc)
   twin = np.asarray(done['twin_accuracy'], np.float64)

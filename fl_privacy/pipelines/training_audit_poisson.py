@@ -39,9 +39,21 @@ def readings(tr: dict, threat: str, done: dict) -> np.ndarray | None:
   return None if got is None else np.asarray(got, np.float64)
 
 
-def extra_tests(tr: dict, threat: str, done: dict) -> int:
+def settings(config) -> tuple[bool, bool]:
+  """(mle_test, mle_power): whether Poisson rows with readings run the MLE / PLD test, and
+  whether their power simulation runs it in every draw (`audit_power.mle_verdict`: seconds a
+  draw, ~100 draws a row). `training_audit.mle_test` (default True) and
+  `training_audit.mle_power` (default: mle_test, except at smoke size, where the ~100 MLE
+  fits would take ~10 minutes of a ~2-minute run) where the config has them."""
+  s = config.training_audit
+  test = bool(s.get('mle_test', True))
+  power = bool(s.get('mle_power', not bool(config.get('smoke', False))))
+  return test, test and power
+
+
+def extra_tests(tr: dict, threat: str, done: dict, enabled: bool = True) -> int:
   """The tests this module adds to the row's verdict family (1 with readings, else 0)."""
-  return int(readings(tr, threat, done) is not None)
+  return int(enabled and readings(tr, threat, done) is not None)
 
 
 def moment_fit(done: dict, world: np.ndarray, *, steps: int, delta: float) -> dict[str, Any]:
@@ -86,13 +98,16 @@ def mle_test(metrics: dict, reads: np.ndarray, world: np.ndarray, *, steps: int,
 
 
 def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict, *,
-             steps: int, delta: float) -> dict[str, Any]:
+             steps: int, delta: float, enabled: bool = True) -> dict[str, Any]:
   """A Poisson row's fits: the moment estimate always (over the claim's `steps`), the MLE /
   PLD test where the readings were kept, composed over the fewest steps a canary saw
   (`mle_steps_seen`; else `mle_pld_model` says they were not). Empty for other rows."""
   if not is_poisson_row(tr, threat):
     return {}
   out = moment_fit(done, world, steps=steps, delta=delta)
+  if not enabled:
+    out['mle_pld_model'] = 'not run: training_audit.mle_test = False'
+    return out
   reads = readings(tr, threat, done)
   if reads is None:
     out['mle_pld_model'] = ('not run: the trainings kept two moments of the per-step '
@@ -106,5 +121,5 @@ def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict
   return out
 
 
-__all__ = ['TEST', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
+__all__ = ['TEST', 'settings', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
            'row_fits']

@@ -43,6 +43,10 @@ def config(plant: str = 'none', **fields):
   s.plant = plant
   s.side_channel_trials = 600
   s.power_draws = s.simulated_draws = 0   # the power is tested in test_audit_power.py
+  # The Poisson rows' MLE / PLD test (seconds a row at these sizes) is tested in
+  # tests/attacks/test_poisson_mle.py and test_training_audit_points.py; the plants are
+  # flagged by the assumption-free tests.
+  s.mle_test = False
   s.record.update(num_clients=10, per_client=114, canaries_per_client=12, input_per_client=6,
                   batch_size=12, epochs=1, num_rounds=5, hidden=(8,), canaries=2048,
                   input_canaries=200, twins=0)
