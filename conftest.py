@@ -17,6 +17,12 @@ processes compiles each once: about a quarter off the fl tests here. It starts e
 run on this machine takes what a clean CI machine takes (the experiments' default cache in
 the user's home, warm from earlier runs, would hide that). A cache you set yourself through
 `FL_PRIVACY_COMPILE_CACHE` is used as it is ('' turns it off).
+
+One BLAS thread a process: `pytest -n auto` already runs one worker per core, and OpenBLAS's
+own threads on top of them oversubscribe the cores and spin: on this 2-core machine under
+load, numpy's QR of a 610 x 600 matrix (the canary frame, `canaries.directions`) took 0.4-3.5
+s with two BLAS threads and 0.05 s with one, and one training-audit test went from 70 s to 25
+s (measured 2026-12-08). Set before numpy loads (subprocesses inherit it), unless set already.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+
+for _blas in ('OPENBLAS_NUM_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+  os.environ.setdefault(_blas, '1')
 
 from tests.experiments.cli import USER_LEVEL  # stdlib only: JAX not imported yet
 
