@@ -849,7 +849,8 @@ def test_poisson_all_steps_takes_the_subsampled_fit_as_its_estimate(trained, sco
   np.testing.assert_array_equal(scores, d['scores'].steps)
   assert mechanism == 'dp_sgd_poisson' and kw['independent'] is True
   assert kw['midpoint'] is None    # add/remove: no symmetric threshold
-  assert m['counted_bounds'] == 'epsilon_one_run,epsilon_cp,profile'
+  # The scores' three tests, and the MLE / PLD test on the trainings' per-step readings.
+  assert m['counted_bounds'] == 'epsilon_one_run,epsilon_cp,profile,epsilon_mle_pld'
   mom = d['scores'].step_moments
   fit = canary_statistics.subsampled_fit_epsilon(mom[world], mom[~world],
                                                  steps=decl.compositions, delta=DELTA)
@@ -868,10 +869,18 @@ def test_poisson_all_steps_takes_the_subsampled_fit_as_its_estimate(trained, sco
   assert m['certified_free'] == m['best_bound'] and m['best_bound_assumes'] == 'none'
   assert m['certified_gaussian_test'] == 'none'
   assert m['estimate_assumes'] == 'poisson_subsampled_gaussian'
-  # The trainings keep two moments, not the per-step readings: no MLE / PLD test, none in the
-  # verdict's family (`training_audit_poisson`).
-  assert kw['extra_tests'] == 0 and m['mle_pld_model'].startswith('not run')
-  assert 'epsilon_mle_pld' not in m
+  # The trainings keep the per-step readings: the MLE / PLD test runs on every step each
+  # canary saw (2 rounds here), and joins the verdict's family (`training_audit_poisson`).
+  reads = d['scores'].step_readings
+  assert reads.shape == (len(world), int(mom[0, 2])) and np.isfinite(reads).all()
+  np.testing.assert_array_equal(mom[:, 2], reads.shape[1])
+  np.testing.assert_allclose(np.sum(reads, axis=1), mom[:, 0], rtol=1e-4, atol=1e-3)
+  assert kw['extra_tests'] == 1 and m['mle_pld_model'].startswith('per-step readings')
+  assert m['mle_steps_seen'] == reads.shape[1] and math.isfinite(m['epsilon_mle_pld'])
+  assert m['certified_family_test'] == 'epsilon_mle_pld'
+  # At smoke size the power simulation leaves the MLE test out, and says so.
+  assert m['power_model'].endswith('(training_audit.mle_power off: smoke size)')
+  assert design.mle_steps is None
   for threat in ('all_iterates', 'last_iterate'):
     other, _, seen = scored['dp_sgd', threat]
     assert seen['audit'][1]['independent'] is False
