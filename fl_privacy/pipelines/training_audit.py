@@ -135,6 +135,7 @@ def validate_config(config) -> dict[str, Any]:
     validate.checked(config, f'training_audit.{field}', validate.number(
         0, 10_000, integer=True, words='simulations a row (20 or more for a stated power; '
         '0: none)'))
+  poisson_lib.validate_settings(config)
   validate.checked(config, 'training_audit.power_factors', validate.items(
       validate.number(0, 1, low_open=True, high_open=True),
       'a non-empty sequence of noise factors in (0, 1)', scalar=False))
@@ -446,11 +447,8 @@ def point_metrics(config, state, tr: dict, threat: str, done: dict) -> tuple[dic
       config, tr, threat, metrics, decl, mechanism=mech,
       mle_steps=int(decl.compositions) if extra and mle_power else None,
       independent=ind, midpoint=mid, participation=part, kw=kw))
-  simulated = not metrics['power_model'].startswith(power_lib.NOT_SIMULATED)
-  if extra and not mle_power and simulated:
-    # The simulated verdict then counts the scores' tests alone (at the family's level of 3).
-    metrics['power_model'] += ('; without the MLE / PLD test (training_audit.mle_power off: '
-                               'smoke size)')
+  if extra and not mle_power:
+    metrics['power_model'] = poisson_lib.power_without_mle(metrics['power_model'])
   acc = np.asarray(done['scores'].test_accuracy, np.float64)
   mean, lo, hi = _t_interval(acc)
   twin = np.asarray(done['twin_accuracy'], np.float64)

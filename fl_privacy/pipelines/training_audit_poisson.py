@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from fl_privacy import validate
 from fl_privacy.attacks.audit import canary_statistics
 from fl_privacy.attacks.audit import poisson_mle
+from fl_privacy.pipelines import training_audit_power as power_lib
 
 TEST = 'epsilon_mle_pld'
 
@@ -49,6 +51,21 @@ def settings(config) -> tuple[bool, bool]:
   test = bool(s.get('mle_test', True))
   power = bool(s.get('mle_power', not bool(config.get('smoke', False))))
   return test, test and power
+
+
+def validate_settings(config) -> None:
+  """`settings`' fields, where the config has them: True or False."""
+  for field in ('mle_test', 'mle_power'):
+    if field in config.training_audit:
+      validate.checked(config, f'training_audit.{field}', validate.BOOLEAN)
+
+
+def power_without_mle(power_model: str) -> str:
+  """A simulated row's `power_model` when its power leaves the MLE / PLD test out (the
+  simulated verdict then counts the scores' tests alone, a family of 3)."""
+  if power_model.startswith(power_lib.NOT_SIMULATED):
+    return power_model
+  return power_model + '; without the MLE / PLD test (training_audit.mle_power off)'
 
 
 def extra_tests(tr: dict, threat: str, done: dict, enabled: bool = True) -> int:
@@ -121,5 +138,5 @@ def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict
   return out
 
 
-__all__ = ['TEST', 'settings', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
+__all__ = ['TEST', 'settings', 'validate_settings', 'power_without_mle', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
            'row_fits']
