@@ -92,6 +92,15 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
       tried (0.1 ... 0.95, bisected); simulated_draws: simulations of the optimal attack on
       the claimed mechanism (20; its median and interval, and the false alarms there);
       0 skips either (the plant tests' setting).
+    mle_test: whether Poisson DP-SGD rows fit their per-step readings by maximum likelihood
+      and test the claim's (epsilon, delta) point through dp-accounting's PLD
+      (`attacks.audit.poisson_mle`: `epsilon_mle_pld`, a bound that assumes the
+      Poisson-subsampled-Gaussian family, one more test in the verdict's family; True).
+    mle_power: whether each Poisson row's power simulation runs that test in every draw too
+      (False: ~5-10 s a draw, ~100 draws a row, an estimated 20-40 more minutes on the
+      default; the power is then that of the other tests, a family of 3, and the row's
+      `power_model` says so; the MLE test's own power, false alarms and coverage at the
+      default's size are measured in docs/experiments/training_audit.md, "MLE / PLD").
     plant: TEST KNOB ('none'): plants a bug the audit must flag: 'half_noise' (every
       defense runs half its calibrated noise; ldp_sgd twice its epsilon), 'poisson_full_batch'
       (dp_sgd's noise calibrated for Poisson batches while every row takes part in every step),
@@ -125,6 +134,8 @@ def section(dataset: str, smoke: bool) -> ml_collections.ConfigDict:
   s.power_draws = 20
   s.power_factors = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
   s.simulated_draws = 20
+  s.mle_test = True
+  s.mle_power = False
   s.plant = 'none'
   s.record = ml_collections.ConfigDict(dict(
       num_clients=10, per_client=114, canaries_per_client=12, input_per_client=6,

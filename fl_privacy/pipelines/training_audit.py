@@ -242,6 +242,7 @@ def unused_fields(config) -> dict[str, str]:
     out['training_audit.side_channel_others'] = ('read only when the adversary reads the '
                                                  'aggregate (central_dp, weak_dp), which '
                                                  'training_audit.defenses does not choose')
+  out.update(poisson_lib.unused(config))
   return out
 
 

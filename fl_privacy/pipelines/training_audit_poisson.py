@@ -44,20 +44,33 @@ def readings(tr: dict, threat: str, done: dict) -> np.ndarray | None:
 def settings(config) -> tuple[bool, bool]:
   """(mle_test, mle_power): whether Poisson rows with readings run the MLE / PLD test, and
   whether their power simulation runs it in every draw (`audit_power.mle_verdict`: seconds a
-  draw, ~100 draws a row). `training_audit.mle_test` (default True) and
-  `training_audit.mle_power` (default: mle_test, except at smoke size, where the ~100 MLE
-  fits would take ~10 minutes of a ~2-minute run) where the config has them."""
+  draw, ~100 draws a row): `training_audit.mle_test` and `training_audit.mle_power`
+  (configs/_training_audit.py)."""
   s = config.training_audit
-  test = bool(s.get('mle_test', True))
-  power = bool(s.get('mle_power', not bool(config.get('smoke', False))))
-  return test, test and power
+  test = bool(s.mle_test)
+  return test, test and bool(s.mle_power)
+
+
+def unused(config) -> dict[str, str]:
+  """`mle_test` and `mle_power` where no row reads them (for `training_audit.unused_fields`):
+  no Poisson DP-SGD gradient row at every step, or, for `mle_power`, the test off."""
+  s = config.training_audit
+  seq = lambda v: (v,) if isinstance(v, str) else tuple(v)
+  rows = ('dp_sgd' in seq(s.defenses) and 'poisson' in seq(s.samplings.dp_sgd) and
+          'gradient' in seq(s.record_kinds) and 'all_steps' in seq(s.threats))
+  if not rows:
+    why = ('read only by Poisson DP-SGD rows of gradient canaries read at every step, which '
+           'this config does not audit')
+    return {f'training_audit.{f}': why for f in ('mle_test', 'mle_power')}
+  if not s.mle_test:
+    return {'training_audit.mle_power': 'read only when training_audit.mle_test is True'}
+  return {}
 
 
 def validate_settings(config) -> None:
-  """`settings`' fields, where the config has them: True or False."""
+  """`settings`' fields: True or False."""
   for field in ('mle_test', 'mle_power'):
-    if field in config.training_audit:
-      validate.checked(config, f'training_audit.{field}', validate.BOOLEAN)
+    validate.checked(config, f'training_audit.{field}', validate.BOOLEAN)
 
 
 def power_without_mle(power_model: str) -> str:
@@ -138,5 +151,5 @@ def row_fits(tr: dict, threat: str, done: dict, world: np.ndarray, metrics: dict
   return out
 
 
-__all__ = ['TEST', 'settings', 'validate_settings', 'power_without_mle', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
+__all__ = ['TEST', 'settings', 'unused', 'validate_settings', 'power_without_mle', 'is_poisson_row', 'readings', 'extra_tests', 'moment_fit', 'mle_test',
            'row_fits']

@@ -1006,8 +1006,10 @@ def test_the_fields_a_run_does_not_read_are_named_with_why():
       'training_audit.side_channel_others'} | {
           f'training_audit.samplings.{d}' for d in ('dp_sgd', 'central_dp', 'weak_dp',
                                                     'ldp_sgd')} | {
-              'game.chunk_size', 'game.batch_bytes'}
+              'game.chunk_size', 'game.batch_bytes', 'training_audit.mle_test',
+              'training_audit.mle_power'}
   assert set(got) == want
+  assert got['training_audit.mle_test'].startswith('read only by Poisson DP-SGD rows')
   assert got['training_audit.record.canaries'] == (
       'read only for dp_sgd, which training_audit.defenses does not choose')
   assert got['training_audit.samplings.ldp_sgd'] == 'ldp_sgd is not in training_audit.defenses'
