@@ -585,12 +585,12 @@ def test_side_channel_trials_are_bounded_by_memory(monkeypatch):
   from configs import digits  # pylint: disable=g-import-not-at-top
   from fl_privacy import memory  # pylint: disable=g-import-not-at-top
   from fl_privacy import validate  # pylint: disable=g-import-not-at-top
-  from fl_privacy.pipelines import training_audit  # pylint: disable=g-import-not-at-top
+  from fl_privacy.pipelines import training_audit_checks  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(memory, 'device_memory', lambda: (2**30, 'a 1 GiB test budget'))
   config = digits.get_config('smoke')
   s = config.training_audit
   tr = dict(defense='central_dp', sampling='none', claimed_epsilon=2.0, canary='side_channel')
-  check = training_audit._check_side_channel  # pylint: disable=protected-access
+  check = training_audit_checks.side_channel
   # 1438 rows x 20 bytes a row: 1 GiB holds 37,338 trials.
   s.side_channel_trials = 37_000
   check(config, tr, 1438, 'aggregate')
