@@ -184,6 +184,29 @@ def event(decl: Declaration, noise_multiplier: float, *,
   return dp_accounting.SelfComposedDpEvent(one, int(decl.compositions))
 
 
+@functools.lru_cache(maxsize=64)
+def _composed_cached(decl: Declaration, noise_multiplier: float,
+                     accountant: str) -> dp_accounting.PrivacyAccountant:
+  acc = _accountant(decl, accountant)
+  with _quiet():
+    acc.compose(event(decl, noise_multiplier, accountant=accountant))
+  return acc
+
+
+def _composed(decl: Declaration, noise_multiplier: float,
+              accountant: str) -> dp_accounting.PrivacyAccountant:
+  """`decl`'s event composed in a fresh accountant, kept for the next call with the same
+  arguments: a sampled declaration's RDP takes up to a second to compose (sampling without
+  replacement: ~0.9 s), and the pipelines ask for the same claim many times (a calibration's
+  search, a claim's check, its profile). Callers only read the accountant (`get_epsilon`,
+  `get_delta`), which leaves it as it is; a declaration that cannot be hashed is composed
+  afresh."""
+  try:
+    return _composed_cached(decl, float(noise_multiplier), accountant)
+  except TypeError:  # an unhashable field
+    return _composed_cached.__wrapped__(decl, float(noise_multiplier), accountant)
+
+
 def _check_delta(delta: float) -> float:
   delta = float(delta)
   if not 0 < delta < 1:
@@ -212,9 +235,8 @@ def epsilon(decl: Declaration, noise_multiplier: float | None = None, *, delta: 
     return float(decl.pure_epsilon) * int(decl.compositions)
   if noise_multiplier is None or not noise_multiplier > 0:
     return math.inf
-  acc = _accountant(decl, accountant)
+  acc = _composed(decl, noise_multiplier, accountant)
   with _quiet():
-    acc.compose(event(decl, float(noise_multiplier), accountant=accountant))
     return float(acc.get_epsilon(delta))
 
 
@@ -234,9 +256,8 @@ def delta_for(decl: Declaration, noise_multiplier: float, *, epsilon_: float,
     return float(-math.expm1(float(epsilon_) - total) / (1.0 + math.exp(-total)))
   if not noise_multiplier > 0:
     return 1.0
-  acc = _accountant(decl, accountant)
+  acc = _composed(decl, noise_multiplier, accountant)
   with _quiet():
-    acc.compose(event(decl, float(noise_multiplier), accountant=accountant))
     return float(acc.get_delta(float(epsilon_)))
 
 
@@ -248,9 +269,8 @@ def delta_curve(decl: Declaration, noise_multiplier: float, epsilons, *,
   if decl.pure_epsilon is not None or not noise_multiplier > 0:
     return [delta_for(decl, noise_multiplier, epsilon_=e, accountant=accountant)
             for e in epsilons]
-  acc = _accountant(decl, accountant)
+  acc = _composed(decl, noise_multiplier, accountant)
   with _quiet():
-    acc.compose(event(decl, float(noise_multiplier), accountant=accountant))
     return [float(acc.get_delta(e)) for e in epsilons]
 
 

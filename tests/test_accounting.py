@@ -226,6 +226,29 @@ def test_without_replacement_epsilon_is_rdp_replace_one():
   assert want < _direct(_gauss(0.8, 3)).get_epsilon(DELTA)
 
 
+@pytest.mark.parametrize('accountant', ['rdp', 'pld'])
+def test_a_claim_is_composed_once_and_reading_it_changes_nothing(accountant, monkeypatch):
+  calls = []
+  real = accounting._accountant  # pylint: disable=protected-access
+
+  def counting(decl, name):
+    calls.append(name)
+    return real(decl, name)
+
+  monkeypatch.setattr(accounting, '_accountant', counting)
+  accounting._composed_cached.cache_clear()  # pylint: disable=protected-access
+  decl = _POISSON
+  first = [accounting.epsilon(decl, 2.7, delta=d, accountant=accountant) for d in (1e-5, 1e-3)]
+  curve = accounting.delta_curve(decl, 2.7, (0.5, 1.0), accountant=accountant)
+  again = [accounting.epsilon(decl, 2.7, delta=d, accountant=accountant) for d in (1e-5, 1e-3)]
+  assert calls == [accountant] and first == again
+  want = _direct(accounting.event(decl, 2.7, accountant=accountant), accountant)
+  assert first == [want.get_epsilon(1e-5), want.get_epsilon(1e-3)]
+  assert curve == [want.get_delta(0.5), want.get_delta(1.0)]
+  accounting.epsilon(decl, 2.8, delta=1e-5, accountant=accountant)  # another noise: composed
+  assert calls == [accountant, accountant]
+
+
 # ----------------------------------------------------------------------------------------------
 # epsilon, delta_for, noise_multiplier_for.
 
