@@ -242,7 +242,8 @@ def unused_fields(config) -> dict[str, str]:
     out['training_audit.side_channel_others'] = ('read only when the adversary reads the '
                                                  'aggregate (central_dp, weak_dp), which '
                                                  'training_audit.defenses does not choose')
-  out.update(poisson_lib.unused(config))
+  out.update(poisson_lib.unused(config, defenses=chosen, dp_sgd_samplings=_seq(
+      s.samplings.dp_sgd), kinds=kinds, threats=threats))
   return out
 
 

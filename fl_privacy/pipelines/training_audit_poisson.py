@@ -51,13 +51,13 @@ def settings(config) -> tuple[bool, bool]:
   return test, test and bool(s.mle_power)
 
 
-def unused(config) -> dict[str, str]:
-  """`mle_test` and `mle_power` where no row reads them (for `training_audit.unused_fields`):
-  no Poisson DP-SGD gradient row at every step, or, for `mle_power`, the test off."""
+def unused(config, *, defenses, dp_sgd_samplings, kinds, threats) -> dict[str, str]:
+  """`mle_test` and `mle_power` where no row reads them (for `training_audit.unused_fields`,
+  which hands over the chosen defenses, DP-SGD samplings, canary kinds and threats): no
+  Poisson DP-SGD gradient row at every step, or, for `mle_power`, the test off."""
   s = config.training_audit
-  seq = lambda v: (v,) if isinstance(v, str) else tuple(v)
-  rows = ('dp_sgd' in seq(s.defenses) and 'poisson' in seq(s.samplings.dp_sgd) and
-          'gradient' in seq(s.record_kinds) and 'all_steps' in seq(s.threats))
+  rows = ('dp_sgd' in defenses and 'poisson' in dp_sgd_samplings and 'gradient' in kinds and
+          'all_steps' in threats)
   if not rows:
     why = ('read only by Poisson DP-SGD rows of gradient canaries read at every step, which '
            'this config does not audit')

@@ -142,6 +142,7 @@ def _steps_per_round(loss_fn, params, clients: rounds.ClientData, hooks, trace: 
   opt = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(0)
 
   def one(p, x, y, mask, aux):
+    # eval_shape traces shapes only: no number is drawn, so any key serves.
     return local.client_update(loss_fn, p, x, y, key=jax.random.key(0), hooks=hooks,
                                mask=mask, aux=aux, optimizer=opt, epochs=epochs,
                                batch_size=batch_size, trace=trace)[2]
